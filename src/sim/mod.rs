@@ -1,0 +1,1 @@
+//! engine-sim: a simulated vLLM engine that is right on the wire (helper implements).
