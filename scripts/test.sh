@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): formatting, lints, then every unit and integration test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/ensure-deps.sh
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+echo "== cargo test"
+# Integration tests start engines and routers on loopback; two test threads suit a 2-core CI machine.
+cargo test --all-targets -- --test-threads=2
