@@ -1,0 +1,385 @@
+//! The prefill ledger: per-endpoint requests and estimated prefill tokens in flight, the RAII hold, and the janitor.
+//!
+//! A request takes a [`Hold`] on the endpoint it is dispatched to. The hold adds one request and its estimated
+//! prefill tokens to the endpoint's counters; the tokens go back at the first response body byte (or on any
+//! error), the request when the hold is finished or dropped. Release is idempotent, so no path can release twice
+//! and `Drop` makes sure every path releases once, even a panic inside a filter.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Live load of one endpoint, read by placement and by the metrics collector.
+#[derive(Debug, Default)]
+pub struct EndpointLoad {
+    requests: AtomicU64,
+    prefill_tokens: AtomicU64,
+}
+
+impl EndpointLoad {
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    pub fn prefill_tokens(&self) -> u64 {
+        self.prefill_tokens.load(Ordering::Relaxed)
+    }
+
+    fn sub_prefill(&self, tokens: u64) {
+        // Saturating: a bug elsewhere must show as a wrong gauge, never as a wrapped 2^64 that repels all traffic.
+        let _ = self
+            .prefill_tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(tokens))
+            });
+    }
+
+    fn sub_request(&self) {
+        let _ = self
+            .requests
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(1))
+            });
+    }
+}
+
+/// Why a hold's prefill tokens were released; the proxy uses it for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseCause {
+    /// The first non-empty response body chunk arrived: the engine finished prefill.
+    FirstByte,
+    /// An error, an upstream 5xx, a close or a cancel: the engine is not (or no longer) prefilling for us.
+    Aborted,
+    /// The janitor found the hold older than the limit.
+    Janitor,
+    /// The estimated prefill duration passed (non-streaming responses, see the sessions docs).
+    EstimatedDone,
+}
+
+#[derive(Debug)]
+struct HoldState {
+    tokens: u64,
+    prefill_released: bool,
+    /// Set when the endpoint answered with headers: only then does the estimate count as work it did.
+    served: bool,
+}
+
+/// The part of a hold the janitor can see.
+struct HoldEntry {
+    load: Arc<EndpointLoad>,
+    started: Instant,
+    state: Mutex<HoldState>,
+    on_release: ReleaseHook,
+}
+
+impl std::fmt::Debug for HoldEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HoldEntry")
+            .field("started", &self.started)
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+impl HoldEntry {
+    fn state(&self) -> MutexGuard<'_, HoldState> {
+        // A poisoned lock only means another thread panicked mid-update of plain integers; keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Release the prefill tokens once; returns true if this call released them.
+    fn release_prefill(&self, cause: ReleaseCause) -> bool {
+        let (tokens, served) = {
+            let mut st = self.state();
+            if st.prefill_released {
+                return false;
+            }
+            st.prefill_released = true;
+            self.load.sub_prefill(st.tokens);
+            (st.tokens, st.served)
+        };
+        (self.on_release)(tokens, served, cause);
+        true
+    }
+}
+
+/// Registry of outstanding holds, for the janitor.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    next_id: AtomicU64,
+    holds: Mutex<HashMap<u64, Arc<HoldEntry>>>,
+}
+
+/// Called when tokens are released: (tokens, served, cause). The proxy wires metrics through it.
+pub type ReleaseHook = Arc<dyn Fn(u64, bool, ReleaseCause) + Send + Sync>;
+
+impl Ledger {
+    pub fn new() -> Arc<Ledger> {
+        Arc::new(Ledger::default())
+    }
+
+    fn holds(&self) -> MutexGuard<'_, HashMap<u64, Arc<HoldEntry>>> {
+        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Dispatch a request to an endpoint: one request and `tokens` prefill tokens are in flight until released.
+    pub fn hold(
+        self: &Arc<Self>,
+        load: Arc<EndpointLoad>,
+        tokens: u64,
+        on_release: ReleaseHook,
+    ) -> Hold {
+        load.requests.fetch_add(1, Ordering::Relaxed);
+        load.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
+        let entry = Arc::new(HoldEntry {
+            load,
+            started: Instant::now(),
+            state: Mutex::new(HoldState {
+                tokens,
+                prefill_released: false,
+                served: false,
+            }),
+            on_release,
+        });
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.holds().insert(id, entry.clone());
+        Hold {
+            id,
+            entry,
+            ledger: self.clone(),
+            finished: false,
+        }
+    }
+
+    /// Number of holds not yet finished (requests in flight across all endpoints).
+    pub fn outstanding(&self) -> usize {
+        self.holds().len()
+    }
+
+    /// Release the prefill tokens of every hold older than `max_age` (cause [`ReleaseCause::Janitor`]). Returns how
+    /// many were released. The request itself stays counted until its hold finishes: the connection is still open.
+    pub fn expire(&self, max_age: Duration, now: Instant) -> usize {
+        let old: Vec<Arc<HoldEntry>> = self
+            .holds()
+            .values()
+            .filter(|e| now.saturating_duration_since(e.started) >= max_age)
+            .cloned()
+            .collect();
+        old.iter()
+            .filter(|e| e.release_prefill(ReleaseCause::Janitor))
+            .count()
+    }
+}
+
+/// One request's claim on an endpoint. Finish it explicitly or let it drop; both release exactly once.
+pub struct Hold {
+    id: u64,
+    entry: Arc<HoldEntry>,
+    ledger: Arc<Ledger>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hold")
+            .field("id", &self.id)
+            .field("entry", &self.entry)
+            .finish()
+    }
+}
+
+impl Hold {
+    /// Tokens currently held (0 once released).
+    pub fn tokens_held(&self) -> u64 {
+        let st = self.entry.state();
+        if st.prefill_released {
+            0
+        } else {
+            st.tokens
+        }
+    }
+
+    /// The estimate as it stands (whether or not released).
+    pub fn estimate(&self) -> u64 {
+        self.entry.state().tokens
+    }
+
+    pub fn prefill_released(&self) -> bool {
+        self.entry.state().prefill_released
+    }
+
+    pub fn age(&self) -> Duration {
+        self.entry.started.elapsed()
+    }
+
+    /// Grow the estimate while the body streams in (chunked uploads), up to `cap` tokens in all.
+    /// Does nothing once the tokens were released.
+    pub fn grow_to(&self, tokens: u64) {
+        let mut st = self.entry.state();
+        if st.prefill_released || tokens <= st.tokens {
+            return;
+        }
+        let add = tokens - st.tokens;
+        st.tokens = tokens;
+        self.entry
+            .load
+            .prefill_tokens
+            .fetch_add(add, Ordering::Relaxed);
+    }
+
+    /// The endpoint answered with response headers: from now on the estimate counts as work it did.
+    pub fn mark_served(&self) {
+        self.entry.state().served = true;
+    }
+
+    /// Release the prefill tokens (idempotent). Returns true if this call released them.
+    pub fn release_prefill(&self, cause: ReleaseCause) -> bool {
+        self.entry.release_prefill(cause)
+    }
+
+    /// End the request: release the tokens if still held, then the request slot (idempotent).
+    pub fn finish(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.release_prefill(ReleaseCause::Aborted);
+        self.entry.load.sub_request();
+        self.ledger.holds().remove(&self.id);
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    fn counting_hook() -> (ReleaseHook, Arc<AtomicU64>) {
+        let released = Arc::new(AtomicU64::new(0));
+        let r = released.clone();
+        (
+            Arc::new(move |tokens, _served, _cause| {
+                r.fetch_add(tokens, Ordering::Relaxed);
+            }),
+            released,
+        )
+    }
+
+    #[test]
+    fn hold_counts_and_releases_once() {
+        let ledger = Ledger::new();
+        let load = Arc::new(EndpointLoad::default());
+        let (hook, released) = counting_hook();
+        let mut h = ledger.hold(load.clone(), 1000, hook);
+        assert_eq!((load.requests(), load.prefill_tokens()), (1, 1000));
+        assert!(h.release_prefill(ReleaseCause::FirstByte));
+        assert!(!h.release_prefill(ReleaseCause::FirstByte));
+        assert_eq!((load.requests(), load.prefill_tokens()), (1, 0));
+        h.finish();
+        h.finish();
+        drop(h);
+        assert_eq!((load.requests(), load.prefill_tokens()), (0, 0));
+        assert_eq!(released.load(Ordering::Relaxed), 1000);
+        assert_eq!(ledger.outstanding(), 0);
+    }
+
+    #[test]
+    fn drop_releases_everything() {
+        let ledger = Ledger::new();
+        let load = Arc::new(EndpointLoad::default());
+        let (hook, _) = counting_hook();
+        {
+            let _h = ledger.hold(load.clone(), 77, hook);
+        }
+        assert_eq!((load.requests(), load.prefill_tokens()), (0, 0));
+    }
+
+    #[test]
+    fn panic_while_holding_still_releases() {
+        let ledger = Ledger::new();
+        let load = Arc::new(EndpointLoad::default());
+        let (hook, _) = counting_hook();
+        let l2 = load.clone();
+        let lg = ledger.clone();
+        let r = std::thread::spawn(move || {
+            let _h = lg.hold(l2, 500, hook);
+            panic!("filter panicked");
+        })
+        .join();
+        assert!(r.is_err());
+        assert_eq!((load.requests(), load.prefill_tokens()), (0, 0));
+    }
+
+    #[test]
+    fn growth_adds_until_released() {
+        let ledger = Ledger::new();
+        let load = Arc::new(EndpointLoad::default());
+        let (hook, released) = counting_hook();
+        let h = ledger.hold(load.clone(), 10, hook);
+        h.grow_to(50);
+        h.grow_to(40); // never shrinks
+        assert_eq!(load.prefill_tokens(), 50);
+        h.release_prefill(ReleaseCause::FirstByte);
+        h.grow_to(90);
+        assert_eq!(load.prefill_tokens(), 0);
+        drop(h);
+        assert_eq!(released.load(Ordering::Relaxed), 50);
+    }
+
+    #[test]
+    fn janitor_releases_old_holds_only_once() {
+        let ledger = Ledger::new();
+        let load = Arc::new(EndpointLoad::default());
+        let (hook, released) = counting_hook();
+        let h_old = ledger.hold(load.clone(), 100, hook.clone());
+        let now = Instant::now() + Duration::from_secs(10);
+        let h_new_tokens = 5;
+        let expired = ledger.expire(Duration::from_secs(5), now);
+        assert_eq!(expired, 1);
+        assert_eq!(load.prefill_tokens(), 0);
+        assert_eq!(
+            load.requests(),
+            1,
+            "the request slot stays until the hold ends"
+        );
+        let h_new = ledger.hold(load.clone(), h_new_tokens, hook);
+        assert_eq!(ledger.expire(Duration::from_secs(5), Instant::now()), 0);
+        assert!(!h_old.release_prefill(ReleaseCause::FirstByte));
+        drop(h_old);
+        drop(h_new);
+        assert_eq!((load.requests(), load.prefill_tokens()), (0, 0));
+        assert_eq!(released.load(Ordering::Relaxed), 105);
+    }
+
+    #[test]
+    fn concurrent_holds_end_at_zero() {
+        let ledger = Ledger::new();
+        let load = Arc::new(EndpointLoad::default());
+        let (hook, _) = counting_hook();
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (lg, l, hk) = (ledger.clone(), load.clone(), hook.clone());
+                std::thread::spawn(move || {
+                    for i in 0..1000u64 {
+                        let h = lg.hold(l.clone(), i, hk.clone());
+                        if i % 3 == 0 {
+                            h.release_prefill(ReleaseCause::FirstByte);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!((load.requests(), load.prefill_tokens()), (0, 0));
+        assert_eq!(ledger.outstanding(), 0);
+    }
+}

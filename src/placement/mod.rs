@@ -1,0 +1,260 @@
+//! Placement policies: pure functions from a snapshot of candidate endpoints to a decision with a reason.
+//!
+//! Nothing here does I/O, reads a clock or knows Pingora: the proxy builds the snapshot from live counters and
+//! passes time and randomness in, so every rule is a plain unit test.
+
+pub mod prefix;
+pub mod sessions;
+
+/// What one request costs in the load score, in prefill-token units: a request in flight weighs as much as a
+/// 16k-token prompt, so requests dominate unless a prefill is really long (the LLMKube design).
+pub const REQUEST_WEIGHT_TOKENS: u64 = 16_384;
+
+/// Engine-reported load, only ever passed in when fresh.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EngineLoad {
+    pub running: u64,
+    pub waiting: u64,
+    /// KV cache usage, 0..=1.
+    pub kv_usage: f64,
+}
+
+/// KV usage at or above which an endpoint is "full" and is no migration target.
+pub const KV_FULL: f64 = 0.98;
+
+/// One endpoint as placement sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Candidate {
+    /// Healthy and not excluded (e.g. already tried by this request).
+    pub eligible: bool,
+    /// infergate's own requests in flight to this endpoint.
+    pub requests: u64,
+    /// infergate's estimated prefill tokens in flight.
+    pub prefill_tokens: u64,
+    /// Fresh engine stats, if any.
+    pub engine: Option<EngineLoad>,
+    /// Per-endpoint in-flight limit from the config.
+    pub max_in_flight: Option<u64>,
+}
+
+impl Candidate {
+    /// Requests in flight, counting traffic from other routers: the engine's running + waiting includes our own
+    /// requests, so take the larger of the two instead of adding them.
+    pub fn request_load(&self) -> u64 {
+        match self.engine {
+            Some(e) => self.requests.max(e.running + e.waiting),
+            None => self.requests,
+        }
+    }
+
+    /// The load_aware score: requests × 16384 + prefill tokens in flight. Lower is better.
+    pub fn score(&self) -> u64 {
+        self.request_load()
+            .saturating_mul(REQUEST_WEIGHT_TOKENS)
+            .saturating_add(self.prefill_tokens)
+    }
+
+    /// Fresh stats show a queue, or our own in-flight count reached the configured limit.
+    pub fn has_queue(&self) -> bool {
+        self.engine.is_some_and(|e| e.waiting > 0) || self.at_limit()
+    }
+
+    pub fn at_limit(&self) -> bool {
+        self.max_in_flight.is_some_and(|m| self.requests >= m)
+    }
+
+    pub fn kv_full(&self) -> bool {
+        self.engine.is_some_and(|e| e.kv_usage >= KV_FULL)
+    }
+}
+
+/// Why a request went where it went: the `reason` label of `infergate_placements_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    RoundRobin,
+    LeastRequest,
+    LoadAware,
+    NewSession,
+    Sticky,
+    Migrate,
+    Spill,
+    Fallback,
+    Headerless,
+    PrefixHit,
+    PrefixMiss,
+    PrefixGated,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::RoundRobin => "round_robin",
+            Reason::LeastRequest => "least_request",
+            Reason::LoadAware => "load_aware",
+            Reason::NewSession => "new_session",
+            Reason::Sticky => "sticky",
+            Reason::Migrate => "migrate",
+            Reason::Spill => "spill",
+            Reason::Fallback => "fallback",
+            Reason::Headerless => "headerless",
+            Reason::PrefixHit => "prefix_hit",
+            Reason::PrefixMiss => "prefix_miss",
+            Reason::PrefixGated => "prefix_gated",
+        }
+    }
+}
+
+/// A placement: the index into the candidate slice and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub index: usize,
+    pub reason: Reason,
+}
+
+/// Estimated prompt tokens for a body of `bytes` bytes: bytes / bytes_per_token, capped.
+pub fn estimate_tokens(bytes: u64, bytes_per_token: f64, max_tokens: u64) -> u64 {
+    if bytes == 0 || bytes_per_token.is_nan() || bytes_per_token <= 0.0 {
+        return 0;
+    }
+    ((bytes as f64 / bytes_per_token).ceil() as u64).min(max_tokens)
+}
+
+/// Uniform pick among the eligible indices whose key is minimal (exact ties), never "first in the list".
+pub fn pick_min_by_key(
+    cands: &[Candidate],
+    rng: &mut fastrand::Rng,
+    key: impl Fn(&Candidate) -> u64,
+) -> Option<usize> {
+    pick_within(cands, rng, 0, key)
+}
+
+/// Uniform pick among eligible indices whose key is within `slack` of the minimum.
+pub fn pick_within(
+    cands: &[Candidate],
+    rng: &mut fastrand::Rng,
+    slack: u64,
+    key: impl Fn(&Candidate) -> u64,
+) -> Option<usize> {
+    let min = cands.iter().filter(|c| c.eligible).map(&key).min()?;
+    let limit = min.saturating_add(slack);
+    // Reservoir sampling: one pass, no allocation on the request path.
+    let mut chosen = None;
+    let mut seen = 0u32;
+    for (i, c) in cands.iter().enumerate() {
+        if c.eligible && key(c) <= limit {
+            seen += 1;
+            if rng.u32(0..seen) == 0 {
+                chosen = Some(i);
+            }
+        }
+    }
+    chosen
+}
+
+/// `load_aware`: minimise requests × 16384 + prefill tokens; exact ties at random.
+pub fn load_aware(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<usize> {
+    pick_min_by_key(cands, rng, Candidate::score)
+}
+
+/// `load_aware` without the prefill term (benchmark baseline): requests only, random ties.
+pub fn least_request(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<usize> {
+    pick_min_by_key(cands, rng, Candidate::request_load)
+}
+
+/// `round_robin`: the next eligible endpoint after `counter` (the caller increments it per request).
+pub fn round_robin(cands: &[Candidate], counter: usize) -> Option<usize> {
+    let n = cands.len();
+    (0..n)
+        .map(|k| (counter + k) % n)
+        .find(|&i| cands[i].eligible)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn cand(requests: u64, prefill: u64) -> Candidate {
+        Candidate {
+            eligible: true,
+            requests,
+            prefill_tokens: prefill,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn endpoint_mid_cold_prefill_loses_a_tie() {
+        let cands = [cand(2, 140_000), cand(2, 0)];
+        let mut rng = fastrand::Rng::with_seed(1);
+        for _ in 0..100 {
+            assert_eq!(load_aware(&cands, &mut rng), Some(1));
+        }
+    }
+
+    #[test]
+    fn fewer_requests_plus_cold_prefill_loses_to_more_warm_requests() {
+        // 1 request with a 140k cold prefill vs 5 warm decoding requests: 16384+140000 > 5*16384.
+        let cands = [cand(1, 140_000), cand(5, 2_000)];
+        let mut rng = fastrand::Rng::with_seed(2);
+        assert_eq!(load_aware(&cands, &mut rng), Some(1));
+        // least_request would have picked the busy one.
+        assert_eq!(least_request(&cands, &mut rng), Some(0));
+    }
+
+    #[test]
+    fn estimate_is_capped_and_zero_for_empty() {
+        assert_eq!(estimate_tokens(0, 4.0, 262_144), 0);
+        assert_eq!(estimate_tokens(4000, 4.0, 262_144), 1000);
+        assert_eq!(estimate_tokens(4001, 4.0, 262_144), 1001);
+        assert_eq!(estimate_tokens(10 << 20, 4.0, 262_144), 262_144);
+    }
+
+    #[test]
+    fn random_ties_spread_a_burst() {
+        let cands = [cand(0, 0), cand(0, 0), cand(0, 0), cand(0, 0)];
+        let mut rng = fastrand::Rng::with_seed(3);
+        let mut counts = [0u32; 4];
+        for _ in 0..4000 {
+            counts[load_aware(&cands, &mut rng).unwrap()] += 1;
+        }
+        for c in counts {
+            assert!((800..1200).contains(&c), "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn ineligible_endpoints_are_never_picked() {
+        let mut cands = [cand(10, 0), cand(0, 0)];
+        cands[1].eligible = false;
+        let mut rng = fastrand::Rng::with_seed(4);
+        assert_eq!(load_aware(&cands, &mut rng), Some(0));
+        cands[0].eligible = false;
+        assert_eq!(load_aware(&cands, &mut rng), None);
+        assert_eq!(round_robin(&cands, 0), None);
+    }
+
+    #[test]
+    fn round_robin_rotates_over_eligible() {
+        let mut cands = [cand(0, 0), cand(0, 0), cand(0, 0)];
+        cands[1].eligible = false;
+        let picks: Vec<_> = (0..4).map(|k| round_robin(&cands, k).unwrap()).collect();
+        assert_eq!(picks, vec![0, 2, 2, 0]);
+    }
+
+    #[test]
+    fn engine_stats_add_foreign_load_without_double_counting() {
+        let mut c = cand(3, 0);
+        c.engine = Some(EngineLoad {
+            running: 2,
+            waiting: 0,
+            kv_usage: 0.1,
+        });
+        assert_eq!(c.request_load(), 3, "our 3 requests include the engine's 2");
+        c.engine = Some(EngineLoad {
+            running: 7,
+            waiting: 2,
+            kv_usage: 0.1,
+        });
+        assert_eq!(c.request_load(), 9, "another router's traffic counts");
+    }
+}
