@@ -1,4 +1,12 @@
 //! infergate: a Pingora reverse proxy that places each LLM request on the engine pod best able to serve it now.
 
 pub mod config;
+pub mod engine_stats;
+pub mod ledger;
+pub mod metrics;
+pub mod placement;
+pub mod pool;
+pub mod proxy;
+pub mod request;
+pub mod server;
 pub mod sim;

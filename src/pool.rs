@@ -1,0 +1,479 @@
+//! Pools and their endpoints: membership (pingora-load-balancing discovery), health checks, API keys, endpoint
+//! identity and labels. A pool turns its live endpoints into placement candidates.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora_load_balancing::discovery::ServiceDiscovery;
+use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
+use pingora_load_balancing::selection::RoundRobin;
+use pingora_load_balancing::{Backend, Backends, LoadBalancer};
+
+use crate::config::{Config, EndpointConfig, HealthCheckConfig, PoolConfig};
+use crate::engine_stats::StatsCell;
+use crate::ledger::EndpointLoad;
+use crate::metrics::{EndpointSample, LiveSource, Metrics};
+use crate::placement::sessions::SessionTable;
+use crate::placement::{prefix::PrefixIndex, Candidate};
+
+static NEXT_ENDPOINT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Health as infergate sees it. Endpoints start `Unknown` and get no traffic until a check passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    Unknown = 0,
+    Healthy = 1,
+    Unhealthy = 2,
+}
+
+/// Consecutive-result tracking with the pool's thresholds.
+#[derive(Debug, Default)]
+pub struct HealthTracker {
+    state: AtomicU8,
+    /// (consecutive successes, consecutive failures)
+    streak: Mutex<(usize, usize)>,
+}
+
+impl HealthTracker {
+    pub fn get(&self) -> Health {
+        match self.state.load(Ordering::Relaxed) {
+            1 => Health::Healthy,
+            2 => Health::Unhealthy,
+            _ => Health::Unknown,
+        }
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.get() == Health::Healthy
+    }
+
+    /// Record one check. The first result decides at once (an endpoint must not wait `healthy_after` intervals
+    /// after a router start); afterwards the thresholds apply. Returns the new state if it changed.
+    pub fn record(&self, ok: bool, healthy_after: usize, unhealthy_after: usize) -> Option<Health> {
+        let mut streak = self.streak.lock().unwrap_or_else(|p| p.into_inner());
+        if ok {
+            streak.0 += 1;
+            streak.1 = 0;
+        } else {
+            streak.1 += 1;
+            streak.0 = 0;
+        }
+        let current = self.get();
+        let next = match current {
+            Health::Unknown => Some(if ok {
+                Health::Healthy
+            } else {
+                Health::Unhealthy
+            }),
+            Health::Healthy if !ok && streak.1 >= unhealthy_after => Some(Health::Unhealthy),
+            Health::Unhealthy if ok && streak.0 >= healthy_after => Some(Health::Healthy),
+            _ => None,
+        };
+        let next = next.filter(|n| *n != current)?;
+        self.state.store(next as u8, Ordering::Relaxed);
+        Some(next)
+    }
+}
+
+/// One engine endpoint of one pool.
+pub struct Endpoint {
+    /// Stable identity across membership changes (session bindings and prefix entries refer to it).
+    pub id: u64,
+    pub pool: Arc<str>,
+    /// "host:port", the `endpoint` metric label.
+    pub label: String,
+    pub host: String,
+    pub addr: std::net::SocketAddr,
+    pub api_key: Option<String>,
+    pub load: Arc<EndpointLoad>,
+    pub health: HealthTracker,
+    pub stats: StatsCell,
+    /// Set when the endpoint left its pool; holds still release into it harmlessly.
+    pub removed: AtomicBool,
+    checker: HttpHealthCheck,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the API key.
+        f.debug_struct("Endpoint")
+            .field("pool", &self.pool)
+            .field("label", &self.label)
+            .finish()
+    }
+}
+
+impl Endpoint {
+    fn new(pool: Arc<str>, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Endpoint {
+        let mut checker = HttpHealthCheck::new(&cfg.label, false);
+        // `new` builds a valid "GET /" header; set our path and headers on it.
+        let path = hc.path.as_str();
+        if let Ok(req) = pingora_http::RequestHeader::build("GET", path.as_bytes(), None) {
+            checker.req = req;
+        }
+        let _ = checker.req.insert_header("Host", cfg.label.as_str());
+        if let Some(key) = &cfg.api_key {
+            let _ = checker
+                .req
+                .insert_header("Authorization", format!("Bearer {key}"));
+        }
+        checker.peer_template.options.connection_timeout = Some(hc.timeout);
+        checker.peer_template.options.read_timeout = Some(hc.timeout);
+        checker.peer_template.options.write_timeout = Some(hc.timeout);
+        Endpoint {
+            id: NEXT_ENDPOINT_ID.fetch_add(1, Ordering::Relaxed),
+            pool,
+            label: cfg.label.clone(),
+            host: cfg.host.clone(),
+            addr: cfg.addr,
+            api_key: cfg.api_key.clone(),
+            load: Arc::new(EndpointLoad::default()),
+            health: HealthTracker::default(),
+            stats: StatsCell::default(),
+            removed: AtomicBool::new(false),
+            checker,
+        }
+    }
+
+    fn backend(&self) -> Backend {
+        Backend {
+            addr: pingora_core::protocols::l4::socket::SocketAddr::Inet(self.addr),
+            weight: 1,
+            ext: http::Extensions::new(),
+        }
+    }
+
+    fn same_target(&self, cfg: &EndpointConfig) -> bool {
+        self.label == cfg.label && self.addr == cfg.addr && self.api_key == cfg.api_key
+    }
+}
+
+/// The pool's membership as pingora-load-balancing discovers it; `Pool::set_endpoints` replaces it (reload).
+#[derive(Default)]
+struct Membership {
+    backends: RwLock<BTreeSet<Backend>>,
+    /// Backend equality ignores `ext`, so the health check finds the current endpoint by address instead.
+    by_addr: RwLock<HashMap<std::net::SocketAddr, Arc<Endpoint>>>,
+}
+
+impl Membership {
+    fn endpoint(&self, target: &Backend) -> Option<Arc<Endpoint>> {
+        let addr = target.addr.as_inet()?;
+        self.by_addr
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(addr)
+            .cloned()
+    }
+}
+
+#[async_trait]
+impl ServiceDiscovery for Membership {
+    async fn discover(&self) -> pingora_error::Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
+        let set = self
+            .backends
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Ok((set, HashMap::new()))
+    }
+}
+
+/// Runs each endpoint's own HTTP check (its path, Host and API key) and keeps infergate's health state.
+struct EndpointHealthCheck {
+    cfg: HealthCheckConfig,
+    membership: Arc<Membership>,
+}
+
+#[async_trait]
+impl HealthCheck for EndpointHealthCheck {
+    async fn check(&self, target: &Backend) -> pingora_error::Result<()> {
+        let Some(ep) = self.membership.endpoint(target) else {
+            return pingora_error::Error::e_explain(
+                pingora_error::ErrorType::InternalError,
+                "backend without endpoint",
+            );
+        };
+        let result = match tokio::time::timeout(self.cfg.timeout, ep.checker.check(target)).await {
+            Ok(r) => r,
+            Err(_) => pingora_error::Error::e_explain(
+                pingora_error::ErrorType::ReadTimedout,
+                "health check timed out",
+            ),
+        };
+        if let Some(new) = ep.health.record(
+            result.is_ok(),
+            self.cfg.healthy_after,
+            self.cfg.unhealthy_after,
+        ) {
+            match (&result, new) {
+                (Err(e), _) => log::warn!(
+                    "pool {} endpoint {} is now {:?}: {}",
+                    ep.pool,
+                    ep.label,
+                    new,
+                    e
+                ),
+                (Ok(()), _) => {
+                    log::info!("pool {} endpoint {} is now {:?}", ep.pool, ep.label, new)
+                }
+            }
+        }
+        result
+    }
+
+    fn health_threshold(&self, _success: bool) -> usize {
+        // Pingora's own state mirrors each raw result; infergate's thresholds live in HealthTracker.
+        1
+    }
+}
+
+/// One configured pool at run time.
+pub struct Pool {
+    pub name: Arc<str>,
+    pub cfg: PoolConfig,
+    endpoints: RwLock<Arc<Vec<Arc<Endpoint>>>>,
+    membership: Arc<Membership>,
+    /// Drives discovery and health checks (pingora-load-balancing); infergate scores placement itself.
+    pub lb: Arc<LoadBalancer<RoundRobin>>,
+    round_robin: AtomicUsize,
+    pub sessions: Option<Mutex<SessionTable>>,
+    pub prefix: Option<Mutex<PrefixIndex>>,
+    /// Arrival times per endpoint over the last minute; kept only for the legacy `qps` prefix fallback.
+    arrivals: Option<Mutex<HashMap<u64, VecDeque<Instant>>>>,
+}
+
+/// The window of the legacy `qps` fallback (production-stack's request-stats window).
+pub const QPS_WINDOW: Duration = Duration::from_secs(60);
+
+/// Forwards discovery to the shared membership so the pool can swap members.
+struct SharedMembership(Arc<Membership>);
+
+#[async_trait]
+impl ServiceDiscovery for SharedMembership {
+    async fn discover(&self) -> pingora_error::Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
+        self.0.discover().await
+    }
+}
+
+impl Pool {
+    pub fn new(cfg: &PoolConfig) -> Arc<Pool> {
+        let membership = Arc::new(Membership::default());
+        let backends = Backends::new(Box::new(SharedMembership(membership.clone())));
+        let mut lb = LoadBalancer::<RoundRobin>::from_backends(backends);
+        lb.set_health_check(Box::new(EndpointHealthCheck {
+            cfg: cfg.health_check.clone(),
+            membership: membership.clone(),
+        }));
+        lb.health_check_frequency = Some(cfg.health_check.interval);
+        lb.parallel_health_check = true;
+        let pool = Arc::new(Pool {
+            name: Arc::from(cfg.name.as_str()),
+            cfg: cfg.clone(),
+            endpoints: RwLock::new(Arc::new(Vec::new())),
+            membership,
+            lb: Arc::new(lb),
+            round_robin: AtomicUsize::new(0),
+            sessions: cfg
+                .sessions
+                .as_ref()
+                .map(|s| Mutex::new(SessionTable::new(s.max_sessions, s.ttl))),
+            prefix: matches!(cfg.policy, crate::config::Policy::PrefixAware)
+                .then(|| Mutex::new(PrefixIndex::new(&cfg.prefix, cfg.prefill.bytes_per_token))),
+            arrivals: (matches!(cfg.policy, crate::config::Policy::PrefixAware)
+                && cfg.prefix.fallback == crate::config::PrefixFallback::Qps)
+                .then(|| Mutex::new(HashMap::new())),
+        });
+        pool.set_endpoints(&cfg.endpoints, None);
+        pool
+    }
+
+    /// The current endpoints (cheap: an Arc clone).
+    pub fn endpoints(&self) -> Arc<Vec<Arc<Endpoint>>> {
+        self.endpoints
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replace the pool's endpoints (start and config reload): endpoints whose URL, address and key are unchanged
+    /// keep their state; departing ones are marked removed and their metric series deleted. Returns the removed.
+    pub fn set_endpoints(
+        &self,
+        wanted: &[EndpointConfig],
+        metrics: Option<&Metrics>,
+    ) -> Vec<Arc<Endpoint>> {
+        let current = self.endpoints();
+        let mut next = Vec::with_capacity(wanted.len());
+        for w in wanted {
+            match current.iter().find(|e| e.same_target(w)) {
+                Some(e) => next.push(e.clone()),
+                None => next.push(Arc::new(Endpoint::new(
+                    self.name.clone(),
+                    w,
+                    &self.cfg.health_check,
+                ))),
+            }
+        }
+        let removed: Vec<Arc<Endpoint>> = current
+            .iter()
+            .filter(|e| !next.iter().any(|n| Arc::ptr_eq(n, e)))
+            .cloned()
+            .collect();
+        if let Some(stats) = &self.cfg.engine_stats {
+            for e in &next {
+                e.stats.enable(stats.interval);
+            }
+        }
+        let backends: BTreeSet<Backend> = next.iter().map(|e| e.backend()).collect();
+        *self
+            .membership
+            .backends
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = backends;
+        *self
+            .membership
+            .by_addr
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) =
+            next.iter().map(|e| (e.addr, e.clone())).collect();
+        *self.endpoints.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        for e in &removed {
+            e.removed.store(true, Ordering::Relaxed);
+            if let Some(m) = metrics {
+                m.remove_endpoint(&self.name, &e.label);
+            }
+            log::info!("pool {}: endpoint {} removed", self.name, e.label);
+        }
+        removed
+    }
+
+    /// Snapshot for placement. `excluded` endpoints (already tried) are ineligible.
+    pub fn candidates(
+        &self,
+        endpoints: &[Arc<Endpoint>],
+        excluded: &[u64],
+        now: Instant,
+    ) -> Vec<Candidate> {
+        endpoints
+            .iter()
+            .map(|e| Candidate {
+                eligible: e.health.is_healthy() && !excluded.contains(&e.id),
+                requests: e.load.requests(),
+                prefill_tokens: e.load.prefill_tokens(),
+                engine: e.stats.fresh(now),
+                max_in_flight: self.cfg.max_in_flight_per_endpoint,
+            })
+            .collect()
+    }
+
+    /// Record a placement on `id` (only the `qps` fallback reads arrivals).
+    pub fn record_arrival(&self, id: u64, now: Instant) {
+        if let Some(a) = &self.arrivals {
+            let mut a = a.lock().unwrap_or_else(|p| p.into_inner());
+            let q = a.entry(id).or_default();
+            q.push_back(now);
+            while q.front().is_some_and(|t| now.saturating_duration_since(*t) > QPS_WINDOW) {
+                q.pop_front();
+            }
+        }
+    }
+
+    /// Placements on `id` within the last minute (0 unless the `qps` fallback is configured).
+    pub fn arrivals(&self, id: u64, now: Instant) -> u64 {
+        let Some(a) = &self.arrivals else { return 0 };
+        let a = a.lock().unwrap_or_else(|p| p.into_inner());
+        a.get(&id)
+            .map_or(0, |q| q.iter().filter(|t| now.saturating_duration_since(**t) <= QPS_WINDOW).count() as u64)
+    }
+
+    pub fn next_round_robin(&self) -> usize {
+        self.round_robin.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn any_healthy(&self) -> bool {
+        self.endpoints().iter().any(|e| e.health.is_healthy())
+    }
+}
+
+/// Every pool of the router.
+pub struct Pools {
+    pub pools: Vec<Arc<Pool>>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Pools {
+    pub fn new(cfg: &Config, metrics: Arc<Metrics>) -> Arc<Pools> {
+        let pools = Arc::new(Pools {
+            pools: cfg.pools.iter().map(Pool::new).collect(),
+            metrics: metrics.clone(),
+        });
+        let weak: std::sync::Weak<dyn LiveSource> =
+            Arc::downgrade(&(pools.clone() as Arc<dyn LiveSource>));
+        metrics.register_live(weak);
+        pools
+    }
+
+    pub fn any_healthy(&self) -> bool {
+        self.pools.iter().any(|p| p.any_healthy())
+    }
+
+    /// Model names the router serves (the union of the pools' explicit names; "*" is not a name).
+    pub fn model_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .pools
+            .iter()
+            .flat_map(|p| p.cfg.models.iter())
+            .filter(|m| m.as_str() != "*")
+            .cloned()
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Run discovery and one round of health checks on every pool now (start-up, tests).
+    pub async fn refresh_now(&self) {
+        for p in &self.pools {
+            if let Err(e) = p.lb.update().await {
+                log::warn!("pool {}: discovery failed: {e}", p.name);
+            }
+            p.lb.backends().run_health_check(true).await;
+        }
+    }
+}
+
+impl LiveSource for Pools {
+    fn endpoint_samples(&self) -> Vec<EndpointSample> {
+        let now = Instant::now();
+        self.pools
+            .iter()
+            .flat_map(|p| p.endpoints().iter().cloned().collect::<Vec<_>>())
+            .map(|e| EndpointSample {
+                pool: e.pool.to_string(),
+                endpoint: e.label.clone(),
+                requests_in_flight: e.load.requests(),
+                prefill_tokens: e.load.prefill_tokens(),
+                healthy: e.health.is_healthy(),
+                stats_state: e.stats.state(now).as_str(),
+            })
+            .collect()
+    }
+
+    fn session_counts(&self) -> Vec<(String, u64)> {
+        self.pools
+            .iter()
+            .filter_map(|p| {
+                let t = p.sessions.as_ref()?;
+                let n = t.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
+                Some((p.name.to_string(), n))
+            })
+            .collect()
+    }
+}
+
+/// How often the janitor looks for overdue holds.
+pub const JANITOR_PERIOD: Duration = Duration::from_secs(1);

@@ -1,0 +1,270 @@
+//! Assembly: turns a validated `Config` into a Pingora `Server` with the proxy, the metrics listener and the
+//! housekeeping background service (discovery, health checks, engine stats, janitor, session expiry).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora_core::apps::http_app::ServeHttp;
+use pingora_core::protocols::http::ServerSession;
+use pingora_core::server::configuration::{Opt, ServerConf};
+use pingora_core::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
+use pingora_core::services::background::BackgroundService;
+use pingora_core::services::ServiceReadyNotifier;
+use pingora_core::services::listening::Service;
+
+use crate::config::Config;
+use crate::ledger::Ledger;
+use crate::metrics::Metrics;
+use crate::pool::{Pools, JANITOR_PERIOD};
+use crate::proxy::Router;
+
+/// Handles to a built router's shared state (tests and the binary read metrics and pools through it).
+#[derive(Clone)]
+pub struct RouterState {
+    pub cfg: Arc<Config>,
+    pub pools: Arc<Pools>,
+    pub ledger: Arc<Ledger>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl RouterState {
+    pub fn new(cfg: Config) -> RouterState {
+        let metrics = Metrics::new();
+        RouterState {
+            pools: Pools::new(&cfg, metrics.clone()),
+            cfg: Arc::new(cfg),
+            ledger: Ledger::new(),
+            metrics,
+        }
+    }
+
+    /// Replace a pool's endpoints (the path a config reload takes): departing endpoints lose their series.
+    pub fn reload_endpoints(&self, cfg: &Config) {
+        for (pool, pc) in self.pools.pools.iter().zip(&cfg.pools) {
+            let removed = pool.set_endpoints(&pc.endpoints, Some(&self.metrics));
+            if let Some(index) = &pool.prefix {
+                let mut index = index.lock().unwrap_or_else(|p| p.into_inner());
+                for e in &removed {
+                    index.remove_endpoint(e.id);
+                }
+            }
+        }
+    }
+}
+
+/// Build the Pingora server: proxy on every `listen` address, metrics on `metrics_listen`, housekeeping in the
+/// background. The proxy starts accepting only after the first round of health checks (endpoints start unknown).
+pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), String> {
+    let server_conf = ServerConf::from_yaml(&cfg.server_yaml)
+        .map_err(|e| format!("{}: server: {e}", cfg.source.display()))?;
+    // The YAML file is ours, not Pingora's: hand it the parsed ServerConf instead.
+    opt.conf = None;
+    let mut server = Server::new_with_opt_and_conf(opt, server_conf);
+    server.bootstrap();
+
+    let state = RouterState::new(cfg);
+    let router = Router {
+        cfg: state.cfg.clone(),
+        pools: state.pools.clone(),
+        ledger: state.ledger.clone(),
+        metrics: state.metrics.clone(),
+    };
+    let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, router, "infergate proxy");
+    for addr in &state.cfg.listen {
+        proxy.add_tcp(addr);
+    }
+    let housekeeping = pingora_core::services::background::background_service(
+        "infergate housekeeping",
+        Housekeeper { state: state.clone() },
+    );
+    let hk_handle = server.add_service(housekeeping);
+    let proxy_handle = server.add_service(proxy);
+    proxy_handle.add_dependency(&hk_handle);
+    if let Some(addr) = &state.cfg.metrics_listen {
+        let mut metrics = Service::new(
+            "infergate metrics".to_string(),
+            MetricsApp {
+                metrics: state.metrics.clone(),
+            },
+        );
+        metrics.add_tcp(addr);
+        server.add_service(metrics);
+    }
+    Ok((server, state))
+}
+
+/// Serves `GET /metrics` in the Prometheus text format.
+struct MetricsApp {
+    metrics: Arc<Metrics>,
+}
+
+#[async_trait]
+impl ServeHttp for MetricsApp {
+    async fn response(&self, session: &mut ServerSession) -> http::Response<Vec<u8>> {
+        let path = session.req_header().uri.path();
+        let (status, ctype, body) = if path == "/metrics" {
+            (200, "text/plain; version=0.0.4", self.metrics.render())
+        } else {
+            (404, "text/plain", b"not found: metrics are on /metrics\n".to_vec())
+        };
+        http::Response::builder()
+            .status(status)
+            .header("content-type", ctype)
+            .header("content-length", body.len())
+            .body(body)
+            .unwrap_or_default()
+    }
+}
+
+/// Discovery and health checks per pool, engine-stats scrapes, the prefill janitor and session expiry.
+struct Housekeeper {
+    state: RouterState,
+}
+
+#[async_trait]
+impl BackgroundService for Housekeeper {
+    async fn start_with_ready_notifier(&self, shutdown: ShutdownWatch, ready: ServiceReadyNotifier) {
+        // One round of checks before the proxy accepts: endpoints start unknown, so this is what lets the first
+        // requests through. Bounded by the slowest configured timeout.
+        let first_round_limit = self
+            .state
+            .cfg
+            .pools
+            .iter()
+            .map(|p| p.health_check.timeout)
+            .max()
+            .unwrap_or(Duration::from_secs(1))
+            + Duration::from_secs(1);
+        if tokio::time::timeout(first_round_limit, self.state.pools.refresh_now()).await.is_err() {
+            log::warn!("first health-check round did not finish in {first_round_limit:?}; starting anyway");
+        }
+        ready.notify_ready();
+
+        let mut tasks = tokio::task::JoinSet::new();
+        for pool in &self.state.pools.pools {
+            let pool_checks = pool.clone();
+            let mut stop = shutdown.clone();
+            tasks.spawn(async move {
+                let pool = pool_checks;
+                let mut tick = tokio::time::interval(pool.cfg.health_check.interval);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = stop.changed() => return,
+                    }
+                    if let Err(e) = pool.lb.update().await {
+                        log::warn!("pool {}: discovery failed: {e}", pool.name);
+                    }
+                    pool.lb.backends().run_health_check(true).await;
+                }
+            });
+            if let Some(stats_cfg) = pool.cfg.engine_stats.clone() {
+                let pool = pool.clone();
+                let stop = shutdown.clone();
+                tasks.spawn(async move {
+                    run_pool_scrapes(pool, stats_cfg, stop).await;
+                });
+            }
+        }
+        {
+            let state = self.state.clone();
+            let mut stop = shutdown.clone();
+            tasks.spawn(async move {
+                let t = &state.cfg.timeouts;
+                let max_age = t.response_header + t.stream_idle;
+                let mut tick = tokio::time::interval(JANITOR_PERIOD);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = stop.changed() => return,
+                    }
+                    let now = Instant::now();
+                    state.ledger.expire(max_age, now);
+                    for pool in &state.pools.pools {
+                        if let Some(table) = &pool.sessions {
+                            let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
+                            table.expire(now);
+                            let (ttl, capacity) = table.take_evictions();
+                            let m = &state.metrics.session_evictions_total;
+                            if ttl > 0 {
+                                m.with_label_values(&[&*pool.name, "ttl"]).inc_by(ttl);
+                            }
+                            if capacity > 0 {
+                                m.with_label_values(&[&*pool.name, "capacity"]).inc_by(capacity);
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        let mut stop = shutdown.clone();
+        let _ = stop.changed().await;
+        tasks.shutdown().await;
+    }
+}
+
+/// A shutdown signal a test (or an embedding program) triggers through a channel instead of Unix signals.
+pub struct ChannelShutdown(pub tokio::sync::Mutex<tokio::sync::mpsc::Receiver<ShutdownSignal>>);
+
+#[async_trait]
+impl ShutdownSignalWatch for ChannelShutdown {
+    async fn recv(&self) -> ShutdownSignal {
+        match self.0.lock().await.recv().await {
+            Some(s) => s,
+            None => ShutdownSignal::FastShutdown,
+        }
+    }
+}
+
+/// Run a built server on the current thread until the channel says stop (in-process use; the binary uses
+/// `run_forever` with Unix signals).
+pub fn run_with_channel(server: Server, rx: tokio::sync::mpsc::Receiver<ShutdownSignal>) {
+    server.run(RunArgs {
+        shutdown_signal: Box::new(ChannelShutdown(tokio::sync::Mutex::new(rx))),
+    });
+}
+
+/// Keep one scrape loop per current endpoint of a pool (endpoints may come and go on reload); each records its
+/// outcome in the endpoint's stats cell.
+async fn run_pool_scrapes(pool: Arc<crate::pool::Pool>, cfg: crate::config::EngineStatsConfig, mut stop: ShutdownWatch) {
+    use std::collections::HashMap;
+    let mut loops: HashMap<u64, tokio::sync::watch::Sender<bool>> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let endpoints = pool.endpoints();
+        loops.retain(|id, tx| {
+            let keep = endpoints.iter().any(|e| e.id == *id);
+            if !keep {
+                let _ = tx.send(true);
+            }
+            keep
+        });
+        for ep in endpoints.iter() {
+            if loops.contains_key(&ep.id) {
+                continue;
+            }
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            loops.insert(ep.id, tx);
+            let sink_ep = ep.clone();
+            let target = crate::engine_stats::ScrapeTarget {
+                pool: pool.name.to_string(),
+                endpoint: ep.label.clone(),
+                url: format!("http://{}{}", ep.label, cfg.path),
+                api_key: ep.api_key.clone(),
+                cfg: cfg.clone(),
+                cell: Arc::new(move |outcome| sink_ep.stats.record_outcome(Instant::now(), &outcome)),
+            };
+            tokio::spawn(crate::engine_stats::scrape_loop(target, rx));
+        }
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => break,
+        }
+    }
+    for tx in loops.values() {
+        let _ = tx.send(true);
+    }
+}
