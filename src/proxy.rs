@@ -506,8 +506,13 @@ impl ProxyHttp for Router {
         // Safe to resend only if nothing came back yet and Pingora still holds the whole body.
         let replayable = ctx.upstream_status.is_none() && !session.as_downstream().retry_buffer_truncated();
         if replayable && ctx.tried.len() < self.cfg.max_retries {
-            // A stale pooled connection (closed by the engine while idle) fails on reuse: retry elsewhere.
-            e.retry.decide_reuse(client_reused);
+            if client_reused {
+                // A stale pooled connection (closed or reset by the engine while idle) fails on reuse, while
+                // writing the body or reading headers alike: nothing came back, so resend elsewhere.
+                e.set_retry(true);
+            } else {
+                e.retry.decide_reuse(false);
+            }
         } else {
             e.set_retry(false);
         }

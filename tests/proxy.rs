@@ -1,0 +1,499 @@
+//! End-to-end tests of the router core through real sockets: engine-sim engines and a router on loopback.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use infergate::sim::{self, SimConfig};
+
+/// Engines whose prefill of a ~100 KB prompt takes long enough to observe (about a second).
+fn slow_prefill() -> SimConfig {
+    SimConfig {
+        prefill_tokens_per_sec: 25_000.0,
+        ..SimConfig::default()
+    }
+}
+
+async fn engines(n: usize, cfg: SimConfig) -> Vec<sim::EngineHandle> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(sim::spawn_engine(cfg.clone()).await.expect("engine starts"));
+    }
+    v
+}
+
+fn urls(e: &[sim::EngineHandle]) -> Vec<String> {
+    e.iter().map(|e| e.url()).collect()
+}
+
+async fn ready(router: &TestRouter) {
+    router
+        .wait_for("an endpoint healthy", Duration::from_secs(10), |r| r.state.pools.any_healthy())
+        .await;
+}
+
+fn generate_requests(e: &sim::EngineHandle) -> usize {
+    e.requests().iter().filter(|r| r.path.starts_with("/v1/")).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_held_after_headers_and_released_at_the_first_byte() {
+    let eng = engines(1, slow_prefill()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    ready(&router).await;
+    let body = chat_body(100_000, true, 4);
+    let expected = 100_000u64.div_ceil(4); // bytes / 4; the JSON wrapper adds a little
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("response headers");
+    assert_eq!(resp.status(), 200);
+    // Headers are here, the engine is still prefilling: the estimate must still be held.
+    let (prefill, requests) = router.endpoint_load(0);
+    assert!(prefill >= expected, "held {prefill} tokens after headers, expected >= {expected}");
+    assert_eq!(requests, 1);
+    let mut stream = resp.bytes_stream();
+    let first = stream.next().await.expect("a first chunk").expect("chunk");
+    assert!(!first.is_empty());
+    // Released before the first chunk was written to us.
+    assert_eq!(router.endpoint_load(0).0, 0, "tokens released at the first body byte");
+    while stream.next().await.is_some() {}
+    router.wait_idle().await;
+    let m = router.metrics_text().await;
+    let counted = metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]);
+    assert!(counted >= expected as f64, "estimated_total {counted}");
+    assert!(metric_sum(&m, "infergate_time_to_first_byte_seconds_count", &[]) >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_when_the_client_closes_without_reading() {
+    let eng = engines(1, slow_prefill()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    ready(&router).await;
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(chat_body(100_000, true, 64))
+        .send()
+        .await
+        .unwrap();
+    assert!(router.endpoint_load(0).0 > 0);
+    drop(resp);
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_when_the_client_cancels_before_headers() {
+    let eng = engines(1, SimConfig::default()).await;
+    eng[0].control.set_slow_headers(Duration::from_secs(3));
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    ready(&router).await;
+    let req = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(chat_body(20_000, true, 4))
+        .send();
+    assert!(tokio::time::timeout(Duration::from_millis(300), req).await.is_err());
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_on_upstream_5xx_and_the_status_passes_through() {
+    let eng = engines(1, SimConfig::default()).await;
+    eng[0].control.set_fail_status(Some(500));
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    ready(&router).await;
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(chat_body(10_000, true, 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 500);
+    let _ = resp.bytes().await;
+    router.wait_idle().await;
+    let m = router.metrics_text().await;
+    assert_eq!(metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]), 0.0, "a 5xx did no prefill");
+    assert_eq!(metric_sum(&m, "infergate_requests_total", &["code=\"500\""]), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_error_retries_elsewhere_and_counts_the_estimate_once() {
+    let eng = engines(2, SimConfig::default()).await;
+    // Slow health checks so the refusing endpoint still looks healthy when the requests arrive.
+    let yaml = pool_yaml("round_robin", &urls(&eng), "").replace("interval: 200ms", "interval: 60s");
+    let router = start_router(&yaml.replace("round_robin", "load_aware")).await;
+    router
+        .wait_for("both healthy", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0].endpoints().iter().all(|e| e.health.is_healthy())
+        })
+        .await;
+    eng[0].control.refuse_connections(true).unwrap();
+    let body = chat_body(8_000, false, 2);
+    for _ in 0..4 {
+        let resp = client()
+            .post(format!("{}/v1/chat/completions", router.url()))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let _ = resp.bytes().await;
+    }
+    router.wait_idle().await;
+    assert_eq!(generate_requests(&eng[1]), 4);
+    let m = router.metrics_text().await;
+    let per_request = infergate::placement::estimate_tokens(body.len() as u64, 4.0, 262_144) as f64;
+    assert_eq!(metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]), 4.0 * per_request);
+    eng[0].control.refuse_connections(false).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_error_with_no_other_endpoint_is_a_json_502() {
+    let eng = engines(1, SimConfig::default()).await;
+    let yaml = pool_yaml("load_aware", &urls(&eng), "").replace("interval: 200ms", "interval: 60s");
+    let router = start_router(&yaml).await;
+    ready(&router).await;
+    eng[0].control.refuse_connections(true).unwrap();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(chat_body(1000, false, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let v: serde_json::Value = resp.json().await.expect("JSON error body");
+    assert!(v["error"]["message"].is_string() && v["error"]["type"].is_string());
+    router.wait_idle().await;
+    eng[0].control.refuse_connections(false).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_pooled_connection_is_retried_and_counted_once() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let eng = engines(2, SimConfig::default()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    router
+        .wait_for("both healthy", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0].endpoints().iter().all(|e| e.health.is_healthy())
+        })
+        .await;
+    let body = chat_body(4_000, false, 2);
+    let c = client();
+    let send = |c: reqwest::Client| {
+        let (url, body) = (format!("{}/v1/chat/completions", router.url()), body.clone());
+        async move {
+            let r = c.post(url).body(body).send().await.unwrap();
+            let status = r.status();
+            let _ = r.bytes().await;
+            status
+        }
+    };
+    // Warm pooled connections to both engines.
+    let warm: Vec<_> = (0..8).map(|_| send(c.clone())).collect();
+    for s in futures_util::future::join_all(warm).await {
+        assert_eq!(s, 200);
+    }
+    let mut stale = 0;
+    for _ in 0..12 {
+        // The engine leaves its idle connections open but resets the next request on them: the router
+        // cannot see the staleness in advance and must retry on the other endpoint.
+        stale += eng[0].control.poison_idle_connections();
+        assert_eq!(send(c.clone()).await, 200);
+    }
+    assert!(stale > 0);
+    router.wait_idle().await;
+    let m = router.metrics_text().await;
+    assert!(metric_sum(&m, "infergate_retries_total", &[]) >= 1.0, "the stale path was exercised");
+    let per_request = infergate::placement::estimate_tokens(body.len() as u64, 4.0, 262_144) as f64;
+    assert_eq!(metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]), 20.0 * per_request);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_and_empty_bodies_hold_no_tokens() {
+    let eng = engines(2, slow_prefill()).await;
+    let router = start_router(&pool_yaml("round_robin", &urls(&eng), "")).await;
+    ready(&router).await;
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(chat_body(100_000, true, 4))
+        .send()
+        .await
+        .unwrap();
+    let t = router.totals();
+    assert_eq!(t, (0, 1), "round_robin counts the request but no tokens");
+    drop(resp);
+    router.wait_idle().await;
+
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    ready(&router).await;
+    eng[0].control.set_slow_headers(Duration::from_millis(500));
+    eng[1].control.set_slow_headers(Duration::from_millis(500));
+    let c = client();
+    let url = format!("{}/v1/chat/completions", router.url());
+    let empty = tokio::spawn(async move { c.post(url).send().await });
+    router.wait_for("request in flight", Duration::from_secs(5), |r| r.totals().1 == 1).await;
+    assert_eq!(router.totals().0, 0, "an empty body counts nothing");
+    let _ = empty.await;
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn janitor_releases_overdue_tokens_once() {
+    let eng = engines(1, slow_prefill()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    ready(&router).await;
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(chat_body(100_000, true, 4))
+        .send()
+        .await
+        .unwrap();
+    assert!(router.endpoint_load(0).0 > 0);
+    // Everything older than zero is overdue: the janitor path releases it.
+    let released = router.state.ledger.expire(Duration::ZERO, std::time::Instant::now());
+    assert_eq!(released, 1);
+    assert_eq!(router.endpoint_load(0), (0, 1), "tokens gone, the request still in flight");
+    let _ = resp.bytes().await; // the first byte must not release a second time
+    router.wait_idle().await;
+    let m = router.metrics_text().await;
+    assert_eq!(metric_sum(&m, "infergate_prefill_janitor_released_total", &[]), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_concurrent_streams_end_with_every_gauge_at_zero() {
+    let eng = engines(
+        2,
+        SimConfig {
+            time_scale: 0.05,
+            ..SimConfig::default()
+        },
+    )
+    .await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    ready(&router).await;
+    let c = reqwest::Client::builder().pool_max_idle_per_host(1000).build().unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..1000 {
+        let c = c.clone();
+        let url = format!("{}/v1/chat/completions", router.url());
+        let body = chat_body(200 + (i % 7) * 300, true, 3);
+        tasks.spawn(async move {
+            let resp = c.post(url).body(body).send().await?;
+            let status = resp.status();
+            let mut s = resp.bytes_stream();
+            // A tenth of the clients walk away after the first chunk.
+            let mut n = 0;
+            while let Some(chunk) = s.next().await {
+                chunk?;
+                n += 1;
+                if i % 10 == 0 && n == 1 {
+                    break;
+                }
+            }
+            Ok::<_, reqwest::Error>(status)
+        });
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut ok = 0;
+    while let Some(r) = tokio::time::timeout_at(deadline, tasks.join_next()).await.expect("bounded in time") {
+        if matches!(r, Ok(Ok(s)) if s == 200) {
+            ok += 1;
+        }
+    }
+    assert!(ok >= 990, "{ok} of 1000 succeeded");
+    router.wait_idle().await;
+    assert_eq!(router.state.ledger.outstanding(), 0);
+    let m = router.metrics_text().await;
+    assert_eq!(metric_sum(&m, "infergate_endpoint_prefill_tokens", &[]), 0.0);
+    assert_eq!(metric_sum(&m, "infergate_endpoint_requests_in_flight", &[]), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_tokens_holds_nothing_and_counts_no_placement() {
+    let eng = engines(1, SimConfig::default()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    ready(&router).await;
+    let resp = client()
+        .post(format!("{}/v1/messages/count_tokens", router.url()))
+        .body(chat_body(50_000, false, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: serde_json::Value = resp.json().await.unwrap();
+    assert!(v["input_tokens"].as_u64().unwrap() > 0);
+    router.wait_idle().await;
+    let m = router.metrics_text().await;
+    assert_eq!(metric_sum(&m, "infergate_placements_total", &[]), 0.0);
+    assert_eq!(metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]), 0.0);
+    assert_eq!(metric_sum(&m, "infergate_requests_total", &["code=\"200\""]), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_arrive_byte_for_byte() {
+    let eng = engines(1, SimConfig { time_scale: 0.01, ..SimConfig::default() }).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    ready(&router).await;
+    for size in [100 * 1024, 4 * 1024 * 1024] {
+        let body = chat_body(size, false, 1);
+        let resp = client()
+            .post(format!("{}/v1/chat/completions", router.url()))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "size {size}");
+        let _ = resp.bytes().await;
+        let got = eng[0].requests().into_iter().rev().find(|r| r.path == "/v1/chat/completions").unwrap();
+        assert_eq!(got.body_len, body.len());
+        assert_eq!(got.body_fnv64, sim::fnv64(body.as_bytes()), "size {size} arrived intact");
+    }
+    // A chunked upload (no Content-Length) of 1 MiB: intact, and its estimate grew as it streamed.
+    let body = chat_body(1024 * 1024, false, 1);
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = body.as_bytes().chunks(16 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = resp.bytes().await;
+    let got = eng[0].requests().into_iter().rev().find(|r| r.path == "/v1/chat/completions").unwrap();
+    assert_eq!((got.body_len, got.body_fnv64), (body.len(), sim::fnv64(body.as_bytes())));
+    router.wait_idle().await;
+    let m = router.metrics_text().await;
+    let whole = infergate::placement::estimate_tokens(body.len() as u64, 4.0, 262_144) as f64;
+    let total = metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]);
+    assert!(total >= whole, "chunked estimate grew to the whole body: {total} < {whole}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_answers_errors_models_and_health_in_openai_style() {
+    let eng = engines(1, SimConfig::default()).await;
+    let yaml = format!(
+        "{}  - name: other\n    models: [\"big-model\"]\n    endpoints:\n      - url: \"http://127.0.0.1:{}\"\n",
+        pool_yaml("load_aware", &urls(&eng), "").replace("models: [\"*\"]", "models: [\"sim-model\"]"),
+        free_port()
+    );
+    let router = start_router(&yaml).await;
+    ready(&router).await;
+    let c = client();
+    // Unknown model: 404.
+    let r = c
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(r#"{"model":"nope","messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "model_not_found");
+    // A pool with no healthy endpoint: 503 with Retry-After.
+    let r = c
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(r#"{"model":"big-model","messages":[]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().get("retry-after").is_some());
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_healthy_endpoint");
+    // Body over the limit: 413.
+    let r = c
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .header("content-length", (64u64 << 20).to_string())
+        .body(vec![b' '; 10])
+        .send()
+        .await;
+    if let Ok(r) = r {
+        assert_eq!(r.status(), 413);
+    }
+    // The union of models, and health.
+    let v: serde_json::Value = c.get(format!("{}/v1/models", router.url())).send().await.unwrap().json().await.unwrap();
+    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids, vec!["big-model", "sim-model"]);
+    assert_eq!(c.get(format!("{}/health", router.url())).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_is_sent_upstream_and_health_gates_traffic() {
+    let eng = engines(2, SimConfig::default()).await;
+    let key_file = std::env::temp_dir().join(format!("infergate-test-key-{}", free_port()));
+    std::fs::write(&key_file, "sk-test-123\n").unwrap();
+    let yaml = pool_yaml("load_aware", &urls(&eng), "").replacen(
+        &format!("url: \"{}\"\n", eng[0].url()),
+        &format!("url: \"{}\"\n        api_key_file: \"{}\"\n", eng[0].url(), key_file.display()),
+        1,
+    );
+    eng[1].control.set_health_status(503);
+    let router = start_router(&yaml).await;
+    ready(&router).await;
+    let c = client();
+    for _ in 0..6 {
+        let r = c
+            .post(format!("{}/v1/chat/completions", router.url()))
+            .body(chat_body(1000, false, 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let _ = r.bytes().await;
+    }
+    assert_eq!(generate_requests(&eng[1]), 0, "an unhealthy endpoint gets no requests");
+    let auth: Vec<String> = eng[0]
+        .requests()
+        .iter()
+        .filter_map(|r| r.headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone()))
+        .collect();
+    assert!(auth.iter().any(|a| a == "Bearer sk-test-123"), "health checks and requests carry the key");
+    // The endpoint recovers after healthy_after successes and gets traffic again.
+    eng[1].control.set_health_status(200);
+    router
+        .wait_for("endpoint 1 healthy again", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0].endpoints()[1].health.is_healthy()
+        })
+        .await;
+    let m = router.metrics_text().await;
+    assert_eq!(metric_sum(&m, "infergate_endpoint_healthy", &[]), 2.0);
+    let _ = std::fs::remove_file(key_file);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn departed_endpoint_series_are_deleted() {
+    let eng = engines(2, SimConfig::default()).await;
+    let yaml = pool_yaml("load_aware", &urls(&eng), "");
+    let router = start_router(&yaml).await;
+    router
+        .wait_for("both healthy", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0].endpoints().iter().all(|e| e.health.is_healthy())
+        })
+        .await;
+    let c = client();
+    for _ in 0..8 {
+        let r = c
+            .post(format!("{}/v1/chat/completions", router.url()))
+            .body(chat_body(1000, false, 1))
+            .send()
+            .await
+            .unwrap();
+        let _ = r.bytes().await;
+    }
+    let gone = eng[1].addr.to_string();
+    let m = router.metrics_text().await;
+    assert!(m.contains(&format!("endpoint=\"{gone}\"")));
+    // The reload path: the same config without the second endpoint.
+    let reduced = pool_yaml("load_aware", &urls(&eng[..1]), "")
+        .replace("{listen}", &router.addr.to_string())
+        .replace("{metrics}", &router.metrics_addr.to_string());
+    let cfg = infergate::config::Config::parse(std::path::Path::new("reload.yaml"), &reduced).unwrap();
+    router.state.reload_endpoints(&cfg);
+    let m = router.metrics_text().await;
+    assert!(!m.contains(&format!("endpoint=\"{gone}\"")), "series of {gone} remain:\n{m}");
+    assert!(m.contains(&format!("endpoint=\"{}\"", eng[0].addr)));
+}
