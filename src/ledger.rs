@@ -63,6 +63,8 @@ struct HoldState {
     prefill_released: bool,
     /// Set when the endpoint answered with headers: only then does the estimate count as work it did.
     served: bool,
+    /// Release at this instant even without a first byte (non-streaming requests: estimated prefill end).
+    release_at: Option<Instant>,
 }
 
 /// The part of a hold the janitor can see.
@@ -139,6 +141,7 @@ impl Ledger {
                 tokens,
                 prefill_released: false,
                 served: false,
+                release_at: None,
             }),
             on_release,
         });
@@ -150,6 +153,21 @@ impl Ledger {
             ledger: self.clone(),
             finished: false,
         }
+    }
+
+    /// Release the prefill tokens of holds whose estimated prefill end has passed (cause
+    /// [`ReleaseCause::EstimatedDone`]). Returns how many were released.
+    pub fn release_due(&self, now: Instant) -> usize {
+        let due: Vec<Arc<HoldEntry>> = self
+            .holds()
+            .values()
+            .filter(|e| {
+                let st = e.state();
+                !st.prefill_released && st.release_at.is_some_and(|t| t <= now)
+            })
+            .cloned()
+            .collect();
+        due.iter().filter(|e| e.release_prefill(ReleaseCause::EstimatedDone)).count()
     }
 
     /// Number of holds not yet finished (requests in flight across all endpoints).
@@ -226,6 +244,11 @@ impl Hold {
             .load
             .prefill_tokens
             .fetch_add(add, Ordering::Relaxed);
+    }
+
+    /// Release the tokens at `at` unless the first byte comes earlier (see [`Ledger::release_due`]).
+    pub fn release_at(&self, at: Instant) {
+        self.entry.state().release_at = Some(at);
     }
 
     /// The endpoint answered with response headers: from now on the estimate counts as work it did.
@@ -356,6 +379,23 @@ mod tests {
         drop(h_new);
         assert_eq!((load.requests(), load.prefill_tokens()), (0, 0));
         assert_eq!(released.load(Ordering::Relaxed), 105);
+    }
+
+    #[test]
+    fn estimated_prefill_end_releases_before_the_first_byte() {
+        let ledger = Ledger::new();
+        let load = Arc::new(EndpointLoad::default());
+        let (hook, released) = counting_hook();
+        let h = ledger.hold(load.clone(), 300, hook.clone());
+        let other = ledger.hold(load.clone(), 5, hook);
+        let now = Instant::now();
+        h.release_at(now + Duration::from_millis(100));
+        assert_eq!(ledger.release_due(now), 0);
+        assert_eq!(ledger.release_due(now + Duration::from_millis(100)), 1);
+        assert_eq!(load.prefill_tokens(), 5, "only the due hold released");
+        assert!(!h.release_prefill(ReleaseCause::FirstByte));
+        drop((h, other));
+        assert_eq!(released.load(Ordering::Relaxed), 305);
     }
 
     #[test]

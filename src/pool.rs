@@ -93,6 +93,8 @@ pub struct Endpoint {
     pub stats: StatsCell,
     /// Set when the endpoint left its pool; holds still release into it harmlessly.
     pub removed: AtomicBool,
+    /// Observed prefill speed, for releasing non-streaming requests' tokens at their estimated prefill end.
+    pub prefill_speed: PrefillSpeed,
     checker: HttpHealthCheck,
 }
 
@@ -134,6 +136,7 @@ impl Endpoint {
             health: HealthTracker::default(),
             stats: StatsCell::default(),
             removed: AtomicBool::new(false),
+            prefill_speed: PrefillSpeed::default(),
             checker,
         }
     }
@@ -148,6 +151,39 @@ impl Endpoint {
 
     fn same_target(&self, cfg: &EndpointConfig) -> bool {
         self.label == cfg.label && self.addr == cfg.addr && self.api_key == cfg.api_key
+    }
+}
+
+/// An endpoint's prefill speed in estimated tokens per second, learned from streaming requests (estimate over
+/// time to first byte, which includes queueing, so it errs slow and releases late rather than early).
+#[derive(Debug, Default)]
+pub struct PrefillSpeed {
+    /// f64 bits of the moving average; 0 = nothing observed yet.
+    tokens_per_sec: AtomicU64,
+}
+
+impl PrefillSpeed {
+    /// Samples smaller than this say more about overheads than about prefill speed.
+    const MIN_TOKENS: u64 = 1024;
+    const WEIGHT: f64 = 0.2;
+
+    pub fn observe(&self, tokens: u64, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        if tokens < Self::MIN_TOKENS || secs <= 0.0 {
+            return;
+        }
+        let sample = tokens as f64 / secs;
+        let _ = self.tokens_per_sec.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+            let old = f64::from_bits(bits);
+            let new = if old > 0.0 { old + Self::WEIGHT * (sample - old) } else { sample };
+            Some(new.to_bits())
+        });
+    }
+
+    /// Estimated prefill time of `tokens`, once a speed was observed.
+    pub fn estimate(&self, tokens: u64) -> Option<Duration> {
+        let speed = f64::from_bits(self.tokens_per_sec.load(Ordering::Relaxed));
+        (speed > 0.0).then(|| Duration::from_secs_f64(tokens as f64 / speed))
     }
 }
 

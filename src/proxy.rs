@@ -399,7 +399,14 @@ impl ProxyHttp for Router {
         let generating = ctx.kind == CallKind::Generate;
         let counts_tokens = generating && pool.cfg.policy != Policy::RoundRobin;
         let tokens = if counts_tokens { self.estimate(&pool, ctx.estimate_bytes) } else { 0 };
-        ctx.hold = Some(self.ledger.hold(ep.load.clone(), tokens, self.release_hook(&ep)));
+        let hold = self.ledger.hold(ep.load.clone(), tokens, self.release_hook(&ep));
+        if tokens > 0 && ctx.scan.stream != Some(true) {
+            // A non-streaming response starts only when generation ends: release at the estimated prefill end.
+            if let Some(d) = ep.prefill_speed.estimate(tokens) {
+                hold.release_at(Instant::now() + d);
+            }
+        }
+        ctx.hold = Some(hold);
         if generating {
             self.metrics
                 .placements_total
@@ -479,7 +486,12 @@ impl ProxyHttp for Router {
     ) -> Result<Option<Duration>> {
         if !ctx.first_byte_seen && body.as_ref().is_some_and(|b| !b.is_empty()) {
             ctx.first_byte_seen = true;
-            ctx.release_prefill(ReleaseCause::FirstByte);
+            if let (Some(h), Some(ep)) = (&ctx.hold, &ctx.endpoint) {
+                // A streaming first byte marks the end of prefill: learn the endpoint's speed from it.
+                if h.release_prefill(ReleaseCause::FirstByte) && ctx.scan.stream == Some(true) {
+                    ep.prefill_speed.observe(h.estimate(), h.age());
+                }
+            }
             if let (Some(t0), Some(pool)) = (ctx.dispatched_at, &ctx.pool) {
                 self.metrics.ttfb(&pool.name).observe(t0.elapsed().as_secs_f64());
             }

@@ -19,6 +19,9 @@ use crate::metrics::Metrics;
 use crate::pool::{Pools, JANITOR_PERIOD};
 use crate::proxy::Router;
 
+/// How often non-streaming holds are checked against their estimated prefill end.
+const RELEASE_PERIOD: Duration = Duration::from_millis(50);
+
 /// Handles to a built router's shared state (tests and the binary read metrics and pools through it).
 #[derive(Clone)]
 pub struct RouterState {
@@ -175,13 +178,19 @@ impl BackgroundService for Housekeeper {
             tasks.spawn(async move {
                 let t = &state.cfg.timeouts;
                 let max_age = t.response_header + t.stream_idle;
-                let mut tick = tokio::time::interval(JANITOR_PERIOD);
+                let mut tick = tokio::time::interval(RELEASE_PERIOD);
+                let mut last_janitor = Instant::now();
                 loop {
                     tokio::select! {
                         _ = tick.tick() => {}
                         _ = stop.changed() => return,
                     }
                     let now = Instant::now();
+                    state.ledger.release_due(now);
+                    if now.duration_since(last_janitor) < JANITOR_PERIOD {
+                        continue;
+                    }
+                    last_janitor = now;
                     state.ledger.expire(max_age, now);
                     for pool in &state.pools.pools {
                         if let Some(table) = &pool.sessions {
