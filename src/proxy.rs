@@ -413,6 +413,14 @@ impl ProxyHttp for Router {
                 .with_label_values(&[&*pool.name, &ep.label, reason.as_str()])
                 .inc();
             pool.record_arrival(ep.id, Instant::now());
+            if let Some(index) = &pool.prefix {
+                // Right after dispatch the engine starts caching this prompt: later requests (even concurrent
+                // ones) can match it. A gated placement inserts too, so a hot prefix replicates.
+                index
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(ep.id, &ctx.prefix_hashes, Instant::now());
+            }
         }
         ctx.reason = Some(reason);
         ctx.dispatched_at = Some(Instant::now());
@@ -577,15 +585,6 @@ impl ProxyHttp for Router {
             if let (Some(commit), Some(table)) = (&ctx.session_commit, &pool.sessions) {
                 if served_ok {
                     table.lock().unwrap_or_else(|p| p.into_inner()).commit(commit, Instant::now());
-                }
-            }
-            if served_ok && ctx.kind == CallKind::Generate {
-                if let Some(index) = &pool.prefix {
-                    // Remember what the serving endpoint now caches (also replicates a gated hot prefix).
-                    index
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(ep.id, &ctx.prefix_hashes, Instant::now());
                 }
             }
         }
