@@ -95,6 +95,8 @@ pub struct Endpoint {
     pub removed: AtomicBool,
     /// Observed prefill speed, for releasing non-streaming requests' tokens at their estimated prefill end.
     pub prefill_speed: PrefillSpeed,
+    /// The metrics callback every hold on this endpoint shares (built once, on first use).
+    pub release_hook: std::sync::OnceLock<crate::ledger::ReleaseHook>,
     checker: HttpHealthCheck,
 }
 
@@ -137,6 +139,7 @@ impl Endpoint {
             stats: StatsCell::default(),
             removed: AtomicBool::new(false),
             prefill_speed: PrefillSpeed::default(),
+            release_hook: std::sync::OnceLock::new(),
             checker,
         }
     }

@@ -107,10 +107,20 @@ impl Router {
         self.cfg.pool_for_model(model).and_then(|i| self.pools.pools.get(i).cloned())
     }
 
+    /// The endpoint's shared release callback: counts served estimates and janitor releases.
     fn release_hook(&self, ep: &Arc<Endpoint>) -> ReleaseHook {
+        ep.release_hook.get_or_init(|| self.build_release_hook(ep)).clone()
+    }
+
+    fn build_release_hook(&self, ep: &Arc<Endpoint>) -> ReleaseHook {
         let metrics = self.metrics.clone();
         let (pool, label) = (ep.pool.clone(), ep.label.clone());
+        let endpoint = Arc::downgrade(ep);
         Arc::new(move |tokens, served, cause| {
+            // A late release on a departed endpoint must not bring its deleted series back.
+            if endpoint.upgrade().is_none_or(|e| e.removed.load(std::sync::atomic::Ordering::Relaxed)) {
+                return;
+            }
             if served && tokens > 0 {
                 metrics
                     .prefill_tokens_estimated_total
@@ -346,13 +356,12 @@ impl ProxyHttp for Router {
             ctx.scan = request::scan(&ctx.body_prefix, MAX_PROMPT_SCAN);
         }
         let Some(pool) = self.pool_by_model(ctx.scan.model.as_deref()) else {
-            let model = ctx.scan.model.as_deref().unwrap_or("");
-            let e = ApiError::new(
-                404,
-                "invalid_request_error",
-                "model_not_found",
-                format!("The model `{model}` does not exist or is not served by this router."),
-            );
+            let message = match ctx.scan.model.as_deref() {
+                Some(model) => format!("The model `{model}` does not exist or is not served by this router."),
+                None => "The request names no `model` (in its first 64 KiB) and this router has no `*` pool."
+                    .to_string(),
+            };
+            let e = ApiError::new(404, "invalid_request_error", "model_not_found", message);
             self.respond_error(session, &e, false).await?;
             return Ok(true);
         };
