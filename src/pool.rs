@@ -283,6 +283,8 @@ pub struct Pool {
     pub prefix: Option<Mutex<PrefixIndex>>,
     /// Arrival times per endpoint over the last minute; kept only for the legacy `qps` prefix fallback.
     arrivals: Option<Mutex<HashMap<u64, VecDeque<Instant>>>>,
+    /// Models the engines of a `"*"` pool report on `GET /v1/models` (refreshed by housekeeping).
+    discovered_models: RwLock<Vec<String>>,
 }
 
 /// The window of the legacy `qps` fallback (production-stack's request-stats window).
@@ -325,6 +327,7 @@ impl Pool {
             arrivals: (matches!(cfg.policy, crate::config::Policy::PrefixAware)
                 && cfg.prefix.fallback == crate::config::PrefixFallback::Qps)
                 .then(|| Mutex::new(HashMap::new())),
+            discovered_models: RwLock::new(Vec::new()),
         });
         pool.set_endpoints(&cfg.endpoints, None);
         pool
@@ -436,6 +439,33 @@ impl Pool {
     pub fn any_healthy(&self) -> bool {
         self.endpoints().iter().any(|e| e.health.is_healthy())
     }
+
+    pub fn serves_any_model(&self) -> bool {
+        self.cfg.models.iter().any(|m| m == "*")
+    }
+
+    /// Ask one healthy endpoint of a `"*"` pool which models it serves, for the router's `GET /v1/models`.
+    pub async fn refresh_models(&self, client: &reqwest::Client, timeout: Duration) {
+        let Some(ep) = self.endpoints().iter().find(|e| e.health.is_healthy()).cloned() else {
+            return;
+        };
+        let mut req = client.get(format!("http://{}/v1/models", ep.label)).timeout(timeout);
+        if let Some(key) = &ep.api_key {
+            req = req.bearer_auth(key);
+        }
+        let names = async {
+            let v: serde_json::Value = req.send().await.ok()?.error_for_status().ok()?.json().await.ok()?;
+            let names: Vec<String> = v["data"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                .collect();
+            Some(names)
+        };
+        if let Some(names) = names.await {
+            *self.discovered_models.write().unwrap_or_else(|p| p.into_inner()) = names;
+        }
+    }
 }
 
 /// Every pool of the router.
@@ -460,7 +490,7 @@ impl Pools {
         self.pools.iter().any(|p| p.any_healthy())
     }
 
-    /// Model names the router serves (the union of the pools' explicit names; "*" is not a name).
+    /// Model names the router serves: the pools' explicit names plus what the engines of a `"*"` pool report.
     pub fn model_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
             .pools
@@ -469,6 +499,9 @@ impl Pools {
             .filter(|m| m.as_str() != "*")
             .cloned()
             .collect();
+        for p in &self.pools {
+            names.extend(p.discovered_models.read().unwrap_or_else(|e| e.into_inner()).iter().cloned());
+        }
         names.sort();
         names.dedup();
         names
@@ -481,6 +514,9 @@ impl Pools {
                 log::warn!("pool {}: discovery failed: {e}", p.name);
             }
             p.lb.backends().run_health_check(true).await;
+            if p.serves_any_model() {
+                p.refresh_models(crate::engine_stats::shared_client(), p.cfg.health_check.timeout).await;
+            }
         }
     }
 }

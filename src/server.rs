@@ -19,6 +19,9 @@ use crate::metrics::Metrics;
 use crate::pool::{Pools, JANITOR_PERIOD};
 use crate::proxy::Router;
 
+/// A `"*"` pool re-reads its engines' model list every this many health-check rounds.
+const MODELS_REFRESH_CHECKS: u32 = 15;
+
 /// How often non-streaming holds are checked against their estimated prefill end.
 const RELEASE_PERIOD: Duration = Duration::from_millis(50);
 
@@ -153,6 +156,7 @@ impl BackgroundService for Housekeeper {
                 let mut tick = tokio::time::interval(pool.cfg.health_check.interval);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 tick.tick().await;
+                let mut models_due = MODELS_REFRESH_CHECKS;
                 loop {
                     tokio::select! {
                         _ = tick.tick() => {}
@@ -162,6 +166,12 @@ impl BackgroundService for Housekeeper {
                         log::warn!("pool {}: discovery failed: {e}", pool.name);
                     }
                     pool.lb.backends().run_health_check(true).await;
+                    models_due = models_due.saturating_sub(1);
+                    if models_due == 0 && pool.serves_any_model() {
+                        models_due = MODELS_REFRESH_CHECKS;
+                        let client = crate::engine_stats::shared_client();
+                        pool.refresh_models(client, pool.cfg.health_check.timeout).await;
+                    }
                 }
             });
             if let Some(stats_cfg) = pool.cfg.engine_stats.clone() {

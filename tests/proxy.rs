@@ -331,6 +331,9 @@ async fn count_tokens_holds_nothing_and_counts_no_placement() {
     assert_eq!(metric_sum(&m, "infergate_placements_total", &[]), 0.0);
     assert_eq!(metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]), 0.0);
     assert_eq!(metric_sum(&m, "infergate_requests_total", &["code=\"200\""]), 1.0);
+    // A "*" pool lists the models its engines report.
+    let v: serde_json::Value = client().get(format!("{}/v1/models", router.url())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v["data"][0]["id"], "sim-model");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
