@@ -45,9 +45,21 @@ impl RouterState {
         }
     }
 
-    /// Replace a pool's endpoints (the path a config reload takes): departing endpoints lose their series.
-    pub fn reload_endpoints(&self, cfg: &Config) {
-        for (pool, pc) in self.pools.pools.iter().zip(&cfg.pools) {
+    /// Apply a re-read configuration's endpoint lists (SIGHUP): pools are matched by name; departing endpoints
+    /// lose their metric series and prefix entries. Returns the names of pools present on only one side, whose
+    /// changes need a restart or graceful upgrade.
+    pub fn reload_endpoints(&self, cfg: &Config) -> Vec<String> {
+        let mut unmatched: Vec<String> = cfg
+            .pools
+            .iter()
+            .filter(|pc| !self.pools.pools.iter().any(|p| *p.name == *pc.name))
+            .map(|pc| pc.name.clone())
+            .collect();
+        for pool in &self.pools.pools {
+            let Some(pc) = cfg.pools.iter().find(|pc| *pc.name == *pool.name) else {
+                unmatched.push(pool.name.to_string());
+                continue;
+            };
             let removed = pool.set_endpoints(&pc.endpoints, Some(&self.metrics));
             if let Some(index) = &pool.prefix {
                 let mut index = index.lock().unwrap_or_else(|p| p.into_inner());
@@ -55,6 +67,26 @@ impl RouterState {
                     index.remove_endpoint(e.id);
                 }
             }
+        }
+        unmatched
+    }
+
+    /// Re-read the config file and apply its endpoint lists; anything invalid leaves the running state as is.
+    pub fn reload_from_file(&self) {
+        let path = &self.cfg.source;
+        match Config::load(path) {
+            Ok(new) => {
+                let unmatched = self.reload_endpoints(&new);
+                log::info!("reloaded endpoints from {}", path.display());
+                if !unmatched.is_empty() {
+                    log::warn!(
+                        "pools added or removed ({}) and settings other than endpoints take effect only on a \
+                         restart or graceful upgrade (systemctl reload)",
+                        unmatched.join(", ")
+                    );
+                }
+            }
+            Err(e) => log::error!("reload rejected, keeping the running configuration: {e}"),
         }
     }
 }
@@ -131,6 +163,9 @@ struct Housekeeper {
 #[async_trait]
 impl BackgroundService for Housekeeper {
     async fn start_with_ready_notifier(&self, shutdown: ShutdownWatch, ready: ServiceReadyNotifier) {
+        // Take over SIGHUP first: its default action would terminate the process.
+        #[cfg(unix)]
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         // One round of checks before the proxy accepts: endpoints start unknown, so this is what lets the first
         // requests through. Bounded by the slowest configured timeout.
         let first_round_limit = self
@@ -218,6 +253,26 @@ impl BackgroundService for Housekeeper {
                     }
                 }
             });
+        }
+        #[cfg(unix)]
+        {
+            // SIGHUP re-reads endpoint lists in place (without it, SIGHUP would terminate the process).
+            let state = self.state.clone();
+            let mut stop = shutdown.clone();
+            match hangup {
+                Ok(mut hup) => {
+                    tasks.spawn(async move {
+                        loop {
+                            tokio::select! {
+                                got = hup.recv() => if got.is_none() { return },
+                                _ = stop.changed() => return,
+                            }
+                            state.reload_from_file();
+                        }
+                    });
+                }
+                Err(e) => log::warn!("cannot listen for SIGHUP (endpoint reload): {e}"),
+            }
         }
         let mut stop = shutdown.clone();
         let _ = stop.changed().await;
