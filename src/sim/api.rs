@@ -1,0 +1,594 @@
+//! The HTTP routes of a simulated engine: vLLM's OpenAI-compatible surface, Anthropic messages, metrics and the
+//! `/sim/*` endpoints (stats for benchmarks, control for scripts).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::http::{self, ConnIo, InBuf, Request};
+use super::metrics;
+use super::scheduler::{SchedRequest, TokenEvent};
+use super::server::{Engine, BIG_BODY};
+use super::tokenize::{self, output_token, ApiKind, BadRequest, GenRequest};
+
+/// `{"error":{"message","type","param","code"}}` as vLLM's OpenAI server sends it.
+pub(crate) fn openai_error_body(status: u16, msg: &str) -> Vec<u8> {
+    let typ = match status {
+        400 | 413 | 422 | 431 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        405 => "method_not_allowed",
+        429 => "rate_limit_error",
+        s if s >= 500 => "server_error",
+        _ => "error",
+    };
+    serde_json::to_vec(
+        &json!({"error": {"message": msg, "type": typ, "param": null, "code": status}}),
+    )
+    .unwrap()
+}
+
+fn anthropic_error_body(status: u16, msg: &str) -> Vec<u8> {
+    let typ = match status {
+        400 | 413 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        529 | 503 => "overloaded_error",
+        _ => "api_error",
+    };
+    serde_json::to_vec(&json!({"type": "error", "error": {"type": typ, "message": msg}})).unwrap()
+}
+
+fn error_body(kind: Option<ApiKind>, status: u16, msg: &str) -> Vec<u8> {
+    match kind {
+        Some(ApiKind::Messages) => anthropic_error_body(status, msg),
+        _ => openai_error_body(status, msg),
+    }
+}
+
+/// Writes a complete response with a Content-Length body; returns whether the connection stays open.
+async fn respond(
+    io: &mut ConnIo,
+    rb: &InBuf,
+    req: &Request,
+    status: u16,
+    ctype: &str,
+    body: &[u8],
+) -> bool {
+    let keep = req.keep_alive;
+    let mut out = http::head(status, ctype, Some(body.len()), keep, req.http10).into_bytes();
+    if req.method != "HEAD" {
+        out.extend_from_slice(body);
+    }
+    io.write(&out, keep && rb.is_empty()).await.is_ok() && keep
+}
+
+async fn respond_json(io: &mut ConnIo, rb: &InBuf, req: &Request, status: u16, v: &Value) -> bool {
+    respond(
+        io,
+        rb,
+        req,
+        status,
+        "application/json",
+        &serde_json::to_vec(v).unwrap(),
+    )
+    .await
+}
+
+async fn respond_error(
+    io: &mut ConnIo,
+    rb: &InBuf,
+    req: &Request,
+    kind: Option<ApiKind>,
+    status: u16,
+    msg: &str,
+) -> bool {
+    respond(
+        io,
+        rb,
+        req,
+        status,
+        "application/json",
+        &error_body(kind, status, msg),
+    )
+    .await
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Serves one request; returns whether the connection stays open for the next one.
+pub(crate) async fn handle(
+    eng: &Arc<Engine>,
+    req: Request,
+    io: &mut ConnIo,
+    rb: &mut InBuf,
+) -> bool {
+    let method = req.method.as_str();
+    let get = method == "GET" || method == "HEAD";
+    let post = method == "POST";
+    match req.path.as_str() {
+        "/health" if get => {
+            let status = eng.control.health_status();
+            respond(io, rb, &req, status, "", b"").await
+        }
+        "/v1/models" if get => {
+            let m = &eng.cfg.model;
+            let v = json!({"object": "list", "data": [{
+                "id": m, "object": "model", "created": now_secs(), "owned_by": "engine-sim", "root": m,
+                "parent": null, "max_model_len": eng.cfg.max_model_len, "permission": []
+            }]});
+            respond_json(io, rb, &req, 200, &v).await
+        }
+        "/version" if get => {
+            respond_json(io, rb, &req, 200, &json!({"version": "engine-sim"})).await
+        }
+        "/metrics" if get => {
+            let c = eng.sched.snapshot();
+            let text = metrics::render(
+                &eng.cfg,
+                &c,
+                eng.control.extra_running(),
+                eng.control.extra_waiting(),
+            );
+            respond(
+                io,
+                rb,
+                &req,
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                text.as_bytes(),
+            )
+            .await
+        }
+        "/sim/stats" if get => {
+            let v = serde_json::to_value(eng.totals()).unwrap();
+            respond_json(io, rb, &req, 200, &v).await
+        }
+        "/sim/control" if get => respond_json(io, rb, &req, 200, &eng.control.to_json()).await,
+        "/sim/control" if post => {
+            let v: Value = match serde_json::from_slice(&req.body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return respond_error(
+                        io,
+                        rb,
+                        &req,
+                        None,
+                        400,
+                        &format!("invalid JSON body: {e}"),
+                    )
+                    .await
+                }
+            };
+            if let Err(e) = eng.control.apply_json(&v) {
+                return respond_error(io, rb, &req, None, 400, &e).await;
+            }
+            if let Some(ms) = v.get("refuse_connections_ms").and_then(Value::as_u64) {
+                if let Err(e) = eng.control.refuse_connections(true) {
+                    return respond_error(io, rb, &req, None, 500, &e.to_string()).await;
+                }
+                let control = eng.control.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    if let Err(e) = control.refuse_connections(false) {
+                        log::error!(
+                            "engine-sim: cannot listen again on {}: {e}",
+                            control.net.addr
+                        );
+                    }
+                });
+            }
+            respond_json(io, rb, &req, 200, &eng.control.to_json()).await
+        }
+        "/v1/messages/count_tokens" if post => {
+            let v: Value = match serde_json::from_slice(&req.body) {
+                Ok(v) => v,
+                Err(e) => {
+                    let msg = format!("invalid JSON body: {e}");
+                    return respond_error(io, rb, &req, Some(ApiKind::Messages), 400, &msg).await;
+                }
+            };
+            match tokenize::prompt_of(ApiKind::Messages, &v, eng.cfg.block_tokens, false) {
+                Ok(p) => respond_json(io, rb, &req, 200, &json!({"input_tokens": p.len})).await,
+                Err(BadRequest(m)) => {
+                    respond_error(io, rb, &req, Some(ApiKind::Messages), 400, &m).await
+                }
+            }
+        }
+        "/tokenize" if post => {
+            let v: Value = match serde_json::from_slice(&req.body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return respond_error(
+                        io,
+                        rb,
+                        &req,
+                        None,
+                        400,
+                        &format!("invalid JSON body: {e}"),
+                    )
+                    .await
+                }
+            };
+            let kind = if v.get("messages").is_some() {
+                ApiKind::Chat
+            } else {
+                ApiKind::Completion
+            };
+            match tokenize::prompt_of(kind, &v, eng.cfg.block_tokens, true) {
+                Ok(p) => {
+                    let body = json!({"count": p.len, "max_model_len": eng.cfg.max_model_len, "tokens": p.ids});
+                    respond_json(io, rb, &req, 200, &body).await
+                }
+                Err(BadRequest(m)) => respond_error(io, rb, &req, None, 400, &m).await,
+            }
+        }
+        "/v1/chat/completions" if post => generate(eng, ApiKind::Chat, req, io, rb).await,
+        "/v1/completions" if post => generate(eng, ApiKind::Completion, req, io, rb).await,
+        "/v1/messages" if post => generate(eng, ApiKind::Messages, req, io, rb).await,
+        "/health"
+        | "/v1/models"
+        | "/version"
+        | "/metrics"
+        | "/sim/stats"
+        | "/sim/control"
+        | "/tokenize"
+        | "/v1/messages/count_tokens"
+        | "/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/messages" => respond_error(io, rb, &req, None, 405, "Method Not Allowed").await,
+        _ => {
+            respond_error(
+                io,
+                rb,
+                &req,
+                None,
+                404,
+                &format!("Not Found: {} {}", req.method, req.path),
+            )
+            .await
+        }
+    }
+}
+
+/// Response shapes of one generation request.
+struct Reply {
+    kind: ApiKind,
+    id: String,
+    created: u64,
+    model: String,
+    prompt_tokens: usize,
+    max_tokens: usize,
+    include_usage: bool,
+}
+
+impl Reply {
+    fn usage(&self, completion: usize, cached: usize) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + completion,
+            "completion_tokens": completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        })
+    }
+
+    fn anthropic_usage(&self, output: usize, cached: usize) -> Value {
+        json!({"input_tokens": self.prompt_tokens, "output_tokens": output, "cache_read_input_tokens": cached,
+               "cache_creation_input_tokens": 0})
+    }
+
+    fn openai_object(&self, stream: bool) -> &'static str {
+        match (self.kind, stream) {
+            (ApiKind::Completion, _) => "text_completion",
+            (_, true) => "chat.completion.chunk",
+            (_, false) => "chat.completion",
+        }
+    }
+
+    fn data(v: &Value) -> Vec<u8> {
+        format!("data: {v}\n\n").into_bytes()
+    }
+
+    fn event(name: &str, v: &Value) -> Vec<u8> {
+        format!("event: {name}\ndata: {v}\n\n").into_bytes()
+    }
+
+    fn anthropic_message(&self, content: Value, stop: Value, usage: Value) -> Value {
+        json!({"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
+               "stop_reason": stop, "stop_sequence": null, "usage": usage})
+    }
+
+    /// The SSE events that carry one generated token.
+    fn token_events(&self, ev: &TokenEvent) -> Vec<Vec<u8>> {
+        let tok = output_token(ev.index);
+        let finish = if ev.finished {
+            json!("length")
+        } else {
+            Value::Null
+        };
+        match self.kind {
+            ApiKind::Messages => {
+                let mut out = Vec::new();
+                if ev.index == 0 {
+                    let start = self.anthropic_message(
+                        json!([]),
+                        Value::Null,
+                        self.anthropic_usage(0, ev.cached_tokens),
+                    );
+                    out.push(Self::event(
+                        "message_start",
+                        &json!({"type": "message_start", "message": start}),
+                    ));
+                    out.push(Self::event(
+                        "content_block_start",
+                        &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                    ));
+                }
+                out.push(Self::event(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": tok}}),
+                ));
+                out
+            }
+            ApiKind::Chat | ApiKind::Completion => {
+                let choice = if self.kind == ApiKind::Chat {
+                    let delta = if ev.index == 0 {
+                        json!({"role": "assistant", "content": tok})
+                    } else {
+                        json!({"content": tok})
+                    };
+                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                } else {
+                    json!({"index": 0, "text": tok, "logprobs": null, "finish_reason": finish, "stop_reason": null})
+                };
+                let mut chunk = json!({"id": self.id, "object": self.openai_object(true), "created": self.created,
+                                       "model": self.model, "choices": [choice]});
+                if ev.finished && !self.include_usage {
+                    // Not vLLM (it sends usage only with stream_options.include_usage): convenient for clients.
+                    chunk["usage"] = self.usage(ev.index + 1, ev.cached_tokens);
+                }
+                vec![Self::data(&chunk)]
+            }
+        }
+    }
+
+    /// The SSE events after the last token.
+    fn tail_events(&self, cached: usize) -> Vec<Vec<u8>> {
+        match self.kind {
+            ApiKind::Messages => vec![
+                Self::event(
+                    "content_block_stop",
+                    &json!({"type": "content_block_stop", "index": 0}),
+                ),
+                Self::event(
+                    "message_delta",
+                    &json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": null},
+                            "usage": {"output_tokens": self.max_tokens}}),
+                ),
+                Self::event("message_stop", &json!({"type": "message_stop"})),
+            ],
+            ApiKind::Chat | ApiKind::Completion => {
+                let mut out = Vec::new();
+                if self.include_usage {
+                    out.push(Self::data(
+                        &json!({"id": self.id, "object": self.openai_object(true),
+                        "created": self.created, "model": self.model, "choices": [],
+                        "usage": self.usage(self.max_tokens, cached)}),
+                    ));
+                }
+                out.push(b"data: [DONE]\n\n".to_vec());
+                out
+            }
+        }
+    }
+
+    fn full_body(&self, cached: usize) -> Value {
+        let text: String = (0..self.max_tokens).map(output_token).collect();
+        match self.kind {
+            ApiKind::Messages => self.anthropic_message(
+                json!([{"type": "text", "text": text}]),
+                json!("max_tokens"),
+                self.anthropic_usage(self.max_tokens, cached),
+            ),
+            ApiKind::Chat => json!({
+                "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                             "logprobs": null, "finish_reason": "length", "stop_reason": null}],
+                "usage": self.usage(self.max_tokens, cached),
+            }),
+            ApiKind::Completion => json!({
+                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": "length",
+                             "stop_reason": null}],
+                "usage": self.usage(self.max_tokens, cached),
+            }),
+        }
+    }
+}
+
+async fn parse(eng: &Engine, kind: ApiKind, body: Vec<u8>) -> Result<GenRequest, BadRequest> {
+    let bt = eng.cfg.block_tokens;
+    if body.len() > BIG_BODY {
+        tokio::task::spawn_blocking(move || tokenize::parse_gen_request(kind, &body, bt))
+            .await
+            .unwrap_or_else(|_| Err(BadRequest("parser failed".into())))
+    } else {
+        tokenize::parse_gen_request(kind, &body, bt)
+    }
+}
+
+/// A generation call: optional injected delay / failure, parse, schedule, then stream or answer when done.
+async fn generate(
+    eng: &Arc<Engine>,
+    kind: ApiKind,
+    mut req: Request,
+    io: &mut ConnIo,
+    rb: &mut InBuf,
+) -> bool {
+    let slow = eng.control.slow_headers();
+    if !slow.is_zero()
+        && http::watch(io, rb, tokio::time::sleep(slow))
+            .await
+            .is_none()
+    {
+        return false;
+    }
+    if let Some(status) = eng.control.fail_status() {
+        eng.rejected.fetch_add(1, Ordering::Relaxed);
+        let msg = format!("simulated failure (status {status})");
+        return respond_error(io, rb, &req, Some(kind), status, &msg).await;
+    }
+    let body = std::mem::take(&mut req.body);
+    let parsed = match parse(eng, kind, body).await {
+        Ok(p) => p,
+        Err(BadRequest(m)) => {
+            eng.rejected.fetch_add(1, Ordering::Relaxed);
+            return respond_error(io, rb, &req, Some(kind), 400, &m).await;
+        }
+    };
+    let max_tokens = match parsed.max_tokens {
+        None => eng.cfg.default_max_tokens,
+        Some(n) if n >= 1 => n as usize,
+        Some(n) => {
+            eng.rejected.fetch_add(1, Ordering::Relaxed);
+            let msg = format!("max_tokens must be at least 1, got {n}.");
+            return respond_error(io, rb, &req, Some(kind), 400, &msg).await;
+        }
+    };
+    let prompt_tokens = parsed.prompt.len;
+    if prompt_tokens.saturating_add(max_tokens) > eng.cfg.max_model_len {
+        eng.rejected.fetch_add(1, Ordering::Relaxed);
+        let msg = format!(
+            "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the \
+             messages, {} in the completion). Please reduce the length of the messages or completion.",
+            eng.cfg.max_model_len,
+            prompt_tokens + max_tokens,
+            prompt_tokens,
+            max_tokens
+        );
+        return respond_error(io, rb, &req, Some(kind), 400, &msg).await;
+    }
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    eng.sched.pending.fetch_add(1, Ordering::Relaxed);
+    if eng
+        .sched_tx
+        .send(SchedRequest {
+            prompt: parsed.prompt,
+            max_tokens,
+            tx,
+        })
+        .is_err()
+    {
+        eng.sched.pending.fetch_sub(1, Ordering::Relaxed);
+        return respond_error(io, rb, &req, Some(kind), 503, "engine is shutting down").await;
+    }
+    eng.gen_requests.fetch_add(1, Ordering::Relaxed);
+
+    let seq = eng.next_id.fetch_add(1, Ordering::Relaxed);
+    let prefix = match kind {
+        ApiKind::Chat => "chatcmpl-",
+        ApiKind::Completion => "cmpl-",
+        ApiKind::Messages => "msg_",
+    };
+    let reply = Reply {
+        kind,
+        id: format!("{prefix}{seq:08x}{:016x}", fastrand::u64(..)),
+        created: now_secs(),
+        model: parsed
+            .model
+            .clone()
+            .unwrap_or_else(|| eng.cfg.model.clone()),
+        prompt_tokens,
+        max_tokens,
+        include_usage: parsed.include_usage,
+    };
+
+    if !parsed.stream {
+        let done = http::watch(io, rb, async {
+            while let Some(ev) = rx.recv().await {
+                if ev.finished {
+                    return Some(ev.cached_tokens);
+                }
+            }
+            None
+        })
+        .await;
+        return match done {
+            // Client went away: dropping `rx` aborts the request in the scheduler.
+            None => false,
+            Some(None) => respond_error(io, rb, &req, Some(kind), 503, "engine stopped").await,
+            Some(Some(cached)) => respond_json(io, rb, &req, 200, &reply.full_body(cached)).await,
+        };
+    }
+
+    // Streaming: headers now, nothing more until the first token.
+    let chunked = !req.http10;
+    let keep = req.keep_alive && chunked;
+    let head = http::head(
+        200,
+        "text/event-stream; charset=utf-8",
+        None,
+        keep,
+        req.http10,
+    );
+    if io.write(head.as_bytes(), false).await.is_err() {
+        return false;
+    }
+    let close_after = eng.control.close_mid_stream_after();
+    let mut sent = 0usize;
+    let frame = |e: &[u8]| if chunked { http::chunk(e) } else { e.to_vec() };
+    if close_after == Some(0) {
+        io.0.reset();
+        return false;
+    }
+    loop {
+        let ev = match http::watch(io, rb, rx.recv()).await {
+            None => return false,
+            Some(None) => {
+                // The scheduler stopped (engine shutdown): end the stream abruptly.
+                io.0.reset();
+                return false;
+            }
+            Some(Some(ev)) => ev,
+        };
+        let mut events = reply.token_events(&ev);
+        if ev.finished {
+            events.extend(reply.tail_events(ev.cached_tokens));
+        }
+        let n = events.len();
+        for (i, e) in events.into_iter().enumerate() {
+            let last = ev.finished && i + 1 == n;
+            let mut bytes = frame(&e);
+            if last && chunked {
+                bytes.extend_from_slice(b"0\r\n\r\n");
+            }
+            if io
+                .write(&bytes, last && keep && rb.is_empty())
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            sent += 1;
+            if close_after.is_some_and(|c| sent >= c) && !last {
+                io.0.reset();
+                return false;
+            }
+        }
+        if ev.finished {
+            return keep;
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! `SimConfig`: every knob of one simulated engine, with defaults calibrated against a vLLM pod.
+
+use std::time::Duration;
+
+/// Configuration of one simulated engine. Every duration is multiplied by `time_scale` when the scheduler sleeps.
+///
+/// Calibration of the defaults (see the `calibration_*` unit tests in `scheduler.rs`):
+/// - one cold 140,000-token prefill alone: 18 steps of at most 8,192 tokens, 18 x 18 ms of overhead plus
+///   140,000 / 44,000 s of compute = 3.51 s to the first token;
+/// - decode: 18 ms + 0.25 ms per decoding sequence per step, i.e. ~55 tok/s for one sequence, ~38 tok/s per
+///   sequence at a batch of 32 and ~29 tok/s at 64.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Served model name, listed in `/v1/models` and in the `model_name` metric label.
+    pub model: String,
+    /// Token budget of one scheduler step (vLLM `max_num_batched_tokens`).
+    pub step_token_budget: usize,
+    /// Most requests running at once (vLLM `max_num_seqs`); the rest wait in FIFO order.
+    pub max_num_seqs: usize,
+    /// Fixed cost of every step.
+    pub step_overhead: Duration,
+    /// Prefill throughput: each prefill token in a step costs `1 / prefill_tokens_per_sec` seconds.
+    pub prefill_tokens_per_sec: f64,
+    /// Extra step cost per decoding sequence in the step (so big batches decode slower).
+    pub decode_step_cost_per_seq: Duration,
+    /// KV cache capacity in tokens: prefix-cache size (LRU over blocks) and the denominator of `kv_cache_usage_perc`.
+    pub kv_capacity_tokens: usize,
+    /// Tokens per KV block; the prefix cache matches whole blocks only.
+    pub block_tokens: usize,
+    /// Output tokens generated when the request gives no `max_tokens` / `max_completion_tokens`.
+    pub default_max_tokens: usize,
+    /// Largest prompt + output length accepted; longer requests get vLLM's 400 error.
+    pub max_model_len: usize,
+    /// Multiplies every simulated duration (1.0 = real time; tests use e.g. 0.1).
+    pub time_scale: f64,
+    /// Prefix of every metric name (`vllm:`); a wrong one (`vllm_`) simulates a mis-prefixed engine.
+    pub metric_prefix: String,
+    /// Number of `engine="i"` label values each series is split over (vLLM data parallel); readers must sum.
+    pub engine_label_count: usize,
+    /// Close a keep-alive connection after this long without a new request (uvicorn / vLLM default is 5 s);
+    /// `None` keeps idle connections open forever.
+    pub keep_alive_timeout: Option<Duration>,
+    /// Most requests kept by `EngineHandle::requests()` (oldest dropped first).
+    pub max_recorded_requests: usize,
+    /// Largest accepted request body in bytes; larger gets 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            model: "sim-model".to_string(),
+            step_token_budget: 8192,
+            max_num_seqs: 64,
+            step_overhead: Duration::from_millis(18),
+            prefill_tokens_per_sec: 44_000.0,
+            decode_step_cost_per_seq: Duration::from_micros(250),
+            kv_capacity_tokens: 2_000_000,
+            block_tokens: 16,
+            default_max_tokens: 16,
+            max_model_len: 10_000_000,
+            time_scale: 1.0,
+            metric_prefix: "vllm:".to_string(),
+            engine_label_count: 1,
+            keep_alive_timeout: None,
+            max_recorded_requests: 100_000,
+            max_body_bytes: 64 << 20,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Clamp nonsensical values (zero budgets, zero block size, ...) so the scheduler always makes progress.
+    pub(crate) fn sanitized(mut self) -> Self {
+        self.step_token_budget = self.step_token_budget.max(1);
+        self.max_num_seqs = self.max_num_seqs.max(1);
+        self.block_tokens = self.block_tokens.max(1);
+        self.kv_capacity_tokens = self.kv_capacity_tokens.max(self.block_tokens);
+        self.default_max_tokens = self.default_max_tokens.max(1);
+        self.engine_label_count = self.engine_label_count.max(1);
+        self.max_recorded_requests = self.max_recorded_requests.max(1);
+        if !(self.prefill_tokens_per_sec.is_finite() && self.prefill_tokens_per_sec > 0.0) {
+            self.prefill_tokens_per_sec = 44_000.0;
+        }
+        if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
+            self.time_scale = 1.0;
+        }
+        self
+    }
+
+    /// Unscaled duration of one step with `prefill_tokens` prefill tokens and `decoding` decoding sequences.
+    pub fn step_duration(&self, prefill_tokens: usize, decoding: usize) -> Duration {
+        self.step_overhead
+            + Duration::from_secs_f64(prefill_tokens as f64 / self.prefill_tokens_per_sec)
+            + self.decode_step_cost_per_seq * decoding as u32
+    }
+}

@@ -1,0 +1,1033 @@
+//! Wire-level tests of the simulated vLLM engine (`infergate::sim`) over real loopback sockets.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use infergate::sim::{fnv64, spawn_engine, spawn_engine_blocking, EngineHandle, SimConfig};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn scaled(time_scale: f64) -> SimConfig {
+    SimConfig {
+        time_scale,
+        ..SimConfig::default()
+    }
+}
+
+/// `n` distinct words, one token each by the simulator's rule.
+fn words(n: usize, salt: &str) -> String {
+    let mut s = String::with_capacity(n * 8);
+    for i in 0..n {
+        s.push_str(salt);
+        s.push_str(&i.to_string());
+        s.push(' ');
+    }
+    s
+}
+
+fn chat(content: &str, max_tokens: usize, stream: bool) -> Value {
+    json!({"model": "sim-model", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+           "stream": stream})
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Sums every sample of `name` in a Prometheus text body.
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' '))
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+async fn metrics(e: &EngineHandle) -> String {
+    reqwest::get(format!("{}/metrics", e.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn fill(s: &mut TcpStream, rest: &mut Vec<u8>, need: usize) -> std::io::Result<()> {
+    while rest.len() < need {
+        let mut tmp = [0u8; 65536];
+        let n = s.read(&mut tmp).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        rest.extend_from_slice(&tmp[..n]);
+    }
+    Ok(())
+}
+
+/// Minimal HTTP/1.1 response reader for raw-socket tests: (status, lower-case headers, de-chunked body).
+async fn read_response(
+    s: &mut TcpStream,
+) -> std::io::Result<(u16, Vec<(String, String)>, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let head_end = loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p;
+        }
+        let mut tmp = [0u8; 4096];
+        let n = s.read(&mut tmp).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    };
+    let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
+    let mut rest = buf[head_end + 4..].to_vec();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .map(|l| {
+            let (n, v) = l.split_once(':').unwrap();
+            (n.to_ascii_lowercase(), v.trim().to_string())
+        })
+        .collect();
+    let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+    let body = if let Some(cl) = get("content-length") {
+        let cl: usize = cl.parse().unwrap();
+        fill(s, &mut rest, cl).await?;
+        rest.truncate(cl);
+        rest
+    } else if get("transfer-encoding").as_deref() == Some("chunked") {
+        let mut body = Vec::new();
+        loop {
+            let line_end = loop {
+                if let Some(p) = rest.windows(2).position(|w| w == b"\r\n") {
+                    break p;
+                }
+                let need = rest.len() + 1;
+                fill(s, &mut rest, need).await?;
+            };
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap(), 16).unwrap();
+            rest.drain(..line_end + 2);
+            fill(s, &mut rest, size + 2).await?;
+            body.extend_from_slice(&rest[..size]);
+            rest.drain(..size + 2);
+            if size == 0 {
+                break;
+            }
+        }
+        body
+    } else {
+        Vec::new()
+    };
+    Ok((status, headers, body))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn headers_come_first_and_first_byte_waits_for_prefill() {
+    let e = spawn_engine(scaled(0.25)).await.unwrap();
+    let client = reqwest::Client::new();
+    let mut gaps = Vec::new();
+    for (n, salt) in [(100, "s"), (40_000, "l")] {
+        let t0 = Instant::now();
+        let mut resp = client
+            .post(format!("{}/v1/chat/completions", e.url()))
+            .json(&chat(&words(n, salt), 2, true))
+            .send()
+            .await
+            .unwrap();
+        let headers_at = t0.elapsed();
+        assert_eq!(resp.status(), 200);
+        assert!(resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"));
+        let first = resp.chunk().await.unwrap().expect("a first chunk");
+        let first_at = t0.elapsed();
+        assert!(
+            first.starts_with(b"data: {"),
+            "{:?}",
+            String::from_utf8_lossy(&first)
+        );
+        while resp.chunk().await.unwrap().is_some() {}
+        gaps.push((headers_at, first_at - headers_at));
+    }
+    let (small_headers, small_gap) = gaps[0];
+    let (large_headers, large_gap) = gaps[1];
+    // 40k tokens: 5 steps x 18 ms + 40k / 44k s = ~1.0 s, scaled by 0.25.
+    assert!(
+        large_gap >= Duration::from_millis(150),
+        "large prompt gap {large_gap:?}"
+    );
+    assert!(
+        large_gap > small_gap + Duration::from_millis(100),
+        "small {small_gap:?} vs large {large_gap:?}"
+    );
+    assert!(
+        large_headers < large_gap,
+        "headers after {large_headers:?}, body after another {large_gap:?}"
+    );
+    assert!(small_headers < Duration::from_millis(500));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streaming_sends_one_event_per_token_as_it_is_decoded() {
+    let e = spawn_engine(scaled(1.0)).await.unwrap();
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&chat("hello there", 6, true))
+        .send()
+        .await
+        .unwrap();
+    let mut frames = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(b) = stream.next().await {
+        frames.push((Instant::now(), b.unwrap()));
+    }
+    let all: Vec<u8> = frames.iter().flat_map(|(_, b)| b.to_vec()).collect();
+    let text = String::from_utf8(all).unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    let events: Vec<&str> = text.split("\n\n").filter(|s| !s.is_empty()).collect();
+    assert_eq!(events.len(), 7, "{text}");
+    let mut content = String::new();
+    for (i, ev) in events[..6].iter().enumerate() {
+        let v: Value = serde_json::from_str(ev.strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(v["object"], "chat.completion.chunk");
+        content.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap());
+        if i == 0 {
+            assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
+        }
+        if i == 5 {
+            assert_eq!(v["choices"][0]["finish_reason"], "length");
+            assert_eq!(v["usage"]["completion_tokens"], 6);
+            assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+            assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+        } else {
+            assert!(v["choices"][0]["finish_reason"].is_null());
+        }
+    }
+    assert!(!content.is_empty());
+    // Tokens are decoded one step (~18 ms) apart, each written on its own: the first five arrive as separate
+    // frames, spaced in time.
+    assert!(frames.len() >= 6, "{} frames", frames.len());
+    for w in frames[..5].windows(2) {
+        assert_eq!(w[0].1.windows(6).filter(|x| x == b"data: ").count(), 1);
+        assert!(
+            w[1].0 - w[0].0 >= Duration::from_millis(8),
+            "frames {:?} apart",
+            w[1].0 - w[0].0
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn non_streaming_answers_json_with_usage() {
+    let e = spawn_engine(scaled(0.1)).await.unwrap();
+    let c = reqwest::Client::new();
+    let r = c
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&chat("hi", 4, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "sim-model");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(!v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .is_empty());
+    assert_eq!(v["usage"]["completion_tokens"], 4);
+
+    let r = c
+        .post(format!("{}/v1/completions", e.url()))
+        .json(&json!({"model": "other", "prompt": "one two three", "max_completion_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["model"], "other");
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    assert_eq!(v["usage"]["total_tokens"], 5);
+
+    // Default max_tokens.
+    let v: Value = c
+        .post(format!("{}/v1/completions", e.url()))
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 16);
+
+    // Anthropic messages, both ways.
+    let body = json!({"model": "m", "system": "be brief", "max_tokens": 3,
+                      "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]});
+    let v: Value = c
+        .post(format!("{}/v1/messages", e.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["content"][0]["type"], "text");
+    assert_eq!(v["usage"]["output_tokens"], 3);
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let text = c
+        .post(format!("{}/v1/messages", e.url()))
+        .json(&sbody)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+
+    // Errors: invalid JSON, bad max_tokens, unknown path, wrong method.
+    let r = c
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["code"], 400);
+    let r = c
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&chat("x", 0, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = c.get(format!("{}/nope", e.url())).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.json::<Value>().await.unwrap()["error"]["message"].is_string());
+    let r = c
+        .get(format!("{}/v1/chat/completions", e.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+
+    let models: Value = c
+        .get(format!("{}/v1/models", e.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "sim-model");
+    assert_eq!(models["data"][0]["owned_by"], "engine-sim");
+    let st = e.stats();
+    assert_eq!(st.requests, 5);
+    assert_eq!(st.finished, 5);
+    assert_eq!(st.rejected, 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn big_bodies_with_content_length_and_chunked() {
+    let e = spawn_engine(scaled(0.002)).await.unwrap();
+    let c = reqwest::Client::new();
+    let prompt = words(560_000, "w"); // ~4.3 MiB
+    let body = serde_json::to_vec(&json!({"prompt": prompt, "max_tokens": 1})).unwrap();
+    assert!(body.len() >= 4 << 20);
+    let r = c
+        .post(format!("{}/v1/completions", e.url()))
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], 560_000);
+
+    // The same body as a chunked stream of 64 KiB pieces.
+    let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
+        body.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let r = c
+        .post(format!("{}/v1/completions", e.url()))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            pieces,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let reqs = e.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(
+        reqs[0].header("content-length").unwrap(),
+        body.len().to_string()
+    );
+    assert_eq!(reqs[1].header("transfer-encoding"), Some("chunked"));
+    for r in &reqs {
+        assert_eq!(r.method, "POST");
+        assert_eq!(r.path, "/v1/completions");
+        assert_eq!(r.body_len, body.len());
+        assert_eq!(r.body_fnv64, fnv64(&body));
+    }
+    // The second prefill hit the cache for all but the last (partial) block.
+    assert!(e.stats().cached_prompt_tokens >= 559_000);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn raw_chunked_body_with_expect_continue_and_pipelining() {
+    let e = spawn_engine(scaled(0.1)).await.unwrap();
+    let mut s = TcpStream::connect(e.addr).await.unwrap();
+    let body = serde_json::to_vec(&chat("raw chunked request", 2, false)).unwrap();
+    let head =
+        "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\n\
+                transfer-encoding: chunked\r\nexpect: 100-continue\r\n\r\n";
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut cont = [0u8; 25];
+    s.read_exact(&mut cont).await.unwrap();
+    assert_eq!(&cont, b"HTTP/1.1 100 Continue\r\n\r\n");
+    let (a, b) = body.split_at(10);
+    s.write_all(format!("{:x};ext=1\r\n", a.len()).as_bytes())
+        .await
+        .unwrap();
+    s.write_all(a).await.unwrap();
+    s.write_all(format!("\r\n{:X}\r\n", b.len()).as_bytes())
+        .await
+        .unwrap();
+    s.write_all(b).await.unwrap();
+    s.write_all(b"\r\n0\r\ntrailer: x\r\n\r\n").await.unwrap();
+    let (status, _, resp) = read_response(&mut s).await.unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&resp));
+    let v: Value = serde_json::from_slice(&resp).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    let rec = e.requests();
+    assert_eq!(rec[0].path, "/v1/chat/completions");
+    assert_eq!(rec[0].body_fnv64, fnv64(&body));
+
+    // Two pipelined requests on the same keep-alive connection; the second asks to close.
+    s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8(rest).unwrap();
+    assert_eq!(text.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{text}");
+    assert!(text.contains("connection: close\r\n"));
+    assert!(text.ends_with("}") && text.contains("sim-model"));
+    assert_eq!(e.requests().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn count_tokens_and_tokenize_answer_at_once_while_busy() {
+    let e = spawn_engine(scaled(0.5)).await.unwrap();
+    let c = reqwest::Client::new();
+    // Keep the engine busy with a long prefill (~60k tokens: ~1.5 s, scaled to ~0.75 s).
+    let busy = c
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&chat(&words(60_000, "b"), 1, true))
+        .send();
+    let busy = tokio::spawn(busy);
+    wait_until("the long prefill to start", Duration::from_secs(5), || {
+        e.stats().running == 1
+    })
+    .await;
+    let t0 = Instant::now();
+    let v: Value = c
+        .post(format!("{}/v1/messages/count_tokens", e.url()))
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "one two three"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_millis(300),
+        "count_tokens took {:?}",
+        t0.elapsed()
+    );
+    let n = v["input_tokens"].as_u64().unwrap();
+    assert!(n >= 3, "{v}");
+    let v: Value = c
+        .post(format!("{}/tokenize", e.url()))
+        .json(&json!({"prompt": "hello, world"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["count"], 3);
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 3);
+    assert!(v["max_model_len"].as_u64().unwrap() > 0);
+    // count_tokens is not scheduled.
+    assert_eq!(e.stats().requests, 1);
+    drop(busy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_carry_vllm_names_split_over_engine_labels() {
+    let cfg = SimConfig {
+        engine_label_count: 3,
+        ..scaled(0.1)
+    };
+    let e = spawn_engine(cfg).await.unwrap();
+    let c = reqwest::Client::new();
+    let p = words(500, "m");
+    for _ in 0..2 {
+        let r = c
+            .post(format!("{}/v1/chat/completions", e.url()))
+            .json(&chat(&p, 3, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    e.control.set_extra_waiting(7);
+    e.control.set_extra_running(2);
+    let r = c.get(format!("{}/metrics", e.url())).send().await.unwrap();
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
+    let text = r.text().await.unwrap();
+    for (name, kind) in [
+        ("vllm:num_requests_running", "gauge"),
+        ("vllm:num_requests_waiting", "gauge"),
+        ("vllm:kv_cache_usage_perc", "gauge"),
+        ("vllm:prompt_tokens_total", "counter"),
+        ("vllm:generation_tokens_total", "counter"),
+        ("vllm:prompt_tokens_by_source_total", "counter"),
+        ("vllm:prefix_cache_queries_total", "counter"),
+        ("vllm:prefix_cache_hits_total", "counter"),
+        ("vllm:request_success_total", "counter"),
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+        assert!(text.contains(&format!("# HELP {name} ")), "{name}");
+        for i in 0..3 {
+            assert!(
+                text.contains(&format!("{name}{{engine=\"{i}\",model_name=\"sim-model\"")),
+                "{name} engine {i}"
+            );
+        }
+    }
+    let st = e.stats();
+    assert_eq!(metric_sum(&text, "vllm:num_requests_waiting"), 7.0);
+    assert_eq!(metric_sum(&text, "vllm:num_requests_running"), 2.0);
+    assert_eq!(
+        metric_sum(&text, "vllm:prompt_tokens_total"),
+        st.prompt_tokens as f64
+    );
+    assert_eq!(metric_sum(&text, "vllm:generation_tokens_total"), 6.0);
+    assert_eq!(metric_sum(&text, "vllm:request_success_total"), 2.0);
+    assert_eq!(
+        metric_sum(&text, "vllm:prefix_cache_hits_total"),
+        st.prefix_cache_hits as f64
+    );
+    let hit: f64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("vllm:prompt_tokens_by_source_total") && l.contains("local_cache_hit")
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(hit, st.cached_prompt_tokens as f64);
+    assert!(hit > 0.0);
+
+    // A mis-prefixed engine.
+    let bad = spawn_engine(SimConfig {
+        metric_prefix: "vllm_".into(),
+        ..scaled(0.1)
+    })
+    .await
+    .unwrap();
+    let text = metrics(&bad).await;
+    assert!(text.contains("vllm_num_requests_running{engine=\"0\",model_name=\"sim-model\"} 0.0"));
+    assert!(!text.contains("vllm:"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refuse_connections_refuses_then_serves_again_on_the_same_port() {
+    let e = spawn_engine(scaled(0.1)).await.unwrap();
+    let addr = e.addr;
+    // An established keep-alive connection survives the listener closing.
+    let mut kept = TcpStream::connect(addr).await.unwrap();
+    e.control.refuse_connections(true).unwrap();
+    assert!(e.control.is_refusing());
+    let err = TcpStream::connect(addr).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+    kept.write_all(b"GET /health HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut kept).await.unwrap().0, 200);
+
+    e.control.refuse_connections(false).unwrap();
+    let r = reqwest::get(format!("{}/health", e.url())).await.unwrap();
+    assert_eq!(r.status(), 200);
+    // Toggling twice in a row is harmless.
+    e.control.refuse_connections(false).unwrap();
+    e.control.refuse_connections(true).unwrap();
+    e.control.refuse_connections(true).unwrap();
+    assert!(TcpStream::connect(addr).await.is_err());
+    e.control.refuse_connections(false).unwrap();
+    assert!(TcpStream::connect(addr).await.is_ok());
+
+    // Scripts do the same through /sim/control: refuse for a while, then listen again by themselves.
+    let r = reqwest::Client::new()
+        .post(format!("{}/sim/control", e.url()))
+        .json(&json!({"refuse_connections_ms": 300}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["refusing_connections"],
+        true
+    );
+    assert!(TcpStream::connect(addr).await.is_err());
+    wait_until("listening again", Duration::from_secs(3), || {
+        !e.control.is_refusing()
+    })
+    .await;
+    assert!(TcpStream::connect(addr).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_alive_timeout_closes_idle_connections() {
+    let cfg = SimConfig {
+        keep_alive_timeout: Some(Duration::from_millis(100)),
+        ..scaled(0.1)
+    };
+    let e = spawn_engine(cfg).await.unwrap();
+    let mut s = TcpStream::connect(e.addr).await.unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\n\r\n").await.unwrap();
+    assert_eq!(read_response(&mut s).await.unwrap().0, 200);
+    let t0 = Instant::now();
+    let mut b = [0u8; 8];
+    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut b))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n, 0);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(80),
+        "closed after {:?}",
+        t0.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fail_status_health_status_and_slow_headers() {
+    let e = spawn_engine(scaled(0.1)).await.unwrap();
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", e.url());
+    e.control.set_fail_status(Some(503));
+    let r = c.post(&url).json(&chat("x", 1, true)).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], 503);
+    assert!(v["error"]["message"].is_string());
+    // Health is separate.
+    assert_eq!(
+        c.get(format!("{}/health", e.url()))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    e.control.set_health_status(500);
+    assert_eq!(
+        c.get(format!("{}/health", e.url()))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        500
+    );
+    e.control.set_fail_status(None);
+    assert_eq!(
+        c.post(&url)
+            .json(&chat("x", 1, false))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    // The same through /sim/control (what scripts use on a child process).
+    let ctl = format!("{}/sim/control", e.url());
+    let v: Value = c
+        .post(&ctl)
+        .json(&json!({"fail_status": 429, "health_status": 200}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["fail_status"], 429);
+    assert_eq!(
+        c.post(&url)
+            .json(&chat("x", 1, false))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        429
+    );
+    assert_eq!(
+        c.get(format!("{}/health", e.url()))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    c.post(&ctl)
+        .json(&json!({"fail_status": null, "slow_headers_ms": 300}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(e.control.fail_status(), None);
+    let t0 = Instant::now();
+    let r = c.post(&url).json(&chat("x", 1, true)).send().await.unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(280),
+        "headers after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(r.status(), 200);
+    r.text().await.unwrap();
+    assert_eq!(
+        c.post(&ctl)
+            .json(&json!({"bogus": 1}))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+    c.post(&ctl)
+        .json(&json!({"reset": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(e.control.slow_headers(), Duration::ZERO);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn close_mid_stream_cuts_the_connection_and_aborts() {
+    let e = spawn_engine(scaled(0.2)).await.unwrap();
+    e.control.set_close_mid_stream_after(Some(2));
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&chat("cut me", 10, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let mut got = Vec::new();
+    let mut failed = false;
+    while let Some(b) = stream.next().await {
+        match b {
+            Ok(b) => got.extend_from_slice(&b),
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    assert!(
+        failed,
+        "the stream ended cleanly: {}",
+        String::from_utf8_lossy(&got)
+    );
+    let text = String::from_utf8(got).unwrap();
+    assert_eq!(text.matches("data: ").count(), 2, "{text}");
+    assert!(!text.contains("[DONE]"));
+    wait_until("the abort", Duration::from_secs(3), || {
+        e.stats().aborted == 1 && e.stats().running == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn repeated_prompt_hits_the_prefix_cache() {
+    let e = spawn_engine(scaled(0.1)).await.unwrap();
+    let c = reqwest::Client::new();
+    let p = words(3_000, "c");
+    c.post(format!("{}/v1/chat/completions", e.url()))
+        .json(&chat(&p, 1, false))
+        .send()
+        .await
+        .unwrap();
+    let first = e.stats();
+    assert_eq!(first.cached_prompt_tokens, 0);
+    assert_eq!(first.computed_prompt_tokens, first.prompt_tokens);
+    let v: Value = c
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&chat(&p, 1, false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let second = e.stats();
+    let prompt = first.prompt_tokens;
+    let cached = second.cached_prompt_tokens;
+    assert!(
+        cached >= prompt - 16 && cached < prompt,
+        "prompt {prompt}, cached {cached}"
+    );
+    assert_eq!(
+        second.computed_prompt_tokens - first.computed_prompt_tokens,
+        prompt - cached
+    );
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], cached);
+    assert_eq!(second.prefix_cache_hits, cached);
+    assert_eq!(second.prefix_cache_queries, 2 * prompt);
+    // A conversation's next turn reuses the previous turn's blocks.
+    let turn2 = json!({"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": "ok"},
+                                    {"role": "user", "content": "and then?"}], "max_tokens": 1});
+    let v: Value = c
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&turn2)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= prompt - 32
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_beyond_max_num_seqs_wait() {
+    let e = spawn_engine(SimConfig {
+        max_num_seqs: 2,
+        ..scaled(0.1)
+    })
+    .await
+    .unwrap();
+    let c = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let req = c
+            .post(format!("{}/v1/chat/completions", e.url()))
+            .json(&chat(&format!("q{i}"), 400, true));
+        tasks.push(tokio::spawn(async move {
+            let r = req.send().await.unwrap();
+            let mut s = r.bytes_stream();
+            while s.next().await.is_some() {}
+        }));
+    }
+    let start = Instant::now();
+    loop {
+        let text = metrics(&e).await;
+        let (run, wait) = (
+            metric_sum(&text, "vllm:num_requests_running"),
+            metric_sum(&text, "vllm:num_requests_waiting"),
+        );
+        if (run, wait) == (2.0, 3.0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "running {run} waiting {wait}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let st = e.stats();
+    assert_eq!((st.running, st.waiting), (2, 3));
+    assert!(st.kv_cache_usage > 0.0);
+    // Clients going away free their slots.
+    for t in &tasks {
+        t.abort();
+    }
+    wait_until("aborts", Duration::from_secs(3), || {
+        let s = e.stats();
+        s.running == 0 && s.waiting == 0 && s.aborted == 5
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn client_disconnect_during_prefill_aborts() {
+    let e = spawn_engine(scaled(0.5)).await.unwrap();
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&chat(&words(60_000, "d"), 5, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let s = e.stats();
+    assert_eq!(s.running + s.waiting, 1);
+    drop(resp);
+    wait_until("the abort", Duration::from_secs(2), || {
+        let s = e.stats();
+        s.aborted == 1 && s.running == 0
+    })
+    .await;
+    let s = e.stats();
+    assert_eq!(s.prompt_tokens, 0, "the prefill never completed");
+    assert_eq!(s.generation_tokens, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_connections_can_be_dropped_or_poisoned() {
+    let e = spawn_engine(scaled(0.1)).await.unwrap();
+    // drop: the idle connection gets a FIN right away.
+    let mut s = TcpStream::connect(e.addr).await.unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\n\r\n").await.unwrap();
+    assert_eq!(read_response(&mut s).await.unwrap().0, 200);
+    assert_eq!(e.control.drop_idle_connections(), 1);
+    let mut b = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(1), s.read(&mut b))
+        .await
+        .unwrap();
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    wait_until("the registry to empty", Duration::from_secs(1), || {
+        e.control.open_connections() == 0
+    })
+    .await;
+
+    // poison: the connection stays open, the next request on it is reset without an answer.
+    let mut s = TcpStream::connect(e.addr).await.unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\n\r\n").await.unwrap();
+    assert_eq!(read_response(&mut s).await.unwrap().0, 200);
+    assert_eq!(e.control.poison_idle_connections(), 1);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    s.write_all(b"GET /health HTTP/1.1\r\n\r\n").await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(1), read_response(&mut s))
+        .await
+        .unwrap();
+    assert!(r.is_err(), "got an answer on a poisoned connection");
+
+    // A connection busy with a request is neither dropped nor poisoned.
+    let c = reqwest::Client::new();
+    let resp = c
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&chat("busy", 50, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(e.control.drop_idle_connections(), 0);
+    assert_eq!(e.control.poison_idle_connections(), 0);
+    let text = resp.text().await.unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    // Once the response is complete the connection is idle at once.
+    assert_eq!(e.control.drop_idle_connections(), 1);
+}
+
+#[test]
+fn blocking_engine_from_a_plain_thread() {
+    use std::io::{Read, Write};
+    let e = spawn_engine_blocking(scaled(0.1)).unwrap();
+    let mut s = std::net::TcpStream::connect(e.addr).unwrap();
+    s.write_all(b"GET /sim/stats HTTP/1.1\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"));
+    assert!(out.contains("\"http_requests\":1"));
+    e.control.refuse_connections(true).unwrap();
+    e.control.refuse_connections(false).unwrap();
+    assert!(std::net::TcpStream::connect(e.addr).is_ok());
+    let addr = e.addr;
+    e.shutdown_blocking();
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stats_endpoint_and_shutdown() {
+    let e = spawn_engine(scaled(0.1)).await.unwrap();
+    let c = reqwest::Client::new();
+    c.post(format!("{}/v1/completions", e.url()))
+        .json(&json!({"prompt": "a b c", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = c
+        .get(format!("{}/sim/stats", e.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for k in [
+        "requests",
+        "prompt_tokens",
+        "computed_prompt_tokens",
+        "cached_prompt_tokens",
+        "generation_tokens",
+        "running",
+        "waiting",
+        "kv_cache_usage",
+    ] {
+        assert!(v.get(k).is_some(), "{k} missing from {v}");
+    }
+    assert_eq!(v["requests"], 1);
+    assert_eq!(v["generation_tokens"], 2);
+    assert_eq!(v["prompt_tokens"], 3);
+    let addr = e.addr;
+    e.shutdown().await;
+    assert!(TcpStream::connect(addr).await.is_err());
+}
