@@ -3,6 +3,7 @@
 pub mod config;
 pub mod engine_stats;
 pub mod ledger;
+pub mod loadgen;
 pub mod metrics;
 pub mod placement;
 pub mod pool;

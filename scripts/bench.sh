@@ -1,0 +1,438 @@
+#!/usr/bin/env bash
+# Routing benchmark on simulated engines: every infergate policy and the peer routers (vllm-router, smg from
+# PyPI, installed into .venv/) under the same agent-session traffic, a burst of new sessions, and a router
+# overhead test. Writes BENCHMARKS.md (and raw JSON under bench-out/).
+#
+# Usage: scripts/bench.sh [--quick] [--no-peers] [--fleets "2 4"] [--scenarios "agent burst overhead"]
+#                          [--only REGEX] [--md FILE]
+#   --quick      a reduced matrix (2 engines only, fewer sessions, 2 burst seeds): ~5 minutes
+#   --no-peers   infergate only (no virtualenv, no PyPI)
+#   --only RE    only the router/policy pairs matching RE (e.g. 'infergate load_aware|vllm-router cache_aware')
+# Knobs (environment): TIME_SCALE (0.2), SESSIONS_PER_ENGINE (40), RATE_PER_ENGINE (0.5 sessions per simulated
+# second), OUTPUT_TOKENS (16-160), SEED (7), REPEAT_SEEDS ("8 9": the headline configurations REPEAT_ONLY run
+# again with these seeds), AGENT_MAX_SECONDS (120), BURST_SEEDS ("1 2 3 4 5"),
+# OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), ENGINE_STATS_INTERVAL (200ms).
+#
+# Every process it starts gets its own process group and is stopped (TERM, then KILL) after each run and on
+# exit. Only 127.0.0.1 is used; every port is a free one, and its owner is checked (ss -ltnp) against the
+# process just started before anything is measured.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+QUICK=0
+PEERS=${PEERS:-1}
+FLEETS=${FLEETS:-"2 4"}
+MD=${MD:-BENCHMARKS.md}
+SCENARIOS=${SCENARIOS:-"agent burst overhead"}
+ONLY=${ONLY:-}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --no-peers) PEERS=0 ;;
+    --fleets) FLEETS="$2"; shift ;;
+    --scenarios) SCENARIOS="$2"; shift ;;
+    --only) ONLY="$2"; shift ;;
+    --md) MD="$2"; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+TIME_SCALE=${TIME_SCALE:-0.2}
+SESSIONS_PER_ENGINE=${SESSIONS_PER_ENGINE:-40}
+RATE_PER_ENGINE=${RATE_PER_ENGINE:-0.5}
+OUTPUT_TOKENS=${OUTPUT_TOKENS:-16-160}
+SEED=${SEED:-7}
+REPEAT_SEEDS=${REPEAT_SEEDS-"8 9"}
+REPEAT_ONLY=${REPEAT_ONLY:-"^(infergate load_aware|vllm-router cache_aware|vllm-router consistent_hash)$"}
+AGENT_MAX_SECONDS=${AGENT_MAX_SECONDS:-120}
+BURST_SEEDS=${BURST_SEEDS:-"1 2 3 4 5"}
+OVERHEAD_REQUESTS=${OVERHEAD_REQUESTS:-20000}
+OVERHEAD_CONCURRENCY=${OVERHEAD_CONCURRENCY:-8}
+ENGINE_STATS_INTERVAL=${ENGINE_STATS_INTERVAL:-200ms}
+if [ "$QUICK" = 1 ]; then
+  FLEETS="2"
+  SESSIONS_PER_ENGINE=${QUICK_SESSIONS_PER_ENGINE:-20}
+  BURST_SEEDS="1 2"
+  REPEAT_SEEDS=""
+  OVERHEAD_REQUESTS=10000
+fi
+
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+OUT="$ROOT/bench-out/$STAMP"
+mkdir -p "$OUT"
+BIN="$ROOT/target/release"
+START_EPOCH=$(date +%s)
+
+REASON=""
+RUN_SEED=0
+log() { printf '%s [%4ss] %s\n' "$(date +%H:%M:%S)" "$(( $(date +%s) - START_EPOCH ))" "$*" >&2; }
+
+# ---------------------------------------------------------------- processes
+PIDS=()
+stop_pid() {
+  local pid=$1 i
+  kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 50); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  wait "$pid" 2>/dev/null || true
+  local keep=() p
+  for p in "${PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
+  PIDS=("${keep[@]+"${keep[@]}"}")
+}
+cleanup() {
+  local p
+  for p in "${PIDS[@]+"${PIDS[@]}"}"; do stop_pid "$p"; done
+}
+trap cleanup EXIT
+trap 'log "interrupted"; exit 130' INT TERM
+
+# start_bg LOG CMD...: runs CMD in its own session/process group; sets LAST_PID.
+start_bg() {
+  local logf=$1; shift
+  setsid "$@" >"$logf" 2>&1 </dev/null &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+}
+
+# free_port: sets PORT to a free loopback port not handed out before in this run. (Functions here set globals
+# instead of printing, so that nothing they start runs in a subshell.)
+USED_PORTS=" "
+free_port() {
+  local p i
+  for i in $(seq 1 20); do
+    p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+    case "$USED_PORTS" in *" $p "*) continue ;; esac
+    USED_PORTS="$USED_PORTS$p "
+    PORT=$p
+    return 0
+  done
+  REASON="no free port"
+  return 1
+}
+
+port_owner() { ss -ltnpH "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2; }
+
+# is_descendant PID ANCESTOR: PID is ANCESTOR or below it.
+is_descendant() {
+  local p=$1 i
+  for i in $(seq 1 64); do
+    [ "$p" = "$2" ] && return 0
+    [ -z "$p" ] || [ "$p" -le 1 ] && return 1
+    p=$(awk '/^PPid:/{print $2}' "/proc/$p/status" 2>/dev/null || echo "")
+  done
+  return 1
+}
+
+# wait_owned PORT PID SECONDS: the port is listening and owned by PID (or a child of it). Appends the finding
+# to $RUN_DIR/owners.txt; on failure sets REASON.
+wait_owned() {
+  local port=$1 pid=$2 secs=$3 i owner
+  for i in $(seq 1 $((secs * 10))); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      REASON="process $pid exited before listening on $port: $(tail -n 3 "$RUN_DIR"/*.log 2>/dev/null | tr '\n' ' ' | cut -c1-300)"
+      echo "$REASON" >>"$RUN_DIR/owners.txt"
+      return 1
+    fi
+    owner=$(port_owner "$port")
+    if [ -n "$owner" ]; then
+      if is_descendant "$owner" "$pid"; then
+        echo "port $port owned by pid $owner ($(tr -d '\0' </proc/"$owner"/comm 2>/dev/null)), started as $pid" \
+          >>"$RUN_DIR/owners.txt"
+        return 0
+      fi
+      REASON="port $port is owned by pid $owner, not by $pid: refusing to measure"
+      echo "$REASON" >>"$RUN_DIR/owners.txt"
+      return 1
+    fi
+    sleep 0.1
+  done
+  REASON="nothing listens on $port after ${secs}s"
+  echo "$REASON" >>"$RUN_DIR/owners.txt"
+  return 1
+}
+
+# wait_ready URL SECONDS: a tiny chat request through URL succeeds.
+wait_ready() {
+  local url=$1 secs=$2 i
+  for i in $(seq 1 $((secs * 4))); do
+    if curl -sf -m 5 -o /dev/null -H 'content-type: application/json' \
+      -d '{"model":"sim-model","messages":[{"role":"user","content":"ready"}],"max_tokens":1}' \
+      "$url/v1/chat/completions"; then
+      return 0
+    fi
+    sleep 0.25
+  done
+  return 1
+}
+
+# ---------------------------------------------------------------- build and peers
+log "building infergate, engine-sim and loadgen (release)"
+scripts/ensure-deps.sh
+cargo build --release --bin infergate --bin engine-sim --bin loadgen 2>&1 | tail -n 3 >&2
+
+: >"$OUT/peers.txt"
+VLLM_ROUTER=""
+SMG=""
+if [ "$PEERS" = 1 ]; then
+  if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    python3 -m venv .venv >"$OUT/venv.log" 2>&1 || echo "venv: python3 -m venv failed (see venv.log)" >>"$OUT/peers.txt"
+  fi
+  for pkg in vllm-router smg; do
+    if [ -x .venv/bin/pip ]; then
+      if ! .venv/bin/pip show -q "$pkg" >/dev/null 2>&1; then
+        log "pip install $pkg"
+        .venv/bin/pip install -q "$pkg" >"$OUT/pip-$pkg.log" 2>&1 || true
+      fi
+      ver=$(.venv/bin/pip show "$pkg" 2>/dev/null | awk '/^Version:/{print $2}')
+      if [ -n "$ver" ] && [ -x ".venv/bin/$pkg" ]; then
+        echo "$pkg $ver installed" >>"$OUT/peers.txt"
+        [ "$pkg" = vllm-router ] && VLLM_ROUTER="$ROOT/.venv/bin/vllm-router"
+        [ "$pkg" = smg ] && SMG="$ROOT/.venv/bin/smg"
+      else
+        echo "$pkg NOT installed: $(tail -n 2 "$OUT/pip-$pkg.log" 2>/dev/null | tr '\n' ' ')" >>"$OUT/peers.txt"
+      fi
+    fi
+  done
+else
+  echo "peers skipped (--no-peers)" >>"$OUT/peers.txt"
+fi
+
+# ---------------------------------------------------------------- engines and routers
+SIM_PID=""
+SIM_URLS=()
+# start_sim N TIME_SCALE
+start_sim() {
+  local n=$1 ts=$2 ports=() i p
+  for i in $(seq 1 "$n"); do
+    free_port || return 1
+    ports+=("$PORT")
+  done
+  local csv
+  csv=$(IFS=,; echo "${ports[*]}")
+  start_bg "$RUN_DIR/engine-sim.log" "$BIN/engine-sim" --ports "$csv" --time-scale "$ts" --max-recorded-requests 1
+  SIM_PID=$LAST_PID
+  SIM_URLS=()
+  for p in "${ports[@]}"; do
+    wait_owned "$p" "$SIM_PID" 10 || return 1
+    SIM_URLS+=("http://127.0.0.1:$p")
+  done
+}
+
+ROUTER_PID=""
+ROUTER_URL=""
+ROUTER_METRICS=""
+# start_router ROUTER POLICY: starts it over SIM_URLS on free ports; sets ROUTER_PID / ROUTER_URL.
+start_router() {
+  local router=$1 policy=$2 port mport
+  free_port || return 1
+  port=$PORT
+  free_port || return 1
+  mport=$PORT
+  case "$router" in
+    infergate)
+      local pol=$policy extra="" fallback=""
+      case "$policy" in
+        prefix_aware:*) pol=prefix_aware; fallback=${policy#prefix_aware:} ;;
+      esac
+      {
+        echo "listen: \"127.0.0.1:$port\""
+        echo "metrics_listen: \"127.0.0.1:$mport\""
+        echo "server:"
+        echo "  threads: 2"
+        echo "  grace_period_seconds: 1"
+        echo "  graceful_shutdown_timeout_seconds: 1"
+        echo "  pid_file: $RUN_DIR/infergate.pid"
+        echo "  upgrade_sock: $RUN_DIR/infergate_upgrade.sock"
+        echo "timeouts: { connect: 2s, response_header: 600s, stream_idle: 120s }"
+        echo "pools:"
+        echo "  - name: default"
+        echo "    models: [\"*\"]"
+        echo "    policy: $pol"
+        echo "    endpoints:"
+        for u in "${SIM_URLS[@]}"; do echo "      - url: \"$u\""; done
+        echo "    health_check: { path: /health, interval: 1s, timeout: 1s, healthy_after: 1, unhealthy_after: 3 }"
+        echo "    engine_stats: { kind: vllm, path: /metrics, interval: $ENGINE_STATS_INTERVAL }"
+        [ "$pol" = load_aware ] && echo "    sessions: { header: x-session-id }"
+        [ -n "$fallback" ] && echo "    prefix: { fallback: $fallback }"
+        true
+      } >"$RUN_DIR/infergate.yaml"
+      start_bg "$RUN_DIR/router.log" "$BIN/infergate" -c "$RUN_DIR/infergate.yaml"
+      ;;
+    vllm-router)
+      [ -n "$VLLM_ROUTER" ] || { REASON="vllm-router is not installed"; return 1; }
+      start_bg "$RUN_DIR/router.log" "$VLLM_ROUTER" --host 127.0.0.1 --port "$port" --worker-urls "${SIM_URLS[@]}" \
+        --policy "$policy" --prometheus-host 127.0.0.1 --prometheus-port "$mport" --log-level warning \
+        --request-timeout-secs 600
+      ;;
+    smg)
+      [ -n "$SMG" ] || { REASON="smg is not installed"; return 1; }
+      start_bg "$RUN_DIR/router.log" "$SMG" launch --host 127.0.0.1 --port "$port" --worker-urls "${SIM_URLS[@]}" \
+        --policy "$policy" --prometheus-host 127.0.0.1 --prometheus-port "$mport" --log-level warn \
+        --request-timeout-secs 600
+      ;;
+    *) REASON="unknown router $router"; return 1 ;;
+  esac
+  ROUTER_PID=$LAST_PID
+  ROUTER_METRICS="http://127.0.0.1:$mport/metrics"
+  wait_owned "$port" "$ROUTER_PID" 60 || return 1
+  ROUTER_URL="http://127.0.0.1:$port"
+  wait_ready "$ROUTER_URL" 60 || { REASON="$router did not answer a chat request within 60 s"; return 1; }
+  # Confirm again right before measuring: the port still belongs to the router just started.
+  wait_owned "$port" "$ROUTER_PID" 1 || return 1
+}
+
+stop_all() {
+  # Keep the router's own metrics (placement reasons, in-flight gauges) next to the run's report.
+  if [ -n "$ROUTER_PID" ] && [ -n "$ROUTER_METRICS" ]; then
+    curl -s -m 5 "$ROUTER_METRICS" >"$RUN_DIR/router-metrics.txt" 2>/dev/null || true
+  fi
+  ROUTER_METRICS=""
+  [ -n "$ROUTER_PID" ] && stop_pid "$ROUTER_PID"
+  [ -n "$SIM_PID" ] && stop_pid "$SIM_PID"
+  ROUTER_PID=""
+  SIM_PID=""
+}
+
+# record_failure REASON: writes $OUT/$NAME.failed.json with the run's LABEL (router|policy|fleet) and seed.
+record_failure() {
+  log "FAILED $NAME: $1"
+  python3 -c 'import json,sys; print(json.dumps({"label": sys.argv[1], "failed": sys.argv[2], "seed": int(sys.argv[3])}))' \
+    "$LABEL" "$1" "$RUN_SEED" >"$OUT/$NAME.failed.json"
+}
+
+MATRIX=(
+  "infergate round_robin"
+  "infergate least_request"
+  "infergate load_aware"
+  "infergate prefix_aware:least_inflight"
+  "infergate prefix_aware:qps"
+  "vllm-router round_robin"
+  "vllm-router power_of_two"
+  "vllm-router cache_aware"
+  "vllm-router consistent_hash"
+  "smg round_robin"
+  "smg power_of_two"
+  "smg cache_aware"
+)
+
+# skipped ROUTER POLICY: peers are off, or --only does not select the pair.
+skipped() {
+  { [ "$PEERS" != 1 ] && [ "$1" != infergate ]; } && return 0
+  [ -n "$ONLY" ] && ! echo "$1 $2" | grep -Eq -- "$ONLY" && return 0
+  return 1
+}
+want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# ---------------------------------------------------------------- agent scenario
+want agent || FLEETS=""
+for n in $FLEETS; do
+  sessions=$((n * SESSIONS_PER_ENGINE))
+  rate=$(python3 -c "print($n * $RATE_PER_ENGINE)")
+  # The whole matrix with SEED, then the headline configurations again with each of REPEAT_SEEDS.
+  for seed in $SEED $REPEAT_SEEDS; do
+    for entry in "${MATRIX[@]}"; do
+      set -- $entry
+      router=$1 policy=$2
+      skipped "$router" "$policy" && continue
+      NAME="agent-$n-$router-${policy/:/-}"
+      if [ "$seed" != "$SEED" ]; then
+        echo "$router $policy" | grep -Eq -- "$REPEAT_ONLY" || continue
+        NAME="$NAME-seed$seed"
+      fi
+      LABEL="$router|$policy|$n"
+      RUN_SEED=$seed
+      RUN_DIR="$OUT/$NAME"
+      mkdir -p "$RUN_DIR"
+      log "agent: $n engines, $router $policy, seed $seed ($sessions sessions at $rate/s simulated)"
+      if ! start_sim "$n" "$TIME_SCALE"; then record_failure "engine-sim: $REASON"; stop_all; continue; fi
+      if ! start_router "$router" "$policy"; then record_failure "$REASON"; stop_all; continue; fi
+      stats_args=()
+      for u in "${SIM_URLS[@]}"; do stats_args+=(--engine-stats-url "$u"); done
+      if ! "$BIN/loadgen" --scenario agent --url "$ROUTER_URL" "${stats_args[@]}" --sessions "$sessions" \
+        --rate "$rate" --time-scale "$TIME_SCALE" --output-tokens "$OUTPUT_TOKENS" --seed "$seed" \
+        --max-seconds "$AGENT_MAX_SECONDS" --request-timeout "$AGENT_MAX_SECONDS" --label "$LABEL" \
+        --json "$OUT/$NAME.json" >"$RUN_DIR/loadgen.txt" 2>"$RUN_DIR/loadgen.err"; then
+        record_failure "loadgen failed: $(tail -n 1 "$RUN_DIR/loadgen.err")"
+      else
+        grep -E "TTFT ms|slowest|CV" "$RUN_DIR/loadgen.txt" | sed 's/^/    /' >&2 || true
+      fi
+      stop_all
+    done
+  done
+done
+
+# ---------------------------------------------------------------- burst scenario (2 engines)
+want burst || BURST_SEEDS=""
+for fb in least_inflight qps; do
+  skipped infergate "prefix_aware:$fb" && continue
+  for s in $BURST_SEEDS; do
+    NAME="burst-infergate-$fb-seed$s"
+    LABEL="infergate|prefix_aware:$fb|2"
+    RUN_SEED=$s
+    RUN_DIR="$OUT/$NAME"
+    mkdir -p "$RUN_DIR"
+    log "burst: infergate prefix_aware fallback $fb, seed $s"
+    if ! start_sim 2 "$TIME_SCALE"; then record_failure "engine-sim: $REASON"; stop_all; continue; fi
+    if ! start_router infergate "prefix_aware:$fb"; then record_failure "$REASON"; stop_all; continue; fi
+    if ! "$BIN/loadgen" --scenario burst --url "$ROUTER_URL" --engine-stats-url "${SIM_URLS[0]}" \
+      --engine-stats-url "${SIM_URLS[1]}" --time-scale "$TIME_SCALE" --seed "$s" --max-seconds 120 \
+      --output-tokens 16-64 --label "$LABEL" --json "$OUT/$NAME.json" \
+      >"$RUN_DIR/loadgen.txt" 2>"$RUN_DIR/loadgen.err"; then
+      record_failure "loadgen failed: $(tail -n 1 "$RUN_DIR/loadgen.err")"
+    else
+      grep -E "^burst" "$RUN_DIR/loadgen.txt" | cut -c1-160 | sed 's/^/    /' >&2 || true
+    fi
+    stop_all
+  done
+done
+
+# ---------------------------------------------------------------- overhead scenario (1 engine, no simulated time)
+OVERHEAD=(
+  "infergate load_aware"
+  "infergate round_robin"
+  "vllm-router round_robin"
+  "vllm-router cache_aware"
+  "smg round_robin"
+  "smg cache_aware"
+)
+want overhead || OVERHEAD=()
+for entry in "${OVERHEAD[@]+"${OVERHEAD[@]}"}"; do
+  set -- $entry
+  router=$1 policy=$2
+  skipped "$router" "$policy" && continue
+  NAME="overhead-$router-$policy"
+  LABEL="$router|$policy|1"
+  RUN_SEED=0
+  RUN_DIR="$OUT/$NAME"
+  mkdir -p "$RUN_DIR"
+  log "overhead: $router $policy"
+  if ! start_sim 1 0; then record_failure "engine-sim: $REASON"; stop_all; continue; fi
+  if ! start_router "$router" "$policy"; then record_failure "$REASON"; stop_all; continue; fi
+  if ! "$BIN/loadgen" --scenario overhead --url "$ROUTER_URL" --direct-url "${SIM_URLS[0]}" --router-pid "$ROUTER_PID" \
+    --concurrency "$OVERHEAD_CONCURRENCY" --requests "$OVERHEAD_REQUESTS" --rounds 2 --max-seconds 120 \
+    --label "$LABEL" --json "$OUT/$NAME.json" >"$RUN_DIR/loadgen.txt" 2>"$RUN_DIR/loadgen.err"; then
+    record_failure "loadgen failed: $(tail -n 1 "$RUN_DIR/loadgen.err")"
+  else
+    grep -E "^(direct|router|added)" "$RUN_DIR/loadgen.txt" | sed 's/^/    /' >&2 || true
+  fi
+  stop_all
+done
+
+# ---------------------------------------------------------------- report
+ELAPSED=$(( $(date +%s) - START_EPOCH ))
+python3 scripts/bench/report.py --out-dir "$OUT" --md "$MD" --elapsed "$ELAPSED" --time-scale "$TIME_SCALE" \
+  --sessions-per-engine "$SESSIONS_PER_ENGINE" --rate-per-engine "$RATE_PER_ENGINE" --output-tokens "$OUTPUT_TOKENS" \
+  --seed "$SEED" --repeat-seeds "$REPEAT_SEEDS" --fleets "$FLEETS" --burst-seeds "$BURST_SEEDS" --overhead-requests "$OVERHEAD_REQUESTS" \
+  --overhead-concurrency "$OVERHEAD_CONCURRENCY" --engine-stats-interval "$ENGINE_STATS_INTERVAL" \
+  --quick "$QUICK"
+log "done in ${ELAPSED}s: $MD (raw results in $OUT)"

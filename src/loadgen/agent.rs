@@ -1,0 +1,150 @@
+//! The `agent` scenario: multi-turn sessions arriving as a Poisson process (or a burst).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+
+use super::client::{self, Call, ChatBody, Msg};
+use super::text::TextGen;
+use super::workload::{mix, plan_sessions, wall, SessionPlan};
+use super::{session_headers, snapshot, stats, Config, Report, Run};
+
+/// Salt of the shared system prompt's text seed.
+const SYSTEM_SALT: u64 = 0x0051_57E4;
+
+/// The shared system prompt of a run (None when `system_prompt_tokens` is 0).
+pub(super) fn system_prompt(cfg: &Config) -> Option<String> {
+    (cfg.system_prompt_tokens > 0).then(|| {
+        let mut s = String::from("You are a coding agent.");
+        let mut g = TextGen::new(mix(cfg.seed, SYSTEM_SALT));
+        g.push_tokens(&mut s, cfg.system_prompt_tokens.saturating_sub(6) as usize);
+        s
+    })
+}
+
+/// Plays one session: every turn appends new user text to the conversation and the assistant's answer after
+/// it. A failed turn ends the session.
+pub(super) async fn play_session(
+    run: Arc<Run>,
+    cfg: Arc<Config>,
+    system: Option<Arc<String>>,
+    plan: SessionPlan,
+    url: String,
+    id: String,
+) -> Vec<client::Outcome> {
+    run.live.sessions_started.fetch_add(1, Ordering::Relaxed);
+    let headers = session_headers(&cfg, &id);
+    let mut text = TextGen::new(plan.text_seed);
+    let mut messages: Vec<Msg> = Vec::with_capacity(plan.turns.len() * 2 + 1);
+    if let Some(s) = &system {
+        messages.push(Msg {
+            role: "system",
+            content: s.as_str().to_owned(),
+        });
+    }
+    let mut outcomes = Vec::with_capacity(plan.turns.len());
+    let mut failed = false;
+    for (i, turn) in plan.turns.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(wall(turn.think, cfg.time_scale)).await;
+        }
+        messages.push(Msg {
+            role: "user",
+            content: text.text(turn.user_tokens as usize),
+        });
+        let body = ChatBody {
+            model: &cfg.model,
+            messages: &messages,
+            max_tokens: turn.max_tokens,
+            stream: cfg.stream,
+            ignore_eos: true,
+            temperature: 0.0,
+        }
+        .to_vec();
+        let call = Call {
+            url: &url,
+            headers: &headers,
+            body,
+            stream: cfg.stream,
+            timeout: run.request_timeout,
+        };
+        let out = client::chat(&run.client, call, &run.live, None).await;
+        run.record(&out);
+        let ok = out.ok();
+        let content = if out.content.is_empty() {
+            "ok".to_string()
+        } else {
+            out.content.clone()
+        };
+        outcomes.push(out);
+        if !ok {
+            failed = true;
+            break;
+        }
+        messages.push(Msg {
+            role: "assistant",
+            content,
+        });
+    }
+    if failed {
+        run.sessions_failed.fetch_add(1, Ordering::Relaxed);
+    } else {
+        run.sessions_completed.fetch_add(1, Ordering::Relaxed);
+    }
+    run.live.sessions_done.fetch_add(1, Ordering::Relaxed);
+    outcomes
+}
+
+pub(super) async fn run(cfg: &Config) -> Result<Report, String> {
+    let run = Run::new(cfg, 256);
+    let cfg_arc = Arc::new(cfg.clone());
+    let mut report = Report {
+        targets: cfg.urls.clone(),
+        ..Report::default()
+    };
+    let before = snapshot(&run, &cfg.engine_stats_urls).await;
+    let plans = plan_sessions(cfg.seed, cfg.sessions, &cfg.shape, cfg.arrival);
+    report.sessions.planned = plans.len() as u64;
+    let system = system_prompt(cfg).map(Arc::new);
+    let urls: Vec<String> = cfg.urls.iter().map(|u| client::chat_url(u)).collect();
+    let progress = run.progress(cfg.progress, plans.len() as u64);
+
+    let mut set = JoinSet::new();
+    let start = tokio::time::Instant::now();
+    let drive = async {
+        for plan in plans {
+            tokio::time::sleep_until(start + wall(plan.arrival, cfg.time_scale)).await;
+            let url = urls[plan.id as usize % urls.len()].clone();
+            let id = format!("s{}-{}", cfg.seed, plan.id);
+            set.spawn(play_session(
+                run.clone(),
+                cfg_arc.clone(),
+                system.clone(),
+                plan,
+                url,
+                id,
+            ));
+        }
+        while set.join_next().await.is_some() {}
+    };
+    report.timed_out = tokio::time::timeout_at(run.deadline, drive).await.is_err();
+    set.abort_all();
+    while set.join_next().await.is_some() {}
+    if let Some(p) = progress {
+        p.abort();
+    }
+
+    run.fill(&mut report);
+    match (before, snapshot(&run, &cfg.engine_stats_urls).await) {
+        (Ok(b), Ok(a)) => {
+            report.engines = Some(stats::engine_report(&cfg.engine_stats_urls, &b, &a))
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            if !cfg.engine_stats_urls.is_empty() {
+                report.engine_stats_error = Some(e);
+            }
+        }
+    }
+    Ok(report)
+}
