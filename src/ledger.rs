@@ -167,7 +167,9 @@ impl Ledger {
             })
             .cloned()
             .collect();
-        due.iter().filter(|e| e.release_prefill(ReleaseCause::EstimatedDone)).count()
+        due.iter()
+            .filter(|e| e.release_prefill(ReleaseCause::EstimatedDone))
+            .count()
     }
 
     /// Number of holds not yet finished (requests in flight across all endpoints).

@@ -9,7 +9,9 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let opt = Opt::parse_args();
     let Some(path) = opt.conf.clone() else {
-        eprintln!("infergate: no configuration file: run `infergate -c FILE` (see conf/infergate.yaml)");
+        eprintln!(
+            "infergate: no configuration file: run `infergate -c FILE` (see conf/infergate.yaml)"
+        );
         return ExitCode::from(2);
     };
     // Validate everything before any port is bound.

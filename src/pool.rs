@@ -176,11 +176,17 @@ impl PrefillSpeed {
             return;
         }
         let sample = tokens as f64 / secs;
-        let _ = self.tokens_per_sec.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-            let old = f64::from_bits(bits);
-            let new = if old > 0.0 { old + Self::WEIGHT * (sample - old) } else { sample };
-            Some(new.to_bits())
-        });
+        let _ = self
+            .tokens_per_sec
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                let old = f64::from_bits(bits);
+                let new = if old > 0.0 {
+                    old + Self::WEIGHT * (sample - old)
+                } else {
+                    sample
+                };
+                Some(new.to_bits())
+            });
     }
 
     /// Estimated prefill time of `tokens`, once a speed was observed.
@@ -418,7 +424,10 @@ impl Pool {
             let mut a = a.lock().unwrap_or_else(|p| p.into_inner());
             let q = a.entry(id).or_default();
             q.push_back(now);
-            while q.front().is_some_and(|t| now.saturating_duration_since(*t) > QPS_WINDOW) {
+            while q
+                .front()
+                .is_some_and(|t| now.saturating_duration_since(*t) > QPS_WINDOW)
+            {
                 q.pop_front();
             }
         }
@@ -428,8 +437,11 @@ impl Pool {
     pub fn arrivals(&self, id: u64, now: Instant) -> u64 {
         let Some(a) = &self.arrivals else { return 0 };
         let a = a.lock().unwrap_or_else(|p| p.into_inner());
-        a.get(&id)
-            .map_or(0, |q| q.iter().filter(|t| now.saturating_duration_since(**t) <= QPS_WINDOW).count() as u64)
+        a.get(&id).map_or(0, |q| {
+            q.iter()
+                .filter(|t| now.saturating_duration_since(**t) <= QPS_WINDOW)
+                .count() as u64
+        })
     }
 
     pub fn next_round_robin(&self) -> usize {
@@ -446,15 +458,30 @@ impl Pool {
 
     /// Ask one healthy endpoint of a `"*"` pool which models it serves, for the router's `GET /v1/models`.
     pub async fn refresh_models(&self, client: &reqwest::Client, timeout: Duration) {
-        let Some(ep) = self.endpoints().iter().find(|e| e.health.is_healthy()).cloned() else {
+        let Some(ep) = self
+            .endpoints()
+            .iter()
+            .find(|e| e.health.is_healthy())
+            .cloned()
+        else {
             return;
         };
-        let mut req = client.get(format!("http://{}/v1/models", ep.label)).timeout(timeout);
+        let mut req = client
+            .get(format!("http://{}/v1/models", ep.label))
+            .timeout(timeout);
         if let Some(key) = &ep.api_key {
             req = req.bearer_auth(key);
         }
         let names = async {
-            let v: serde_json::Value = req.send().await.ok()?.error_for_status().ok()?.json().await.ok()?;
+            let v: serde_json::Value = req
+                .send()
+                .await
+                .ok()?
+                .error_for_status()
+                .ok()?
+                .json()
+                .await
+                .ok()?;
             let names: Vec<String> = v["data"]
                 .as_array()?
                 .iter()
@@ -463,7 +490,10 @@ impl Pool {
             Some(names)
         };
         if let Some(names) = names.await {
-            *self.discovered_models.write().unwrap_or_else(|p| p.into_inner()) = names;
+            *self
+                .discovered_models
+                .write()
+                .unwrap_or_else(|p| p.into_inner()) = names;
         }
     }
 }
@@ -500,7 +530,13 @@ impl Pools {
             .cloned()
             .collect();
         for p in &self.pools {
-            names.extend(p.discovered_models.read().unwrap_or_else(|e| e.into_inner()).iter().cloned());
+            names.extend(
+                p.discovered_models
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .cloned(),
+            );
         }
         names.sort();
         names.dedup();
@@ -515,7 +551,11 @@ impl Pools {
             }
             p.lb.backends().run_health_check(true).await;
             if p.serves_any_model() {
-                p.refresh_models(crate::engine_stats::shared_client(), p.cfg.health_check.timeout).await;
+                p.refresh_models(
+                    crate::engine_stats::shared_client(),
+                    p.cfg.health_check.timeout,
+                )
+                .await;
             }
         }
     }

@@ -10,8 +10,8 @@ use pingora_core::protocols::http::ServerSession;
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
 use pingora_core::services::background::BackgroundService;
-use pingora_core::services::ServiceReadyNotifier;
 use pingora_core::services::listening::Service;
+use pingora_core::services::ServiceReadyNotifier;
 
 use crate::config::Config;
 use crate::ledger::Ledger;
@@ -108,13 +108,19 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
         ledger: state.ledger.clone(),
         metrics: state.metrics.clone(),
     };
-    let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, router, "infergate proxy");
+    let mut proxy = pingora_proxy::http_proxy_service_with_name(
+        &server.configuration,
+        router,
+        "infergate proxy",
+    );
     for addr in &state.cfg.listen {
         proxy.add_tcp(addr);
     }
     let housekeeping = pingora_core::services::background::background_service(
         "infergate housekeeping",
-        Housekeeper { state: state.clone() },
+        Housekeeper {
+            state: state.clone(),
+        },
     );
     let hk_handle = server.add_service(housekeeping);
     let proxy_handle = server.add_service(proxy);
@@ -144,7 +150,11 @@ impl ServeHttp for MetricsApp {
         let (status, ctype, body) = if path == "/metrics" {
             (200, "text/plain; version=0.0.4", self.metrics.render())
         } else {
-            (404, "text/plain", b"not found: metrics are on /metrics\n".to_vec())
+            (
+                404,
+                "text/plain",
+                b"not found: metrics are on /metrics\n".to_vec(),
+            )
         };
         http::Response::builder()
             .status(status)
@@ -162,7 +172,11 @@ struct Housekeeper {
 
 #[async_trait]
 impl BackgroundService for Housekeeper {
-    async fn start_with_ready_notifier(&self, shutdown: ShutdownWatch, ready: ServiceReadyNotifier) {
+    async fn start_with_ready_notifier(
+        &self,
+        shutdown: ShutdownWatch,
+        ready: ServiceReadyNotifier,
+    ) {
         // Take over SIGHUP first: its default action would terminate the process.
         #[cfg(unix)]
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
@@ -177,8 +191,13 @@ impl BackgroundService for Housekeeper {
             .max()
             .unwrap_or(Duration::from_secs(1))
             + Duration::from_secs(1);
-        if tokio::time::timeout(first_round_limit, self.state.pools.refresh_now()).await.is_err() {
-            log::warn!("first health-check round did not finish in {first_round_limit:?}; starting anyway");
+        if tokio::time::timeout(first_round_limit, self.state.pools.refresh_now())
+            .await
+            .is_err()
+        {
+            log::warn!(
+                "first health-check round did not finish in {first_round_limit:?}; starting anyway"
+            );
         }
         ready.notify_ready();
 
@@ -205,7 +224,8 @@ impl BackgroundService for Housekeeper {
                     if models_due == 0 && pool.serves_any_model() {
                         models_due = MODELS_REFRESH_CHECKS;
                         let client = crate::engine_stats::shared_client();
-                        pool.refresh_models(client, pool.cfg.health_check.timeout).await;
+                        pool.refresh_models(client, pool.cfg.health_check.timeout)
+                            .await;
                     }
                 }
             });
@@ -247,7 +267,8 @@ impl BackgroundService for Housekeeper {
                                 m.with_label_values(&[&*pool.name, "ttl"]).inc_by(ttl);
                             }
                             if capacity > 0 {
-                                m.with_label_values(&[&*pool.name, "capacity"]).inc_by(capacity);
+                                m.with_label_values(&[&*pool.name, "capacity"])
+                                    .inc_by(capacity);
                             }
                         }
                     }
@@ -303,7 +324,11 @@ pub fn run_with_channel(server: Server, rx: tokio::sync::mpsc::Receiver<Shutdown
 
 /// Keep one scrape loop per current endpoint of a pool (endpoints may come and go on reload); each records its
 /// outcome in the endpoint's stats cell.
-async fn run_pool_scrapes(pool: Arc<crate::pool::Pool>, cfg: crate::config::EngineStatsConfig, mut stop: ShutdownWatch) {
+async fn run_pool_scrapes(
+    pool: Arc<crate::pool::Pool>,
+    cfg: crate::config::EngineStatsConfig,
+    mut stop: ShutdownWatch,
+) {
     use std::collections::HashMap;
     let mut loops: HashMap<u64, tokio::sync::watch::Sender<bool>> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -329,7 +354,9 @@ async fn run_pool_scrapes(pool: Arc<crate::pool::Pool>, cfg: crate::config::Engi
                 url: format!("http://{}{}", ep.label, cfg.path),
                 api_key: ep.api_key.clone(),
                 cfg: cfg.clone(),
-                cell: Arc::new(move |outcome| sink_ep.stats.record_outcome(Instant::now(), &outcome)),
+                cell: Arc::new(move |outcome| {
+                    sink_ep.stats.record_outcome(Instant::now(), &outcome)
+                }),
             };
             tokio::spawn(crate::engine_stats::scrape_loop(target, rx));
         }

@@ -67,11 +67,20 @@ fn each_kind_of_bad_input_exits_non_zero_with_its_message() {
     ];
     for (name, text, expected) in cases {
         let path = write_conf(name, &text);
-        for args in [vec!["-c", path.to_str().unwrap()], vec!["-t", "-c", path.to_str().unwrap()]] {
+        for args in [
+            vec!["-c", path.to_str().unwrap()],
+            vec!["-t", "-c", path.to_str().unwrap()],
+        ] {
             let (code, _out, err) = run(&args);
             assert_ne!(code, 0, "{name} {args:?} exited 0");
-            assert!(err.contains(&format!("{}: ", path.display())), "{name}: no file name in `{err}`");
-            assert!(err.contains(expected), "{name}: expected `{expected}` in `{err}`");
+            assert!(
+                err.contains(&format!("{}: ", path.display())),
+                "{name}: no file name in `{err}`"
+            );
+            assert!(
+                err.contains(expected),
+                "{name}: expected `{expected}` in `{err}`"
+            );
             assert!(!err.contains("panicked"), "{name}: {err}");
         }
     }
@@ -98,5 +107,8 @@ fn missing_config_argument_and_missing_file_are_clear() {
     assert!(err.contains("-c FILE"), "{err}");
     let (code, _, err) = run(&["-c", "/nonexistent/infergate.yaml"]);
     assert_ne!(code, 0);
-    assert!(err.contains("/nonexistent/infergate.yaml: cannot read"), "{err}");
+    assert!(
+        err.contains("/nonexistent/infergate.yaml: cannot read"),
+        "{err}"
+    );
 }

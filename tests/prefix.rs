@@ -21,7 +21,14 @@ fn body(system: &str, user: &str, max_tokens: u32) -> String {
 async fn two_engines() -> Vec<sim::EngineHandle> {
     let mut v = Vec::new();
     for _ in 0..2 {
-        v.push(sim::spawn_engine(SimConfig { time_scale: 0.2, ..SimConfig::default() }).await.unwrap());
+        v.push(
+            sim::spawn_engine(SimConfig {
+                time_scale: 0.2,
+                ..SimConfig::default()
+            })
+            .await
+            .unwrap(),
+        );
     }
     v
 }
@@ -29,7 +36,10 @@ async fn two_engines() -> Vec<sim::EngineHandle> {
 async fn all_healthy(router: &TestRouter) {
     router
         .wait_for("all healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0].endpoints().iter().all(|e| e.health.is_healthy())
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.health.is_healthy())
         })
         .await;
 }
@@ -37,7 +47,11 @@ async fn all_healthy(router: &TestRouter) {
 fn tagged(e: &sim::EngineHandle, tag: &str) -> usize {
     e.requests()
         .iter()
-        .filter(|r| r.headers.iter().any(|(k, v)| k == "x-test" && v.starts_with(tag)))
+        .filter(|r| {
+            r.headers
+                .iter()
+                .any(|(k, v)| k == "x-test" && v.starts_with(tag))
+        })
         .count()
 }
 
@@ -47,13 +61,23 @@ async fn a_shared_system_prompt_does_not_pin_all_traffic_to_one_endpoint() {
     let urls: Vec<String> = eng.iter().map(|e| e.url()).collect();
     let router = start_router(&pool_yaml("prefix_aware", &urls, PREFIX)).await;
     all_healthy(&router).await;
-    let system = "You are a helpful assistant that answers questions about the codebase. ".repeat(20);
+    let system =
+        "You are a helpful assistant that answers questions about the codebase. ".repeat(20);
     let c = client();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..16 {
-        let (c, url, b) = (c.clone(), format!("{}/v1/chat/completions", router.url()), body(&system, &format!("question {i}"), 40));
+        let (c, url, b) = (
+            c.clone(),
+            format!("{}/v1/chat/completions", router.url()),
+            body(&system, &format!("question {i}"), 40),
+        );
         tasks.spawn(async move {
-            let r = c.post(url).header("x-test", format!("shared-{i}")).body(b).send().await?;
+            let r = c
+                .post(url)
+                .header("x-test", format!("shared-{i}"))
+                .body(b)
+                .send()
+                .await?;
             r.bytes().await.map(|_| ())
         });
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -63,9 +87,19 @@ async fn a_shared_system_prompt_does_not_pin_all_traffic_to_one_endpoint() {
     }
     let split: Vec<usize> = eng.iter().map(|e| tagged(e, "shared")).collect();
     assert_eq!(split.iter().sum::<usize>(), 16);
-    assert!(split.iter().all(|&n| n >= 3), "a hot prefix pinned the traffic: {split:?}");
+    assert!(
+        split.iter().all(|&n| n >= 3),
+        "a hot prefix pinned the traffic: {split:?}"
+    );
     let m = router.metrics_text().await;
-    assert!(metric_sum(&m, "infergate_placements_total", &["reason=\"prefix_gated\""]) >= 1.0, "{m}");
+    assert!(
+        metric_sum(
+            &m,
+            "infergate_placements_total",
+            &["reason=\"prefix_gated\""]
+        ) >= 1.0,
+        "{m}"
+    );
     router.wait_idle().await;
 }
 
@@ -77,7 +111,8 @@ async fn multi_turn_sessions_keep_prefix_affinity_while_load_is_even() {
     all_healthy(&router).await;
     let c = client();
     for s in 0..4 {
-        let mut history = format!("session {s} opening context: ") + &"details of the task at hand; ".repeat(30);
+        let mut history =
+            format!("session {s} opening context: ") + &"details of the task at hand; ".repeat(30);
         for turn in 0..4 {
             history.push_str(&format!(" turn {turn} more words"));
             let r = c
@@ -91,29 +126,50 @@ async fn multi_turn_sessions_keep_prefix_affinity_while_load_is_even() {
             let _ = r.bytes().await;
         }
         let per_engine: Vec<usize> = eng.iter().map(|e| tagged(e, &format!("s{s}"))).collect();
-        assert!(per_engine.contains(&4), "session {s} lost its affinity: {per_engine:?}");
+        assert!(
+            per_engine.contains(&4),
+            "session {s} lost its affinity: {per_engine:?}"
+        );
     }
     let m = router.metrics_text().await;
-    assert_eq!(metric_sum(&m, "infergate_placements_total", &["reason=\"prefix_hit\""]), 12.0);
+    assert_eq!(
+        metric_sum(&m, "infergate_placements_total", &["reason=\"prefix_hit\""]),
+        12.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mis_prefixed_engine_is_missing_not_idle() {
     let good = sim::spawn_engine(SimConfig::default()).await.unwrap();
-    let bad = sim::spawn_engine(SimConfig { metric_prefix: "vllm_".into(), ..SimConfig::default() }).await.unwrap();
-    let router = start_router(&pool_yaml("load_aware", &[good.url(), bad.url()], PREFIX.lines().nth(1).unwrap_or(""))).await;
+    let bad = sim::spawn_engine(SimConfig {
+        metric_prefix: "vllm_".into(),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let router = start_router(&pool_yaml(
+        "load_aware",
+        &[good.url(), bad.url()],
+        PREFIX.lines().nth(1).unwrap_or(""),
+    ))
+    .await;
     all_healthy(&router).await;
     let (g, b) = (good.addr.to_string(), bad.addr.to_string());
     router
         .wait_for("stats states settle", Duration::from_secs(10), |r| {
             let now = std::time::Instant::now();
             let eps = r.state.pools.pools[0].endpoints();
-            eps[0].stats.state(now).as_str() == "fresh" && eps[1].stats.state(now).as_str() == "missing"
+            eps[0].stats.state(now).as_str() == "fresh"
+                && eps[1].stats.state(now).as_str() == "missing"
         })
         .await;
     let m = router.metrics_text().await;
     let state = |ep: &str, st: &str| {
-        metric_value(&m, "infergate_engine_stats_state", &[&format!("endpoint=\"{ep}\""), &format!("state=\"{st}\"")])
+        metric_value(
+            &m,
+            "infergate_engine_stats_state",
+            &[&format!("endpoint=\"{ep}\""), &format!("state=\"{st}\"")],
+        )
     };
     assert_eq!(state(&g, "fresh"), Some(1.0));
     assert_eq!(state(&b, "missing"), Some(1.0));

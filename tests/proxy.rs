@@ -30,12 +30,17 @@ fn urls(e: &[sim::EngineHandle]) -> Vec<String> {
 
 async fn ready(router: &TestRouter) {
     router
-        .wait_for("an endpoint healthy", Duration::from_secs(10), |r| r.state.pools.any_healthy())
+        .wait_for("an endpoint healthy", Duration::from_secs(10), |r| {
+            r.state.pools.any_healthy()
+        })
         .await;
 }
 
 fn generate_requests(e: &sim::EngineHandle) -> usize {
-    e.requests().iter().filter(|r| r.path.starts_with("/v1/")).count()
+    e.requests()
+        .iter()
+        .filter(|r| r.path.starts_with("/v1/"))
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,13 +60,20 @@ async fn tokens_are_held_after_headers_and_released_at_the_first_byte() {
     assert_eq!(resp.status(), 200);
     // Headers are here, the engine is still prefilling: the estimate must still be held.
     let (prefill, requests) = router.endpoint_load(0);
-    assert!(prefill >= expected, "held {prefill} tokens after headers, expected >= {expected}");
+    assert!(
+        prefill >= expected,
+        "held {prefill} tokens after headers, expected >= {expected}"
+    );
     assert_eq!(requests, 1);
     let mut stream = resp.bytes_stream();
     let first = stream.next().await.expect("a first chunk").expect("chunk");
     assert!(!first.is_empty());
     // Released before the first chunk was written to us.
-    assert_eq!(router.endpoint_load(0).0, 0, "tokens released at the first body byte");
+    assert_eq!(
+        router.endpoint_load(0).0,
+        0,
+        "tokens released at the first body byte"
+    );
     while stream.next().await.is_some() {}
     router.wait_idle().await;
     let m = router.metrics_text().await;
@@ -96,7 +108,9 @@ async fn released_when_the_client_cancels_before_headers() {
         .post(format!("{}/v1/chat/completions", router.url()))
         .body(chat_body(20_000, true, 4))
         .send();
-    assert!(tokio::time::timeout(Duration::from_millis(300), req).await.is_err());
+    assert!(tokio::time::timeout(Duration::from_millis(300), req)
+        .await
+        .is_err());
     router.wait_idle().await;
 }
 
@@ -116,19 +130,30 @@ async fn released_on_upstream_5xx_and_the_status_passes_through() {
     let _ = resp.bytes().await;
     router.wait_idle().await;
     let m = router.metrics_text().await;
-    assert_eq!(metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]), 0.0, "a 5xx did no prefill");
-    assert_eq!(metric_sum(&m, "infergate_requests_total", &["code=\"500\""]), 1.0);
+    assert_eq!(
+        metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]),
+        0.0,
+        "a 5xx did no prefill"
+    );
+    assert_eq!(
+        metric_sum(&m, "infergate_requests_total", &["code=\"500\""]),
+        1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_error_retries_elsewhere_and_counts_the_estimate_once() {
     let eng = engines(2, SimConfig::default()).await;
     // Slow health checks so the refusing endpoint still looks healthy when the requests arrive.
-    let yaml = pool_yaml("round_robin", &urls(&eng), "").replace("interval: 200ms", "interval: 60s");
+    let yaml =
+        pool_yaml("round_robin", &urls(&eng), "").replace("interval: 200ms", "interval: 60s");
     let router = start_router(&yaml.replace("round_robin", "load_aware")).await;
     router
         .wait_for("both healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0].endpoints().iter().all(|e| e.health.is_healthy())
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.health.is_healthy())
         })
         .await;
     eng[0].control.refuse_connections(true).unwrap();
@@ -147,7 +172,10 @@ async fn connect_error_retries_elsewhere_and_counts_the_estimate_once() {
     assert_eq!(generate_requests(&eng[1]), 4);
     let m = router.metrics_text().await;
     let per_request = infergate::placement::estimate_tokens(body.len() as u64, 4.0, 262_144) as f64;
-    assert_eq!(metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]), 4.0 * per_request);
+    assert_eq!(
+        metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]),
+        4.0 * per_request
+    );
     eng[0].control.refuse_connections(false).unwrap();
 }
 
@@ -178,13 +206,19 @@ async fn stale_pooled_connection_is_retried_and_counted_once() {
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
     router
         .wait_for("both healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0].endpoints().iter().all(|e| e.health.is_healthy())
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.health.is_healthy())
         })
         .await;
     let body = chat_body(4_000, false, 2);
     let c = client();
     let send = |c: reqwest::Client| {
-        let (url, body) = (format!("{}/v1/chat/completions", router.url()), body.clone());
+        let (url, body) = (
+            format!("{}/v1/chat/completions", router.url()),
+            body.clone(),
+        );
         async move {
             let r = c.post(url).body(body).send().await.unwrap();
             let status = r.status();
@@ -207,9 +241,15 @@ async fn stale_pooled_connection_is_retried_and_counted_once() {
     assert!(stale > 0);
     router.wait_idle().await;
     let m = router.metrics_text().await;
-    assert!(metric_sum(&m, "infergate_retries_total", &[]) >= 1.0, "the stale path was exercised");
+    assert!(
+        metric_sum(&m, "infergate_retries_total", &[]) >= 1.0,
+        "the stale path was exercised"
+    );
     let per_request = infergate::placement::estimate_tokens(body.len() as u64, 4.0, 262_144) as f64;
-    assert_eq!(metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]), 20.0 * per_request);
+    assert_eq!(
+        metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]),
+        20.0 * per_request
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,7 +275,11 @@ async fn round_robin_and_empty_bodies_hold_no_tokens() {
     let c = client();
     let url = format!("{}/v1/chat/completions", router.url());
     let empty = tokio::spawn(async move { c.post(url).send().await });
-    router.wait_for("request in flight", Duration::from_secs(5), |r| r.totals().1 == 1).await;
+    router
+        .wait_for("request in flight", Duration::from_secs(5), |r| {
+            r.totals().1 == 1
+        })
+        .await;
     assert_eq!(router.totals().0, 0, "an empty body counts nothing");
     let _ = empty.await;
     router.wait_idle().await;
@@ -254,13 +298,23 @@ async fn janitor_releases_overdue_tokens_once() {
         .unwrap();
     assert!(router.endpoint_load(0).0 > 0);
     // Everything older than zero is overdue: the janitor path releases it.
-    let released = router.state.ledger.expire(Duration::ZERO, std::time::Instant::now());
+    let released = router
+        .state
+        .ledger
+        .expire(Duration::ZERO, std::time::Instant::now());
     assert_eq!(released, 1);
-    assert_eq!(router.endpoint_load(0), (0, 1), "tokens gone, the request still in flight");
+    assert_eq!(
+        router.endpoint_load(0),
+        (0, 1),
+        "tokens gone, the request still in flight"
+    );
     let _ = resp.bytes().await; // the first byte must not release a second time
     router.wait_idle().await;
     let m = router.metrics_text().await;
-    assert_eq!(metric_sum(&m, "infergate_prefill_janitor_released_total", &[]), 1.0);
+    assert_eq!(
+        metric_sum(&m, "infergate_prefill_janitor_released_total", &[]),
+        1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,7 +329,10 @@ async fn thousand_concurrent_streams_end_with_every_gauge_at_zero() {
     .await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
     ready(&router).await;
-    let c = reqwest::Client::builder().pool_max_idle_per_host(1000).build().unwrap();
+    let c = reqwest::Client::builder()
+        .pool_max_idle_per_host(1000)
+        .build()
+        .unwrap();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..1000 {
         let c = c.clone();
@@ -299,7 +356,10 @@ async fn thousand_concurrent_streams_end_with_every_gauge_at_zero() {
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let mut ok = 0;
-    while let Some(r) = tokio::time::timeout_at(deadline, tasks.join_next()).await.expect("bounded in time") {
+    while let Some(r) = tokio::time::timeout_at(deadline, tasks.join_next())
+        .await
+        .expect("bounded in time")
+    {
         if matches!(r, Ok(Ok(s)) if s == 200) {
             ok += 1;
         }
@@ -308,8 +368,14 @@ async fn thousand_concurrent_streams_end_with_every_gauge_at_zero() {
     router.wait_idle().await;
     assert_eq!(router.state.ledger.outstanding(), 0);
     let m = router.metrics_text().await;
-    assert_eq!(metric_sum(&m, "infergate_endpoint_prefill_tokens", &[]), 0.0);
-    assert_eq!(metric_sum(&m, "infergate_endpoint_requests_in_flight", &[]), 0.0);
+    assert_eq!(
+        metric_sum(&m, "infergate_endpoint_prefill_tokens", &[]),
+        0.0
+    );
+    assert_eq!(
+        metric_sum(&m, "infergate_endpoint_requests_in_flight", &[]),
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -329,16 +395,36 @@ async fn count_tokens_holds_nothing_and_counts_no_placement() {
     router.wait_idle().await;
     let m = router.metrics_text().await;
     assert_eq!(metric_sum(&m, "infergate_placements_total", &[]), 0.0);
-    assert_eq!(metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]), 0.0);
-    assert_eq!(metric_sum(&m, "infergate_requests_total", &["code=\"200\""]), 1.0);
+    assert_eq!(
+        metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]),
+        0.0
+    );
+    assert_eq!(
+        metric_sum(&m, "infergate_requests_total", &["code=\"200\""]),
+        1.0
+    );
     // A "*" pool lists the models its engines report.
-    let v: serde_json::Value = client().get(format!("{}/v1/models", router.url())).send().await.unwrap().json().await.unwrap();
+    let v: serde_json::Value = client()
+        .get(format!("{}/v1/models", router.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["data"][0]["id"], "sim-model");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_bodies_arrive_byte_for_byte() {
-    let eng = engines(1, SimConfig { time_scale: 0.01, ..SimConfig::default() }).await;
+    let eng = engines(
+        1,
+        SimConfig {
+            time_scale: 0.01,
+            ..SimConfig::default()
+        },
+    )
+    .await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
     ready(&router).await;
     for size in [100 * 1024, 4 * 1024 * 1024] {
@@ -351,28 +437,54 @@ async fn large_bodies_arrive_byte_for_byte() {
             .unwrap();
         assert_eq!(resp.status(), 200, "size {size}");
         let _ = resp.bytes().await;
-        let got = eng[0].requests().into_iter().rev().find(|r| r.path == "/v1/chat/completions").unwrap();
+        let got = eng[0]
+            .requests()
+            .into_iter()
+            .rev()
+            .find(|r| r.path == "/v1/chat/completions")
+            .unwrap();
         assert_eq!(got.body_len, body.len());
-        assert_eq!(got.body_fnv64, sim::fnv64(body.as_bytes()), "size {size} arrived intact");
+        assert_eq!(
+            got.body_fnv64,
+            sim::fnv64(body.as_bytes()),
+            "size {size} arrived intact"
+        );
     }
     // A chunked upload (no Content-Length) of 1 MiB: intact, and its estimate grew as it streamed.
     let body = chat_body(1024 * 1024, false, 1);
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = body.as_bytes().chunks(16 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = body
+        .as_bytes()
+        .chunks(16 * 1024)
+        .map(|c| Ok(c.to_vec()))
+        .collect();
     let resp = client()
         .post(format!("{}/v1/chat/completions", router.url()))
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
     let _ = resp.bytes().await;
-    let got = eng[0].requests().into_iter().rev().find(|r| r.path == "/v1/chat/completions").unwrap();
-    assert_eq!((got.body_len, got.body_fnv64), (body.len(), sim::fnv64(body.as_bytes())));
+    let got = eng[0]
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|r| r.path == "/v1/chat/completions")
+        .unwrap();
+    assert_eq!(
+        (got.body_len, got.body_fnv64),
+        (body.len(), sim::fnv64(body.as_bytes()))
+    );
     router.wait_idle().await;
     let m = router.metrics_text().await;
     let whole = infergate::placement::estimate_tokens(body.len() as u64, 4.0, 262_144) as f64;
     let total = metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]);
-    assert!(total >= whole, "chunked estimate grew to the whole body: {total} < {whole}");
+    assert!(
+        total >= whole,
+        "chunked estimate grew to the whole body: {total} < {whole}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -418,10 +530,29 @@ async fn router_answers_errors_models_and_health_in_openai_style() {
         assert_eq!(r.status(), 413);
     }
     // The union of models, and health.
-    let v: serde_json::Value = c.get(format!("{}/v1/models", router.url())).send().await.unwrap().json().await.unwrap();
-    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().filter_map(|m| m["id"].as_str()).collect();
+    let v: serde_json::Value = c
+        .get(format!("{}/v1/models", router.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
     assert_eq!(ids, vec!["big-model", "sim-model"]);
-    assert_eq!(c.get(format!("{}/health", router.url())).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.get(format!("{}/health", router.url()))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,7 +562,11 @@ async fn api_key_is_sent_upstream_and_health_gates_traffic() {
     std::fs::write(&key_file, "sk-test-123\n").unwrap();
     let yaml = pool_yaml("load_aware", &urls(&eng), "").replacen(
         &format!("url: \"{}\"\n", eng[0].url()),
-        &format!("url: \"{}\"\n        api_key_file: \"{}\"\n", eng[0].url(), key_file.display()),
+        &format!(
+            "url: \"{}\"\n        api_key_file: \"{}\"\n",
+            eng[0].url(),
+            key_file.display()
+        ),
         1,
     );
     eng[1].control.set_health_status(503);
@@ -448,13 +583,25 @@ async fn api_key_is_sent_upstream_and_health_gates_traffic() {
         assert_eq!(r.status(), 200);
         let _ = r.bytes().await;
     }
-    assert_eq!(generate_requests(&eng[1]), 0, "an unhealthy endpoint gets no requests");
+    assert_eq!(
+        generate_requests(&eng[1]),
+        0,
+        "an unhealthy endpoint gets no requests"
+    );
     let auth: Vec<String> = eng[0]
         .requests()
         .iter()
-        .filter_map(|r| r.headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone()))
+        .filter_map(|r| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == "authorization")
+                .map(|(_, v)| v.clone())
+        })
         .collect();
-    assert!(auth.iter().any(|a| a == "Bearer sk-test-123"), "health checks and requests carry the key");
+    assert!(
+        auth.iter().any(|a| a == "Bearer sk-test-123"),
+        "health checks and requests carry the key"
+    );
     // The endpoint recovers after healthy_after successes and gets traffic again.
     eng[1].control.set_health_status(200);
     router
@@ -474,7 +621,10 @@ async fn departed_endpoint_series_are_deleted() {
     let router = start_router(&yaml).await;
     router
         .wait_for("both healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0].endpoints().iter().all(|e| e.health.is_healthy())
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.health.is_healthy())
         })
         .await;
     let c = client();
@@ -494,9 +644,13 @@ async fn departed_endpoint_series_are_deleted() {
     let reduced = pool_yaml("load_aware", &urls(&eng[..1]), "")
         .replace("{listen}", &router.addr.to_string())
         .replace("{metrics}", &router.metrics_addr.to_string());
-    let cfg = infergate::config::Config::parse(std::path::Path::new("reload.yaml"), &reduced).unwrap();
+    let cfg =
+        infergate::config::Config::parse(std::path::Path::new("reload.yaml"), &reduced).unwrap();
     router.state.reload_endpoints(&cfg);
     let m = router.metrics_text().await;
-    assert!(!m.contains(&format!("endpoint=\"{gone}\"")), "series of {gone} remain:\n{m}");
+    assert!(
+        !m.contains(&format!("endpoint=\"{gone}\"")),
+        "series of {gone} remain:\n{m}"
+    );
     assert!(m.contains(&format!("endpoint=\"{}\"", eng[0].addr)));
 }

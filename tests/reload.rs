@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use common::free_port;
 
 fn conf(listen: u16, metrics: u16, ports: &[u16]) -> String {
-    let eps: String = ports.iter().map(|p| format!("      - url: http://127.0.0.1:{p}\n")).collect();
+    let eps: String = ports
+        .iter()
+        .map(|p| format!("      - url: http://127.0.0.1:{p}\n"))
+        .collect();
     format!(
         "listen: \"127.0.0.1:{listen}\"\nmetrics_listen: \"127.0.0.1:{metrics}\"\n\
          server: {{ grace_period_seconds: 0, graceful_shutdown_timeout_seconds: 1, \
@@ -19,7 +22,12 @@ fn conf(listen: u16, metrics: u16, ports: &[u16]) -> String {
 }
 
 async fn metrics(port: u16) -> Option<String> {
-    reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.ok()?.text().await.ok()
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()
 }
 
 async fn wait_metrics(port: u16, what: &str, f: impl Fn(&str) -> bool) {
@@ -30,7 +38,10 @@ async fn wait_metrics(port: u16, what: &str, f: impl Fn(&str) -> bool) {
                 return;
             }
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -54,17 +65,24 @@ async fn sighup_reloads_endpoints_and_deletes_departed_series() {
 
     // A broken file is rejected and changes nothing.
     std::fs::write(&path, "pools: [oops").unwrap();
-    let _ = Command::new("kill").args(["-HUP", &child.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(metrics(mport).await.unwrap().contains(&ep_b));
 
     std::fs::write(&path, conf(listen, mport, &[a])).unwrap();
-    let _ = Command::new("kill").args(["-HUP", &child.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status();
     wait_metrics(mport, "departed endpoint's series deleted", |m| {
         !m.contains(&ep_b) && m.contains(&format!("endpoint=\"127.0.0.1:{a}\""))
     })
     .await;
-    assert!(child.try_wait().unwrap().is_none(), "SIGHUP must not terminate the router");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP must not terminate the router"
+    );
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(dir);

@@ -55,7 +55,12 @@ impl TestRouter {
     }
 
     /// Wait until `f` holds, polling; panics with `what` after `limit`.
-    pub async fn wait_for(&self, what: &str, limit: Duration, mut f: impl FnMut(&TestRouter) -> bool) {
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut f: impl FnMut(&TestRouter) -> bool,
+    ) {
         let start = Instant::now();
         while !f(self) {
             assert!(start.elapsed() < limit, "timed out waiting for: {what}");
@@ -64,12 +69,19 @@ impl TestRouter {
     }
 
     pub async fn wait_idle(&self) {
-        self.wait_for("every gauge back to 0", Duration::from_secs(20), |r| r.totals() == (0, 0))
-            .await;
+        self.wait_for("every gauge back to 0", Duration::from_secs(20), |r| {
+            r.totals() == (0, 0)
+        })
+        .await;
     }
 
     pub async fn metrics_text(&self) -> String {
-        reqwest::get(self.metrics_url()).await.expect("metrics").text().await.expect("metrics text")
+        reqwest::get(self.metrics_url())
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
     }
 }
 
@@ -89,7 +101,9 @@ impl Drop for TestRouter {
 pub async fn start_router(yaml: &str) -> TestRouter {
     let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut text = yaml.replace("{listen}", &listen.to_string()).replace("{metrics}", &metrics.to_string());
+    let mut text = yaml
+        .replace("{listen}", &listen.to_string())
+        .replace("{metrics}", &metrics.to_string());
     if !text.contains("\nserver:") && !text.starts_with("server:") {
         let tag = listen.port();
         text.push_str(&format!(
@@ -97,7 +111,8 @@ pub async fn start_router(yaml: &str) -> TestRouter {
              pid_file: /tmp/infergate-test-{tag}.pid\n  upgrade_sock: /tmp/infergate-test-{tag}.sock\n"
         ));
     }
-    let cfg = Config::parse(Path::new("test.yaml"), &text).unwrap_or_else(|e| panic!("test config: {e}\n{text}"));
+    let cfg = Config::parse(Path::new("test.yaml"), &text)
+        .unwrap_or_else(|e| panic!("test config: {e}\n{text}"));
     let (server, state) = build_server(cfg, Opt::default()).expect("server builds");
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let thread = std::thread::spawn(move || run_with_channel(server, rx));
@@ -116,14 +131,20 @@ pub async fn start_router(yaml: &str) -> TestRouter {
 pub async fn wait_listening(addr: SocketAddr) {
     let start = Instant::now();
     while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(start.elapsed() < Duration::from_secs(20), "nothing listens on {addr}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "nothing listens on {addr}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// A pool YAML over the given engine URLs.
 pub fn pool_yaml(policy: &str, urls: &[String], extra: &str) -> String {
-    let eps: String = urls.iter().map(|u| format!("      - url: \"{u}\"\n")).collect();
+    let eps: String = urls
+        .iter()
+        .map(|u| format!("      - url: \"{u}\"\n"))
+        .collect();
     format!(
         "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\n\
          timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
@@ -167,5 +188,8 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("client")
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .expect("client")
 }
