@@ -35,7 +35,12 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: u16, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(
+        status: u16,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         ApiError {
             status,
             message: message.into(),
@@ -104,12 +109,16 @@ pub struct Router {
 
 impl Router {
     fn pool_by_model(&self, model: Option<&str>) -> Option<Arc<Pool>> {
-        self.cfg.pool_for_model(model).and_then(|i| self.pools.pools.get(i).cloned())
+        self.cfg
+            .pool_for_model(model)
+            .and_then(|i| self.pools.pools.get(i).cloned())
     }
 
     /// The endpoint's shared release callback: counts served estimates and janitor releases.
     fn release_hook(&self, ep: &Arc<Endpoint>) -> ReleaseHook {
-        ep.release_hook.get_or_init(|| self.build_release_hook(ep)).clone()
+        ep.release_hook
+            .get_or_init(|| self.build_release_hook(ep))
+            .clone()
     }
 
     fn build_release_hook(&self, ep: &Arc<Endpoint>) -> ReleaseHook {
@@ -118,7 +127,10 @@ impl Router {
         let endpoint = Arc::downgrade(ep);
         Arc::new(move |tokens, served, cause| {
             // A late release on a departed endpoint must not bring its deleted series back.
-            if endpoint.upgrade().is_none_or(|e| e.removed.load(std::sync::atomic::Ordering::Relaxed)) {
+            if endpoint
+                .upgrade()
+                .is_none_or(|e| e.removed.load(std::sync::atomic::Ordering::Relaxed))
+            {
                 return;
             }
             if served && tokens > 0 {
@@ -128,14 +140,23 @@ impl Router {
                     .inc_by(tokens);
             }
             if cause == ReleaseCause::Janitor {
-                metrics.janitor_released_total.with_label_values(&[&*pool, &label]).inc();
+                metrics
+                    .janitor_released_total
+                    .with_label_values(&[&*pool, &label])
+                    .inc();
                 log::warn!("pool {pool} endpoint {label}: janitor released {tokens} prefill tokens of an overdue request");
             }
         })
     }
 
     /// Write a JSON response the router answers itself.
-    async fn respond(&self, session: &mut Session, status: u16, body: Bytes, retry_after: bool) -> Result<()> {
+    async fn respond(
+        &self,
+        session: &mut Session,
+        status: u16,
+        body: Bytes,
+        retry_after: bool,
+    ) -> Result<()> {
         let mut resp = ResponseHeader::build(status, Some(4))?;
         resp.insert_header("content-type", "application/json")?;
         resp.insert_header("content-length", body.len().to_string())?;
@@ -148,14 +169,22 @@ impl Router {
             .inc();
         if status >= 400 {
             // The request body may be unread: do not reuse the connection.
-            session.as_downstream_mut().write_error_response(resp, body).await
+            session
+                .as_downstream_mut()
+                .write_error_response(resp, body)
+                .await
         } else {
             session.write_response_header(Box::new(resp), false).await?;
             session.write_response_body(Some(body), true).await
         }
     }
 
-    async fn respond_error(&self, session: &mut Session, e: &ApiError, retry_after: bool) -> Result<()> {
+    async fn respond_error(
+        &self,
+        session: &mut Session,
+        e: &ApiError,
+        retry_after: bool,
+    ) -> Result<()> {
         self.respond(session, e.status, e.body(), retry_after).await
     }
 
@@ -175,7 +204,9 @@ impl Router {
             return Ok(());
         }
         session.as_downstream_mut().enable_retry_buffering(); // must precede the first read
-        let read_all = ctx.content_length.is_some_and(|n| n as usize <= REPLAY_LIMIT);
+        let read_all = ctx
+            .content_length
+            .is_some_and(|n| n as usize <= REPLAY_LIMIT);
         while let Some(chunk) = session.as_downstream_mut().read_request_body().await? {
             ctx.body_prefix.extend_from_slice(&chunk);
             // A chunk is at most 64 KiB, so one read always fits the replay buffer; a second might not.
@@ -202,8 +233,14 @@ impl Router {
             return Some((endpoints[i].clone(), Reason::LeastRequest));
         }
         let (index, reason) = match pool.cfg.policy {
-            Policy::RoundRobin => (placement::round_robin(&cands, pool.next_round_robin())?, Reason::RoundRobin),
-            Policy::LeastRequest => (placement::least_request(&cands, &mut rng)?, Reason::LeastRequest),
+            Policy::RoundRobin => (
+                placement::round_robin(&cands, pool.next_round_robin())?,
+                Reason::RoundRobin,
+            ),
+            Policy::LeastRequest => (
+                placement::least_request(&cands, &mut rng)?,
+                Reason::LeastRequest,
+            ),
             Policy::LoadAware => match (&pool.sessions, &ctx.session_key) {
                 (Some(table), Some(key)) => {
                     let ids: Vec<u64> = endpoints.iter().map(|e| e.id).collect();
@@ -211,6 +248,7 @@ impl Router {
                         key,
                         lineage: placement::sessions::lineage_of(&ctx.scan.prompt),
                         body_bytes: whole,
+                        bytes_per_token: pool.cfg.prefill.bytes_per_token,
                     };
                     let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
                     let p = table.place(&req, &cands, &ids, now, &mut rng)?;
@@ -231,7 +269,8 @@ impl Router {
                     ctx.prefix_hashes = index.block_hashes(model, &ctx.scan.prompt);
                 }
                 let ids: Vec<u64> = endpoints.iter().map(|e| e.id).collect();
-                let arrivals: Vec<u64> = endpoints.iter().map(|e| pool.arrivals(e.id, now)).collect();
+                let arrivals: Vec<u64> =
+                    endpoints.iter().map(|e| pool.arrivals(e.id, now)).collect();
                 let d = index.place(&ctx.prefix_hashes, &cands, &ids, &arrivals, &mut rng)?;
                 (d.index, d.reason)
             }
@@ -246,12 +285,17 @@ impl Router {
             m.with_label_values(&[&*pool.name, "ttl"]).inc_by(ttl);
         }
         if capacity > 0 {
-            m.with_label_values(&[&*pool.name, "capacity"]).inc_by(capacity);
+            m.with_label_values(&[&*pool.name, "capacity"])
+                .inc_by(capacity);
         }
     }
 
     fn estimate(&self, pool: &Pool, bytes: u64) -> u64 {
-        placement::estimate_tokens(bytes, pool.cfg.prefill.bytes_per_token, pool.cfg.prefill.max_tokens)
+        placement::estimate_tokens(
+            bytes,
+            pool.cfg.prefill.bytes_per_token,
+            pool.cfg.prefill.max_tokens,
+        )
     }
 
     fn peer(&self, ep: &Endpoint) -> HttpPeer {
@@ -312,10 +356,18 @@ impl ProxyHttp for Router {
                 let (status, body) = if self.pools.any_healthy() {
                     (200, r#"{"status":"ok"}"#)
                 } else {
-                    (503, r#"{"status":"unavailable","reason":"no healthy endpoint in any pool"}"#)
+                    (
+                        503,
+                        r#"{"status":"unavailable","reason":"no healthy endpoint in any pool"}"#,
+                    )
                 };
-                self.respond(session, status, Bytes::from_static(body.as_bytes()), status == 503)
-                    .await?;
+                self.respond(
+                    session,
+                    status,
+                    Bytes::from_static(body.as_bytes()),
+                    status == 503,
+                )
+                .await?;
                 return Ok(true);
             }
             CallKind::RouterModels => {
@@ -333,7 +385,12 @@ impl ProxyHttp for Router {
             .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()));
         match content_length {
             Some(None) => {
-                let e = ApiError::new(400, "invalid_request_error", "invalid_content_length", "invalid Content-Length header");
+                let e = ApiError::new(
+                    400,
+                    "invalid_request_error",
+                    "invalid_content_length",
+                    "invalid Content-Length header",
+                );
                 self.respond_error(session, &e, false).await?;
                 return Ok(true);
             }
@@ -342,7 +399,10 @@ impl ProxyHttp for Router {
                     413,
                     "invalid_request_error",
                     "request_too_large",
-                    format!("request body of {n} bytes exceeds the limit of {} bytes", self.cfg.max_body_bytes),
+                    format!(
+                        "request body of {n} bytes exceeds the limit of {} bytes",
+                        self.cfg.max_body_bytes
+                    ),
                 );
                 self.respond_error(session, &e, false).await?;
                 return Ok(true);
@@ -399,7 +459,10 @@ impl ProxyHttp for Router {
                     502,
                     "upstream_error",
                     "upstream_unreachable",
-                    format!("every healthy endpoint of pool `{}` failed to connect", pool.name),
+                    format!(
+                        "every healthy endpoint of pool `{}` failed to connect",
+                        pool.name
+                    ),
                 )
             });
             let status = ctx.error.as_ref().map_or(503, |e| e.status);
@@ -407,8 +470,14 @@ impl ProxyHttp for Router {
         };
         let generating = ctx.kind == CallKind::Generate;
         let counts_tokens = generating && pool.cfg.policy != Policy::RoundRobin;
-        let tokens = if counts_tokens { self.estimate(&pool, ctx.estimate_bytes) } else { 0 };
-        let hold = self.ledger.hold(ep.load.clone(), tokens, self.release_hook(&ep));
+        let tokens = if counts_tokens {
+            self.estimate(&pool, ctx.estimate_bytes)
+        } else {
+            0
+        };
+        let hold = self
+            .ledger
+            .hold(ep.load.clone(), tokens, self.release_hook(&ep));
         if tokens > 0 && ctx.scan.stream != Some(true) {
             // A non-streaming response starts only when generation ends: release at the estimated prefill end.
             if let Some(d) = ep.prefill_speed.estimate(tokens) {
@@ -425,10 +494,11 @@ impl ProxyHttp for Router {
             if let Some(index) = &pool.prefix {
                 // Right after dispatch the engine starts caching this prompt: later requests (even concurrent
                 // ones) can match it. A gated placement inserts too, so a hot prefix replicates.
-                index
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(ep.id, &ctx.prefix_hashes, Instant::now());
+                index.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    ep.id,
+                    &ctx.prefix_hashes,
+                    Instant::now(),
+                );
             }
         }
         ctx.reason = Some(reason);
@@ -438,7 +508,12 @@ impl ProxyHttp for Router {
         Ok(Box::new(peer))
     }
 
-    async fn upstream_request_filter(&self, _session: &mut Session, req: &mut RequestHeader, ctx: &mut Ctx) -> Result<()> {
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        req: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
         if let Some(ep) = &ctx.endpoint {
             req.insert_header("host", ep.label.as_str())?;
             if let Some(key) = &ep.api_key {
@@ -463,14 +538,19 @@ impl ProxyHttp for Router {
                     413,
                     "invalid_request_error",
                     "request_too_large",
-                    format!("request body exceeds the limit of {} bytes", self.cfg.max_body_bytes),
+                    format!(
+                        "request body exceeds the limit of {} bytes",
+                        self.cfg.max_body_bytes
+                    ),
                 ));
                 return Error::e_explain(ErrorType::HTTPStatus(413), "chunked body over the limit");
             }
             // A chunked upload: the whole-body estimate grows as bytes stream in.
             if ctx.estimate_grows {
                 if let (Some(h), Some(pool)) = (&ctx.hold, &ctx.pool) {
-                    if h.estimate() > 0 || ctx.kind == CallKind::Generate && pool.cfg.policy != Policy::RoundRobin {
+                    if h.estimate() > 0
+                        || ctx.kind == CallKind::Generate && pool.cfg.policy != Policy::RoundRobin
+                    {
                         h.grow_to(self.estimate(pool, ctx.body_bytes_streamed));
                     }
                 }
@@ -479,7 +559,12 @@ impl ProxyHttp for Router {
         Ok(())
     }
 
-    async fn upstream_response_filter(&self, _session: &mut Session, resp: &mut ResponseHeader, ctx: &mut Ctx) -> Result<()> {
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
         let status = resp.status.as_u16();
         ctx.upstream_status = Some(status);
         if let Some(h) = &ctx.hold {
@@ -510,13 +595,21 @@ impl ProxyHttp for Router {
                 }
             }
             if let (Some(t0), Some(pool)) = (ctx.dispatched_at, &ctx.pool) {
-                self.metrics.ttfb(&pool.name).observe(t0.elapsed().as_secs_f64());
+                self.metrics
+                    .ttfb(&pool.name)
+                    .observe(t0.elapsed().as_secs_f64());
             }
         }
         Ok(None)
     }
 
-    fn fail_to_connect(&self, _session: &mut Session, peer: &HttpPeer, ctx: &mut Ctx, mut e: Box<Error>) -> Box<Error> {
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        peer: &HttpPeer,
+        ctx: &mut Ctx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
         self.note_failed_attempt(ctx, peer);
         if ctx.tried.len() <= self.cfg.max_retries {
             e.set_retry(true);
@@ -533,7 +626,8 @@ impl ProxyHttp for Router {
         client_reused: bool,
     ) -> Box<Error> {
         // Safe to resend only if nothing came back yet and Pingora still holds the whole body.
-        let replayable = ctx.upstream_status.is_none() && !session.as_downstream().retry_buffer_truncated();
+        let replayable =
+            ctx.upstream_status.is_none() && !session.as_downstream().retry_buffer_truncated();
         if replayable && ctx.tried.len() < self.cfg.max_retries {
             if client_reused {
                 // A stale pooled connection (closed or reset by the engine while idle) fails on reuse, while
@@ -593,7 +687,10 @@ impl ProxyHttp for Router {
                 .inc();
             if let (Some(commit), Some(table)) = (&ctx.session_commit, &pool.sessions) {
                 if served_ok {
-                    table.lock().unwrap_or_else(|p| p.into_inner()).commit(commit, Instant::now());
+                    table
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .commit(commit, Instant::now());
                 }
             }
         }
@@ -607,8 +704,15 @@ impl Router {
         ctx.finish_hold();
         if let (Some(pool), Some(ep)) = (&ctx.pool, ctx.endpoint.take()) {
             ctx.tried.push(ep.id);
-            self.metrics.retries_total.with_label_values(&[&*pool.name, &ep.label]).inc();
-            log::warn!("pool {} endpoint {}: attempt failed ({peer}); trying another endpoint", pool.name, ep.label);
+            self.metrics
+                .retries_total
+                .with_label_values(&[&*pool.name, &ep.label])
+                .inc();
+            log::warn!(
+                "pool {} endpoint {}: attempt failed ({peer}); trying another endpoint",
+                pool.name,
+                ep.label
+            );
         }
     }
 }
@@ -617,28 +721,69 @@ impl Router {
 fn classify_proxy_error(e: &Error) -> (u16, ApiError) {
     use ErrorType::*;
     match e.etype() {
-        HTTPStatus(code) => (*code, ApiError::new(*code, "upstream_error", "http_error", "request failed")),
+        HTTPStatus(code) => (
+            *code,
+            ApiError::new(*code, "upstream_error", "http_error", "request failed"),
+        ),
         _ => match e.esource() {
             ErrorSource::Upstream => match e.etype() {
                 ConnectTimedout | ReadTimedout | WriteTimedout | TLSHandshakeTimedout => (
                     504,
-                    ApiError::new(504, "upstream_error", "upstream_timeout", "the engine did not answer in time"),
+                    ApiError::new(
+                        504,
+                        "upstream_error",
+                        "upstream_timeout",
+                        "the engine did not answer in time",
+                    ),
                 ),
                 _ => (
                     502,
-                    ApiError::new(502, "upstream_error", "upstream_unreachable", "the engine connection failed"),
+                    ApiError::new(
+                        502,
+                        "upstream_error",
+                        "upstream_unreachable",
+                        "the engine connection failed",
+                    ),
                 ),
             },
             ErrorSource::Downstream => match e.etype() {
-                WriteError | ReadError | ConnectionClosed => {
-                    (0, ApiError::new(0, "client_error", "client_closed", "client closed the connection"))
-                }
-                ReadTimedout => (408, ApiError::new(408, "invalid_request_error", "request_timeout", "request body timed out")),
-                _ => (400, ApiError::new(400, "invalid_request_error", "bad_request", "malformed request")),
+                WriteError | ReadError | ConnectionClosed => (
+                    0,
+                    ApiError::new(
+                        0,
+                        "client_error",
+                        "client_closed",
+                        "client closed the connection",
+                    ),
+                ),
+                ReadTimedout => (
+                    408,
+                    ApiError::new(
+                        408,
+                        "invalid_request_error",
+                        "request_timeout",
+                        "request body timed out",
+                    ),
+                ),
+                _ => (
+                    400,
+                    ApiError::new(
+                        400,
+                        "invalid_request_error",
+                        "bad_request",
+                        "malformed request",
+                    ),
+                ),
             },
-            ErrorSource::Internal | ErrorSource::Unset => {
-                (500, ApiError::new(500, "internal_error", "internal_error", "internal router error"))
-            }
+            ErrorSource::Internal | ErrorSource::Unset => (
+                500,
+                ApiError::new(
+                    500,
+                    "internal_error",
+                    "internal_error",
+                    "internal router error",
+                ),
+            ),
         },
     }
 }

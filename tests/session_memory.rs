@@ -16,7 +16,10 @@ fn rss_bytes() -> Option<u64> {
 #[ignore = "measurement for BENCHMARKS.md"]
 fn hundred_thousand_sessions_fit_in_fifty_megabytes() {
     const N: usize = 100_000;
-    let cands = [Candidate { eligible: true, ..Default::default() }; 4];
+    let cands = [Candidate {
+        eligible: true,
+        ..Default::default()
+    }; 4];
     let ids = [1u64, 2, 3, 4];
     let mut rng = fastrand::Rng::with_seed(7);
     let before = rss_bytes().expect("/proc/self/statm");
@@ -28,8 +31,11 @@ fn hundred_thousand_sessions_fit_in_fifty_megabytes() {
             key: key.as_bytes(),
             lineage: lineage_of(format!("system prompt {}", i % 3).as_bytes()),
             body_bytes: 10_000 + i as u64,
+            bytes_per_token: 4.0,
         };
-        let p = table.place(&req, &cands, &ids, now, &mut rng).expect("a placement");
+        let p = table
+            .place(&req, &cands, &ids, now, &mut rng)
+            .expect("a placement");
         table.commit(&p.commit, now);
     }
     assert_eq!(table.len(), N);

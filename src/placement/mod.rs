@@ -151,6 +151,31 @@ pub fn pick_within(
     chosen
 }
 
+/// `least_inflight`: the endpoints within +1 of the minimum combined load (engine stats can lag by a scrape
+/// interval, so their exact minimum means little), and among those the fewest of infergate's own requests in flight
+/// (exact and live), random ties. A burst inside one scrape interval neither dogpiles one endpoint nor drifts:
+/// 8 new sessions on 2 equally busy endpoints split 4/4.
+pub fn least_inflight(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<usize> {
+    let min = cands
+        .iter()
+        .filter(|c| c.eligible)
+        .map(Candidate::request_load)
+        .min()?;
+    let near = |c: &Candidate| c.eligible && c.request_load() <= min.saturating_add(1);
+    let own_min = cands.iter().filter(|c| near(c)).map(|c| c.requests).min()?;
+    let mut chosen = None;
+    let mut seen = 0u32;
+    for (i, c) in cands.iter().enumerate() {
+        if near(c) && c.requests == own_min {
+            seen += 1;
+            if rng.u32(0..seen) == 0 {
+                chosen = Some(i);
+            }
+        }
+    }
+    chosen
+}
+
 /// `load_aware`: minimise requests × 16384 + prefill tokens; exact ties at random.
 pub fn load_aware(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<usize> {
     pick_min_by_key(cands, rng, Candidate::score)
@@ -239,6 +264,38 @@ mod tests {
         cands[1].eligible = false;
         let picks: Vec<_> = (0..4).map(|k| round_robin(&cands, k).unwrap()).collect();
         assert_eq!(picks, vec![0, 2, 2, 0]);
+    }
+
+    #[test]
+    fn least_inflight_uses_the_slack_for_stale_stats_and_live_counts_for_the_rest() {
+        let mut rng = fastrand::Rng::with_seed(5);
+        // Stats say 5 vs 6 (within +1); our own live counts say 3 vs 1: the live count decides.
+        let mut a = cand(3, 0);
+        a.engine = Some(EngineLoad {
+            running: 5,
+            waiting: 0,
+            kv_usage: 0.1,
+        });
+        let mut b = cand(1, 0);
+        b.engine = Some(EngineLoad {
+            running: 6,
+            waiting: 0,
+            kv_usage: 0.1,
+        });
+        assert_eq!(least_inflight(&[a, b], &mut rng), Some(1));
+        // Outside the slack the combined load excludes an endpoint whatever our own count says.
+        b.engine = Some(EngineLoad {
+            running: 7,
+            waiting: 0,
+            kv_usage: 0.1,
+        });
+        assert_eq!(least_inflight(&[a, b], &mut rng), Some(0));
+        // Equal everything: random.
+        let mut seen = [0; 2];
+        for _ in 0..200 {
+            seen[least_inflight(&[cand(2, 0), cand(2, 0)], &mut rng).unwrap()] += 1;
+        }
+        assert!(seen[0] > 50 && seen[1] > 50, "{seen:?}");
     }
 
     #[test]
