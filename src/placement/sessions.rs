@@ -18,7 +18,13 @@
 //! 4. The bound endpoint is `at_limit()` → `Spill` to the `load_aware` pick among the other eligible endpoints that
 //!    are not at their own limit, preferring ones that are not `kv_full()`; whole body; the binding is kept. With
 //!    no such endpoint the request stays on the bound one as `Sticky`.
-//! 5. Otherwise `Sticky`: the estimate is the growth of this lineage since its last committed size, or the whole
+//! 5. Backlog spill (infergate's addition): the bound endpoint has at least [`BACKLOG_SPILL_MIN_TOKENS`] prefill
+//!    tokens in flight (a long cold prefill that this turn would queue behind: chunked prefill is FIFO), and the
+//!    `load_aware` pick among the others (not at their limit, not `kv_full()`) would clear the *whole* body at least
+//!    [`BACKLOG_SPILL_RATIO`] times sooner (its prefill in flight + the whole body, against the bound endpoint's
+//!    prefill in flight + the growth) → `Spill`, binding kept. Only short conversations qualify: recomputing a long
+//!    one elsewhere costs more than waiting. Tokens never *move* a session; they may send one turn around a jam.
+//! 6. Otherwise `Sticky`: the estimate is the growth of this lineage since its last committed size, or the whole
 //!    body when the lineage is new to the session or the body shrank (compaction, or another conversation reusing
 //!    the header).
 //!
@@ -43,6 +49,12 @@ pub const MAX_LINEAGES: usize = 4;
 
 /// A queued bound endpoint moves a session only to a target with at least this many fewer requests in flight.
 pub const MIGRATE_MIN_GAP: u64 = 4;
+
+/// A backlog spill needs at least this many prefill tokens in flight on the bound endpoint.
+pub const BACKLOG_SPILL_MIN_TOKENS: u64 = 16_384;
+
+/// A backlog spill needs the target to clear the request's prefill at least this many times sooner.
+pub const BACKLOG_SPILL_RATIO: u64 = 4;
 
 /// Bytes of the prompt text [`lineage_of`] hashes.
 pub const LINEAGE_PREFIX_BYTES: usize = 256;
@@ -76,6 +88,8 @@ pub struct SessionRequest<'a> {
     pub lineage: u64,
     /// The request body size in bytes.
     pub body_bytes: u64,
+    /// The pool's prefill estimate divisor, to weigh body bytes against candidates' prefill tokens.
+    pub bytes_per_token: f64,
 }
 
 /// Where a session request goes, why, what its prefill estimate is computed from, and what to commit once served.
@@ -289,6 +303,18 @@ impl SessionTable {
             Some(last) if whole >= last => whole - last,
             _ => whole,
         };
+
+        if bc.prefill_tokens >= BACKLOG_SPILL_MIN_TOKENS && req.bytes_per_token > 0.0 {
+            let tokens = |bytes: u64| (bytes as f64 / req.bytes_per_token) as u64;
+            let wait_bound = bc.prefill_tokens.saturating_add(tokens(estimate));
+            if let Some(t) = pick(cands, rng, |i, c| i != b && !c.at_limit() && !c.kv_full()) {
+                let wait_target = cands[t].prefill_tokens.saturating_add(tokens(whole));
+                if wait_target.saturating_mul(BACKLOG_SPILL_RATIO) <= wait_bound {
+                    return out(t, Reason::Spill, whole, CommitKind::Spill, binding.endpoint);
+                }
+            }
+        }
+
         out(
             b,
             Reason::Sticky,
@@ -461,6 +487,7 @@ mod tests {
             key,
             lineage,
             body_bytes: body,
+            bytes_per_token: 4.0,
         }
     }
 
@@ -668,6 +695,41 @@ mod tests {
     }
 
     #[test]
+    fn a_short_conversation_spills_around_a_long_cold_prefill_and_keeps_its_binding() {
+        let mut f = Fixture::new();
+        f.bind(b"s", LIN_A, 1_000, &IDS, 0);
+        // 250k tokens queued ahead on the bound endpoint; recomputing 300 tokens elsewhere is far cheaper.
+        let jammed = [cand(1, 250_000), cand(1, 0), cand(2, 0)];
+        let p = f.serve(&req(b"s", LIN_A, 1_200), &jammed, &IDS);
+        assert_eq!(
+            (p.index, p.reason, p.estimate_bytes),
+            (1, Reason::Spill, 1_200)
+        );
+        // Below the backlog threshold, or with a target that is not 4x faster, it stays.
+        let mild = [
+            cand(1, BACKLOG_SPILL_MIN_TOKENS - 1),
+            cand(1, 0),
+            cand(2, 0),
+        ];
+        assert_eq!(
+            f.place(&req(b"s", LIN_A, 1_200), &mild, &IDS).reason,
+            Reason::Sticky
+        );
+        let busy_target = [cand(1, 20_000), cand(1, 4_800), cand(1, 4_800)];
+        assert_eq!(
+            f.place(&req(b"s", LIN_A, 1_200), &busy_target, &IDS).reason,
+            Reason::Sticky
+        );
+        // The binding never moved and the spill did not advance the size: the next turn is sticky, growth only.
+        let calm = [cand(1, 0), cand(1, 0), cand(1, 0)];
+        let p = f.place(&req(b"s", LIN_A, 1_500), &calm, &IDS);
+        assert_eq!(
+            (p.index, p.reason, p.estimate_bytes),
+            (0, Reason::Sticky, 500)
+        );
+    }
+
+    #[test]
     fn tokens_choose_the_target_and_the_gap_is_measured_against_it() {
         let mut f = Fixture::new();
         f.bind(b"s", LIN_A, 1_000, &IDS, 0);
@@ -683,13 +745,14 @@ mod tests {
     #[test]
     fn tokens_alone_never_move_a_session() {
         let mut f = Fixture::new();
-        f.bind(b"s", LIN_A, 1_000, &IDS, 0);
-        // Bound endpoint deep in prefill and busier, but no queue and no limit: stay.
+        f.bind(b"s", LIN_A, 400_000, &IDS, 0);
+        // Bound endpoint deep in prefill and busier, but no queue and no limit: a long conversation stays (moving
+        // it would recompute 100k tokens elsewhere).
         let cands = [cand(6, 250_000), cand(0, 0), cand(0, 0)];
-        let p = f.place(&req(b"s", LIN_A, 1_200), &cands, &IDS);
+        let p = f.place(&req(b"s", LIN_A, 400_800), &cands, &IDS);
         assert_eq!(
             (p.index, p.reason, p.estimate_bytes),
-            (0, Reason::Sticky, 200)
+            (0, Reason::Sticky, 800)
         );
         // Queue, but the prefill gap is the only difference (equal requests): stay.
         let cands = [
@@ -700,7 +763,7 @@ mod tests {
             cand(3, 0),
             cand(3, 0),
         ];
-        let p = f.place(&req(b"s", LIN_A, 1_200), &cands, &IDS);
+        let p = f.place(&req(b"s", LIN_A, 401_200), &cands, &IDS);
         assert_eq!((p.index, p.reason), (0, Reason::Sticky));
     }
 
