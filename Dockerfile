@@ -4,7 +4,6 @@ RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends cmake &
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
-COPY tests ./tests
 RUN cargo build --release --locked --bin infergate --bin engine-sim \
  && strip target/release/infergate target/release/engine-sim
 

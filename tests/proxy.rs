@@ -654,3 +654,27 @@ async fn departed_endpoint_series_are_deleted() {
     );
     assert!(m.contains(&format!("endpoint=\"{}\"", eng[0].addr)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_body_over_the_limit_is_a_json_413_and_releases_everything() {
+    let eng = engines(1, SimConfig::default()).await;
+    let yaml = pool_yaml("load_aware", &urls(&eng), "").replace("pools:", "max_body_bytes: 256KiB\npools:");
+    let router = start_router(&yaml).await;
+    ready(&router).await;
+    let body = chat_body(1024 * 1024, false, 1);
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        body.as_bytes().chunks(16 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)))
+        .send()
+        .await;
+    // The router answers 413 as soon as the stream passes the limit; the client may still be uploading.
+    if let Ok(resp) = resp {
+        assert_eq!(resp.status(), 413);
+        let v: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "request_too_large");
+    }
+    router.wait_idle().await;
+}
+
