@@ -658,15 +658,21 @@ async fn departed_endpoint_series_are_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_body_over_the_limit_is_a_json_413_and_releases_everything() {
     let eng = engines(1, SimConfig::default()).await;
-    let yaml = pool_yaml("load_aware", &urls(&eng), "").replace("pools:", "max_body_bytes: 256KiB\npools:");
+    let yaml = pool_yaml("load_aware", &urls(&eng), "")
+        .replace("pools:", "max_body_bytes: 256KiB\npools:");
     let router = start_router(&yaml).await;
     ready(&router).await;
     let body = chat_body(1024 * 1024, false, 1);
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
-        body.as_bytes().chunks(16 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = body
+        .as_bytes()
+        .chunks(16 * 1024)
+        .map(|c| Ok(c.to_vec()))
+        .collect();
     let resp = client()
         .post(format!("{}/v1/chat/completions", router.url()))
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
         .send()
         .await;
     // The router answers 413 as soon as the stream passes the limit; the client may still be uploading.
@@ -677,4 +683,3 @@ async fn chunked_body_over_the_limit_is_a_json_413_and_releases_everything() {
     }
     router.wait_idle().await;
 }
-
