@@ -262,12 +262,17 @@ impl Router {
                 (None, _) => (placement::load_aware(&cands, &mut rng)?, Reason::LoadAware),
             },
             Policy::PrefixAware => {
+                if ctx.prefix_hashes.is_empty() {
+                    // Hash before taking the index lock: up to 64 KiB of prompt per request.
+                    let model = ctx.scan.model.as_deref().unwrap_or("");
+                    ctx.prefix_hashes = placement::prefix::PrefixIndex::hash_blocks(
+                        &pool.cfg.prefix,
+                        model,
+                        &ctx.scan.prompt,
+                    );
+                }
                 let index = pool.prefix.as_ref()?;
                 let mut index = index.lock().unwrap_or_else(|p| p.into_inner());
-                if ctx.prefix_hashes.is_empty() {
-                    let model = ctx.scan.model.as_deref().unwrap_or("");
-                    ctx.prefix_hashes = index.block_hashes(model, &ctx.scan.prompt);
-                }
                 let ids: Vec<u64> = endpoints.iter().map(|e| e.id).collect();
                 let arrivals: Vec<u64> =
                     endpoints.iter().map(|e| pool.arrivals(e.id, now)).collect();

@@ -114,7 +114,12 @@ impl PrefixIndex {
     /// Chain hashes of the prompt's full blocks (`block_bytes` each, at most [`MAX_BLOCKS_PER_REQUEST`]), seeded by
     /// the model name: `h_0 = H(model, block_bytes)`, `h_i = H(h_{i-1}, block_i)`. Deterministic across processes.
     pub fn block_hashes(&self, model: &str, prompt: &[u8]) -> Vec<u64> {
-        let bb = self.block_bytes();
+        Self::hash_blocks(&self.cfg, model, prompt)
+    }
+
+    /// [`Self::block_hashes`] without the index, so callers can hash outside the index's lock.
+    pub fn hash_blocks(cfg: &PrefixConfig, model: &str, prompt: &[u8]) -> Vec<u64> {
+        let bb = cfg.block_bytes.max(1);
         let mut h = fnv1a(FNV_OFFSET, b"infergate-prefix\0");
         h = fnv1a(h, &(bb as u64).to_le_bytes());
         h = fmix64(fnv1a(h, model.as_bytes()));
