@@ -162,6 +162,17 @@ impl Metrics {
         buf
     }
 
+    /// Export a session table's evictions since the last call (`SessionTable::take_evictions`).
+    pub fn count_session_evictions(&self, pool: &str, (ttl, capacity): (u64, u64)) {
+        for (cause, n) in [("ttl", ttl), ("capacity", capacity)] {
+            if n > 0 {
+                self.session_evictions_total
+                    .with_label_values(&[pool, cause])
+                    .inc_by(n);
+            }
+        }
+    }
+
     pub fn ttfb(&self, pool: &str) -> Histogram {
         self.time_to_first_byte.with_label_values(&[pool])
     }

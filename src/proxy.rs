@@ -218,9 +218,8 @@ impl Router {
     }
 
     /// Choose an endpoint for this attempt. Returns None when no eligible endpoint exists.
-    fn place(&self, pool: &Pool, ctx: &mut Ctx) -> Option<(Arc<Endpoint>, Reason)> {
+    fn place(&self, pool: &Pool, ctx: &mut Ctx, now: Instant) -> Option<(Arc<Endpoint>, Reason)> {
         let endpoints = pool.endpoints();
-        let now = Instant::now();
         let cands = pool.candidates(&endpoints, &ctx.tried, now);
         let mut rng = fastrand::Rng::new();
         let whole = ctx.content_length.unwrap_or(ctx.body_prefix.len() as u64);
@@ -252,7 +251,8 @@ impl Router {
                     };
                     let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
                     let p = table.place(&req, &cands, &ids, now, &mut rng)?;
-                    self.count_session_evictions(pool, &mut table);
+                    self.metrics
+                        .count_session_evictions(&pool.name, table.take_evictions());
                     ctx.estimate_bytes = p.estimate_bytes;
                     ctx.estimate_grows = ctx.estimate_grows && p.estimate_bytes == whole;
                     ctx.session_commit = Some(p.commit);
@@ -281,18 +281,6 @@ impl Router {
             }
         };
         Some((endpoints[index].clone(), reason))
-    }
-
-    fn count_session_evictions(&self, pool: &Pool, table: &mut placement::sessions::SessionTable) {
-        let (ttl, capacity) = table.take_evictions();
-        let m = &self.metrics.session_evictions_total;
-        if ttl > 0 {
-            m.with_label_values(&[&*pool.name, "ttl"]).inc_by(ttl);
-        }
-        if capacity > 0 {
-            m.with_label_values(&[&*pool.name, "capacity"])
-                .inc_by(capacity);
-        }
     }
 
     fn estimate(&self, pool: &Pool, bytes: u64) -> u64 {
@@ -449,7 +437,8 @@ impl ProxyHttp for Router {
         // A retry: the previous attempt's hold was finished in fail_to_connect / error_while_proxy.
         ctx.finish_hold();
         ctx.body_bytes_streamed = 0;
-        let Some((ep, reason)) = self.place(&pool, ctx) else {
+        let now = Instant::now();
+        let Some((ep, reason)) = self.place(&pool, ctx, now) else {
             let none_healthy = !pool.any_healthy();
             ctx.error = Some(if none_healthy || ctx.tried.is_empty() {
                 ctx.retry_after = true;
@@ -475,6 +464,8 @@ impl ProxyHttp for Router {
         };
         let generating = ctx.kind == CallKind::Generate;
         let counts_tokens = generating && pool.cfg.policy != Policy::RoundRobin;
+        // Only a counted whole-body estimate grows while a chunked body streams in.
+        ctx.estimate_grows &= counts_tokens;
         let tokens = if counts_tokens {
             self.estimate(&pool, ctx.estimate_bytes)
         } else {
@@ -486,7 +477,7 @@ impl ProxyHttp for Router {
         if tokens > 0 && ctx.scan.stream != Some(true) {
             // A non-streaming response starts only when generation ends: release at the estimated prefill end.
             if let Some(d) = ep.prefill_speed.estimate(tokens) {
-                hold.release_at(Instant::now() + d);
+                hold.release_at(now + d);
             }
         }
         ctx.hold = Some(hold);
@@ -495,19 +486,19 @@ impl ProxyHttp for Router {
                 .placements_total
                 .with_label_values(&[&*pool.name, &ep.label, reason.as_str()])
                 .inc();
-            pool.record_arrival(ep.id, Instant::now());
+            pool.record_arrival(ep.id, now);
             if let Some(index) = &pool.prefix {
                 // Right after dispatch the engine starts caching this prompt: later requests (even concurrent
                 // ones) can match it. A gated placement inserts too, so a hot prefix replicates.
                 index.lock().unwrap_or_else(|p| p.into_inner()).insert(
                     ep.id,
                     &ctx.prefix_hashes,
-                    Instant::now(),
+                    now,
                 );
             }
         }
         ctx.reason = Some(reason);
-        ctx.dispatched_at = Some(Instant::now());
+        ctx.dispatched_at = Some(now);
         let peer = self.peer(&ep);
         ctx.endpoint = Some(ep);
         Ok(Box::new(peer))
@@ -553,11 +544,7 @@ impl ProxyHttp for Router {
             // A chunked upload: the whole-body estimate grows as bytes stream in.
             if ctx.estimate_grows {
                 if let (Some(h), Some(pool)) = (&ctx.hold, &ctx.pool) {
-                    if h.estimate() > 0
-                        || ctx.kind == CallKind::Generate && pool.cfg.policy != Policy::RoundRobin
-                    {
-                        h.grow_to(self.estimate(pool, ctx.body_bytes_streamed));
-                    }
+                    h.grow_to(self.estimate(pool, ctx.body_bytes_streamed));
                 }
             }
         }

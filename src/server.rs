@@ -261,15 +261,9 @@ impl BackgroundService for Housekeeper {
                         if let Some(table) = &pool.sessions {
                             let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
                             table.expire(now);
-                            let (ttl, capacity) = table.take_evictions();
-                            let m = &state.metrics.session_evictions_total;
-                            if ttl > 0 {
-                                m.with_label_values(&[&*pool.name, "ttl"]).inc_by(ttl);
-                            }
-                            if capacity > 0 {
-                                m.with_label_values(&[&*pool.name, "capacity"])
-                                    .inc_by(capacity);
-                            }
+                            state
+                                .metrics
+                                .count_session_evictions(&pool.name, table.take_evictions());
                         }
                     }
                 }
