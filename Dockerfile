@@ -3,7 +3,9 @@ FROM rust:1-bookworm AS build
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends cmake && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
-COPY src ./src
+COPY infergate ./infergate
+COPY infergate-sim ./infergate-sim
+COPY infergate-loadgen ./infergate-loadgen
 RUN cargo build --release --locked --bin infergate --bin engine-sim \
  && strip target/release/infergate target/release/engine-sim
 

@@ -93,7 +93,7 @@ fn test_flag_accepts_a_good_file_and_the_shipped_configs() {
     let (code, out, err) = run(&["-t", "-c", path.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("valid"));
-    for shipped in ["conf/infergate.yaml", "conf/demo.yaml"] {
+    for shipped in ["../conf/infergate.yaml", "../conf/demo.yaml"] {
         let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(shipped);
         let (code, out, err) = run(&["-t", "-c", p.to_str().unwrap()]);
         assert_eq!(code, 0, "{shipped}: {out}{err}");

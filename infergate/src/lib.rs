@@ -3,11 +3,9 @@
 pub mod config;
 pub mod engine_stats;
 pub mod ledger;
-pub mod loadgen;
 pub mod metrics;
 pub mod placement;
 pub mod pool;
 pub mod proxy;
 pub mod request;
 pub mod server;
-pub mod sim;

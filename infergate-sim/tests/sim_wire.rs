@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use infergate::sim::{fnv64, spawn_engine, spawn_engine_blocking, EngineHandle, SimConfig};
+use infergate_sim::{fnv64, spawn_engine, spawn_engine_blocking, EngineHandle, SimConfig};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

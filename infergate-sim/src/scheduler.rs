@@ -322,7 +322,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::tokenize::BlockHasher;
+    use crate::tokenize::BlockHasher;
 
     fn prompt(len: usize, seed: u64, bt: usize) -> PromptTokens {
         let mut h = BlockHasher::new(bt);

@@ -167,6 +167,6 @@ mod tests {
     #[test]
     fn matches_the_simulator_tokenizer() {
         let t = TextGen::new(11).text(3000);
-        assert_eq!(crate::sim::count_tokens(&t), 3000);
+        assert_eq!(infergate_sim::count_tokens(&t), 3000);
     }
 }

@@ -1767,7 +1767,7 @@ pools:
 
     #[test]
     fn shipped_config_files_parse() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf");
         let example = Config::load(&dir.join("infergate.yaml")).unwrap_or_else(|e| panic!("{e}"));
         assert!(!example.pools.is_empty());
         let demo = Config::load(&dir.join("demo.yaml")).unwrap_or_else(|e| panic!("{e}"));

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use infergate::loadgen::{cli, run};
+use infergate_loadgen::{cli, run};
 
 #[tokio::main]
 async fn main() -> ExitCode {

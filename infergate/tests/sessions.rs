@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use infergate::placement::estimate_tokens;
-use infergate::sim::{self, SimConfig};
+use infergate_sim::{self as sim, SimConfig};
 
 const STATS: &str = "    sessions: { header: x-session-id, ttl: 1h, max_sessions: 1000 }\n    \
                      engine_stats: { path: /metrics, interval: 100ms }\n";

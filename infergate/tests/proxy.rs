@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use futures_util::StreamExt;
-use infergate::sim::{self, SimConfig};
+use infergate_sim::{self as sim, SimConfig};
 
 /// Engines whose prefill of a ~100 KB prompt takes long enough to observe (about a second).
 fn slow_prefill() -> SimConfig {

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use infergate::sim::{spawn_engine_on, SimConfig};
+use infergate_sim::{spawn_engine_on, SimConfig};
 
 const HELP: &str = "\
 engine-sim: simulated vLLM engines (OpenAI-compatible HTTP, vLLM V1 scheduler timing)

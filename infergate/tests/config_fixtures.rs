@@ -6,7 +6,7 @@ use infergate::config::Config;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("conf/test-bad")
+        .join("../conf/test-bad")
         .join(name)
 }
 
@@ -57,7 +57,7 @@ fn bad_fixtures_are_rejected_with_clear_messages() {
 
 #[test]
 fn every_fixture_is_covered() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/test-bad");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf/test-bad");
     for entry in std::fs::read_dir(dir).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         assert!(
@@ -71,7 +71,7 @@ fn every_fixture_is_covered() {
 fn shipped_configs_load() {
     for name in ["infergate.yaml", "demo.yaml"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("conf")
+            .join("../conf")
             .join(name);
         if let Err(e) = Config::load(&path) {
             panic!("{e}");

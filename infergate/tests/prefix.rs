@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use infergate::sim::{self, SimConfig};
+use infergate_sim::{self as sim, SimConfig};
 
 const PREFIX: &str = "    prefix: { block_bytes: 64, min_match_bytes: 256, capacity_tokens_per_endpoint: 100000, fallback: least_inflight }\n    \
                       engine_stats: { path: /metrics, interval: 100ms }\n";

@@ -1,8 +1,8 @@
 //! Smoke test of `infergate::loadgen` against in-process simulated engines (no router): every scenario runs in
 //! a few seconds and its report fields are sane.
 
-use infergate::loadgen::{self, Arrival, Config, Range, Scenario, SecRange, Shape};
-use infergate::sim::{spawn_engine, EngineHandle, SimConfig};
+use infergate_loadgen::{self as loadgen, Arrival, Config, Range, Scenario, SecRange, Shape};
+use infergate_sim::{spawn_engine, EngineHandle, SimConfig};
 
 async fn engines(n: usize, time_scale: f64) -> Vec<EngineHandle> {
     let mut v = Vec::new();
