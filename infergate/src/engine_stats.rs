@@ -1,7 +1,9 @@
 //! Engine stats: scraping and parsing each endpoint's Prometheus `/metrics` into running / waiting / KV usage,
 //! and judging them fresh, stale, missing or down. Unknown is never reported as idle.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::config::{EngineKind, EngineStatsConfig};
@@ -50,8 +52,8 @@ pub struct StatsCell {
 }
 
 impl StatsCell {
-    fn lock(&self) -> std::sync::MutexGuard<'_, CellInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, CellInner> {
+        self.inner.lock()
     }
 
     /// Turn scraping on for this endpoint (state becomes Down until the first good sample).

@@ -7,7 +7,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Live load of one endpoint, read by placement and by the metrics collector.
@@ -86,8 +88,7 @@ impl std::fmt::Debug for HoldEntry {
 
 impl HoldEntry {
     fn state(&self) -> MutexGuard<'_, HoldState> {
-        // A poisoned lock only means another thread panicked mid-update of plain integers; keep going.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     /// Release the prefill tokens once; returns true if this call released them.
@@ -122,7 +123,7 @@ impl Ledger {
     }
 
     fn holds(&self) -> MutexGuard<'_, HashMap<u64, Arc<HoldEntry>>> {
-        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+        self.holds.lock()
     }
 
     /// Dispatch a request to an endpoint: one request and `tokens` prefill tokens are in flight until released.

@@ -4,6 +4,7 @@ pub mod config;
 pub mod engine_stats;
 pub mod ledger;
 pub mod metrics;
+pub mod outlier;
 pub mod placement;
 pub mod pool;
 pub mod proxy;

@@ -196,7 +196,7 @@ fn remove_series_of(vec: &IntCounterVec, pool: &str, endpoint: &str) {
 
 struct LiveCollector {
     /// Scrapes may run concurrently; the vectors are reset and refilled per scrape.
-    lock: std::sync::Mutex<()>,
+    lock: parking_lot::Mutex<()>,
     source: Weak<dyn LiveSource>,
     descs: Vec<Desc>,
     prefill: IntGaugeVec,
@@ -237,7 +237,7 @@ impl LiveCollector {
             .flat_map(|g| g.desc().into_iter().cloned())
             .collect();
         LiveCollector {
-            lock: std::sync::Mutex::new(()),
+            lock: parking_lot::Mutex::new(()),
             source,
             descs,
             prefill,
@@ -255,7 +255,7 @@ impl Collector for LiveCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock.lock();
         for g in [
             &self.prefill,
             &self.requests,

@@ -1,12 +1,14 @@
 //! Pools and their endpoints: membership (pingora-load-balancing discovery), health checks, API keys, endpoint
 //! identity and labels. A pool turns its live endpoints into placement candidates.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use parking_lot::{Mutex, RwLock};
 use pingora_load_balancing::discovery::ServiceDiscovery;
 use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
 use pingora_load_balancing::selection::RoundRobin;
@@ -16,8 +18,9 @@ use crate::config::{Config, EndpointConfig, HealthCheckConfig, PoolConfig};
 use crate::engine_stats::StatsCell;
 use crate::ledger::EndpointLoad;
 use crate::metrics::{EndpointSample, LiveSource, Metrics};
-use crate::placement::sessions::SessionTable;
-use crate::placement::{prefix::PrefixIndex, Candidate};
+use crate::outlier::{Outlier, OutlierConfig};
+use crate::placement::policy::{self, PlacementPolicy};
+use crate::placement::Candidate;
 
 static NEXT_ENDPOINT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -53,7 +56,7 @@ impl HealthTracker {
     /// Record one check. The first result decides at once (an endpoint must not wait `healthy_after` intervals
     /// after a router start); afterwards the thresholds apply. Returns the new state if it changed.
     pub fn record(&self, ok: bool, healthy_after: usize, unhealthy_after: usize) -> Option<Health> {
-        let mut streak = self.streak.lock().unwrap_or_else(|p| p.into_inner());
+        let mut streak = self.streak.lock();
         if ok {
             streak.0 += 1;
             streak.1 = 0;
@@ -78,18 +81,58 @@ impl HealthTracker {
     }
 }
 
-/// One engine endpoint of one pool.
+/// What a reload may change about an endpoint without changing its identity: where it resolves to and its key.
+pub struct Target {
+    pub addr: std::net::SocketAddr,
+    pub api_key: Option<String>,
+    checker: HttpHealthCheck,
+}
+
+impl Target {
+    fn new(cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Target {
+        let mut checker = HttpHealthCheck::new(&cfg.label, false);
+        // `new` builds a valid "GET /" header; set our path and headers on it.
+        if let Ok(req) = pingora_http::RequestHeader::build("GET", hc.path.as_bytes(), None) {
+            checker.req = req;
+        }
+        let _ = checker.req.insert_header("Host", cfg.label.as_str());
+        if let Some(key) = &cfg.api_key {
+            let _ = checker
+                .req
+                .insert_header("Authorization", format!("Bearer {key}"));
+        }
+        checker.peer_template.options.connection_timeout = Some(hc.timeout);
+        checker.peer_template.options.read_timeout = Some(hc.timeout);
+        checker.peer_template.options.write_timeout = Some(hc.timeout);
+        Target {
+            addr: cfg.addr,
+            api_key: cfg.api_key.clone(),
+            checker,
+        }
+    }
+
+    fn backend(&self) -> Backend {
+        Backend {
+            addr: pingora_core::protocols::l4::socket::SocketAddr::Inet(self.addr),
+            weight: 1,
+            ext: http::Extensions::new(),
+        }
+    }
+}
+
+/// One engine endpoint of one pool. Its identity is its URL: a reload that changes only its key or resolved
+/// address keeps its health, load, sessions, prefix entries and metric series.
 pub struct Endpoint {
-    /// Stable identity across membership changes (session bindings and prefix entries refer to it).
+    /// Stable identity across reloads (session bindings and prefix entries refer to it).
     pub id: u64,
     pub pool: Arc<str>,
     /// "host:port", the `endpoint` metric label.
     pub label: String,
     pub host: String,
-    pub addr: std::net::SocketAddr,
-    pub api_key: Option<String>,
+    target: ArcSwap<Target>,
     pub load: Arc<EndpointLoad>,
     pub health: HealthTracker,
+    pub outlier: Outlier,
     pub stats: StatsCell,
     /// Set when the endpoint left its pool; holds still release into it harmlessly.
     pub removed: AtomicBool,
@@ -97,7 +140,6 @@ pub struct Endpoint {
     pub prefill_speed: PrefillSpeed,
     /// The metrics callback every hold on this endpoint shares (built once, on first use).
     pub release_hook: std::sync::OnceLock<crate::ledger::ReleaseHook>,
-    checker: HttpHealthCheck,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -112,48 +154,48 @@ impl std::fmt::Debug for Endpoint {
 
 impl Endpoint {
     fn new(pool: Arc<str>, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Endpoint {
-        let mut checker = HttpHealthCheck::new(&cfg.label, false);
-        // `new` builds a valid "GET /" header; set our path and headers on it.
-        let path = hc.path.as_str();
-        if let Ok(req) = pingora_http::RequestHeader::build("GET", path.as_bytes(), None) {
-            checker.req = req;
-        }
-        let _ = checker.req.insert_header("Host", cfg.label.as_str());
-        if let Some(key) = &cfg.api_key {
-            let _ = checker
-                .req
-                .insert_header("Authorization", format!("Bearer {key}"));
-        }
-        checker.peer_template.options.connection_timeout = Some(hc.timeout);
-        checker.peer_template.options.read_timeout = Some(hc.timeout);
-        checker.peer_template.options.write_timeout = Some(hc.timeout);
         Endpoint {
             id: NEXT_ENDPOINT_ID.fetch_add(1, Ordering::Relaxed),
             pool,
             label: cfg.label.clone(),
             host: cfg.host.clone(),
-            addr: cfg.addr,
-            api_key: cfg.api_key.clone(),
+            target: ArcSwap::from_pointee(Target::new(cfg, hc)),
             load: Arc::new(EndpointLoad::default()),
             health: HealthTracker::default(),
+            outlier: Outlier::default(),
             stats: StatsCell::default(),
             removed: AtomicBool::new(false),
             prefill_speed: PrefillSpeed::default(),
             release_hook: std::sync::OnceLock::new(),
-            checker,
         }
     }
 
-    fn backend(&self) -> Backend {
-        Backend {
-            addr: pingora_core::protocols::l4::socket::SocketAddr::Inet(self.addr),
-            weight: 1,
-            ext: http::Extensions::new(),
-        }
+    /// Where the endpoint is now and its key (a reload may swap both).
+    pub fn target(&self) -> Arc<Target> {
+        self.target.load_full()
     }
 
-    fn same_target(&self, cfg: &EndpointConfig) -> bool {
-        self.label == cfg.label && self.addr == cfg.addr && self.api_key == cfg.api_key
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.target.load().addr
+    }
+
+    pub fn api_key(&self) -> Option<String> {
+        self.target.load().api_key.clone()
+    }
+
+    /// Apply a reloaded key or address; true if anything changed.
+    fn retarget(&self, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> bool {
+        let cur = self.target.load();
+        if cur.addr == cfg.addr && cur.api_key == cfg.api_key {
+            return false;
+        }
+        self.target.store(Arc::new(Target::new(cfg, hc)));
+        true
+    }
+
+    /// Eligible for placement now: healthy and not ejected.
+    pub fn available(&self) -> bool {
+        self.health.is_healthy() && !self.outlier.is_ejected()
     }
 }
 
@@ -207,22 +249,14 @@ struct Membership {
 impl Membership {
     fn endpoint(&self, target: &Backend) -> Option<Arc<Endpoint>> {
         let addr = target.addr.as_inet()?;
-        self.by_addr
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(addr)
-            .cloned()
+        self.by_addr.read().get(addr).cloned()
     }
 }
 
 #[async_trait]
 impl ServiceDiscovery for Membership {
     async fn discover(&self) -> pingora_error::Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
-        let set = self
-            .backends
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let set = self.backends.read().clone();
         Ok((set, HashMap::new()))
     }
 }
@@ -242,13 +276,18 @@ impl HealthCheck for EndpointHealthCheck {
                 "backend without endpoint",
             );
         };
-        let result = match tokio::time::timeout(self.cfg.timeout, ep.checker.check(target)).await {
-            Ok(r) => r,
-            Err(_) => pingora_error::Error::e_explain(
-                pingora_error::ErrorType::ReadTimedout,
-                "health check timed out",
-            ),
-        };
+        let current = ep.target();
+        let result =
+            match tokio::time::timeout(self.cfg.timeout, current.checker.check(target)).await {
+                Ok(r) => r,
+                Err(_) => pingora_error::Error::e_explain(
+                    pingora_error::ErrorType::ReadTimedout,
+                    "health check timed out",
+                ),
+            };
+        if result.is_ok() {
+            ep.outlier.health_check_passed(Instant::now());
+        }
         if let Some(new) = ep.health.record(
             result.is_ok(),
             self.cfg.healthy_after,
@@ -280,21 +319,17 @@ impl HealthCheck for EndpointHealthCheck {
 pub struct Pool {
     pub name: Arc<str>,
     pub cfg: PoolConfig,
-    endpoints: RwLock<Arc<Vec<Arc<Endpoint>>>>,
+    /// The current endpoints: readers take a snapshot without a lock; a reload swaps in a new list.
+    endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     membership: Arc<Membership>,
     /// Drives discovery and health checks (pingora-load-balancing); infergate scores placement itself.
     pub lb: Arc<LoadBalancer<RoundRobin>>,
-    round_robin: AtomicUsize,
-    pub sessions: Option<Mutex<SessionTable>>,
-    pub prefix: Option<Mutex<PrefixIndex>>,
-    /// Arrival times per endpoint over the last minute; kept only for the legacy `qps` prefix fallback.
-    arrivals: Option<Mutex<HashMap<u64, VecDeque<Instant>>>>,
+    /// The pool's placement policy and its state (session table, prefix index, ...).
+    pub policy: Box<dyn PlacementPolicy>,
+    pub outlier: OutlierConfig,
     /// Models the engines of a `"*"` pool report on `GET /v1/models` (refreshed by housekeeping).
     discovered_models: RwLock<Vec<String>>,
 }
-
-/// The window of the legacy `qps` fallback (production-stack's request-stats window).
-pub const QPS_WINDOW: Duration = Duration::from_secs(60);
 
 /// Forwards discovery to the shared membership so the pool can swap members.
 struct SharedMembership(Arc<Membership>);
@@ -320,19 +355,11 @@ impl Pool {
         let pool = Arc::new(Pool {
             name: Arc::from(cfg.name.as_str()),
             cfg: cfg.clone(),
-            endpoints: RwLock::new(Arc::new(Vec::new())),
+            endpoints: ArcSwap::from_pointee(Vec::new()),
             membership,
             lb: Arc::new(lb),
-            round_robin: AtomicUsize::new(0),
-            sessions: cfg
-                .sessions
-                .as_ref()
-                .map(|s| Mutex::new(SessionTable::new(s.max_sessions, s.ttl))),
-            prefix: matches!(cfg.policy, crate::config::Policy::PrefixAware)
-                .then(|| Mutex::new(PrefixIndex::new(&cfg.prefix, cfg.prefill.bytes_per_token))),
-            arrivals: (matches!(cfg.policy, crate::config::Policy::PrefixAware)
-                && cfg.prefix.fallback == crate::config::PrefixFallback::Qps)
-                .then(|| Mutex::new(HashMap::new())),
+            policy: policy::build(cfg),
+            outlier: OutlierConfig::default(),
             discovered_models: RwLock::new(Vec::new()),
         });
         pool.set_endpoints(&cfg.endpoints, None);
@@ -341,10 +368,7 @@ impl Pool {
 
     /// The current endpoints (cheap: an Arc clone).
     pub fn endpoints(&self) -> Arc<Vec<Arc<Endpoint>>> {
-        self.endpoints
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.endpoints.load_full()
     }
 
     /// Replace the pool's endpoints (start and config reload): endpoints whose URL, address and key are unchanged
@@ -357,8 +381,18 @@ impl Pool {
         let current = self.endpoints();
         let mut next = Vec::with_capacity(wanted.len());
         for w in wanted {
-            match current.iter().find(|e| e.same_target(w)) {
-                Some(e) => next.push(e.clone()),
+            match current.iter().find(|e| e.label == w.label) {
+                Some(e) => {
+                    if e.retarget(w, &self.cfg.health_check) {
+                        log::info!(
+                            "pool {}: endpoint {} now {} (key or address changed; state kept)",
+                            self.name,
+                            e.label,
+                            w.addr
+                        );
+                    }
+                    next.push(e.clone())
+                }
                 None => next.push(Arc::new(Endpoint::new(
                     self.name.clone(),
                     w,
@@ -376,21 +410,13 @@ impl Pool {
                 e.stats.enable(stats.interval);
             }
         }
-        let backends: BTreeSet<Backend> = next.iter().map(|e| e.backend()).collect();
-        *self
-            .membership
-            .backends
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = backends;
-        *self
-            .membership
-            .by_addr
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) =
-            next.iter().map(|e| (e.addr, e.clone())).collect();
-        *self.endpoints.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        let backends: BTreeSet<Backend> = next.iter().map(|e| e.target().backend()).collect();
+        *self.membership.backends.write() = backends;
+        *self.membership.by_addr.write() = next.iter().map(|e| (e.addr(), e.clone())).collect();
+        self.endpoints.store(Arc::new(next));
         for e in &removed {
             e.removed.store(true, Ordering::Relaxed);
+            self.policy.endpoint_removed(e.id);
             if let Some(m) = metrics {
                 m.remove_endpoint(&self.name, &e.label);
             }
@@ -399,14 +425,16 @@ impl Pool {
         removed
     }
 
-    /// Snapshot for placement. `excluded` endpoints (already tried) are ineligible.
+    /// Snapshot for placement. Ineligible: unhealthy, `excluded` (already tried by this request), ejected unless
+    /// nothing else is left (Envoy's panic mode: a possibly bad endpoint beats none), and saturated (it refused
+    /// work a moment ago) while any other endpoint can take the work.
     pub fn candidates(
         &self,
         endpoints: &[Arc<Endpoint>],
         excluded: &[u64],
         now: Instant,
     ) -> Vec<Candidate> {
-        endpoints
+        let mut cands: Vec<Candidate> = endpoints
             .iter()
             .map(|e| Candidate {
                 eligible: e.health.is_healthy() && !excluded.contains(&e.id),
@@ -415,37 +443,45 @@ impl Pool {
                 engine: e.stats.fresh(now),
                 max_in_flight: self.cfg.max_in_flight_per_endpoint,
             })
-            .collect()
-    }
-
-    /// Record a placement on `id` (only the `qps` fallback reads arrivals).
-    pub fn record_arrival(&self, id: u64, now: Instant) {
-        if let Some(a) = &self.arrivals {
-            let mut a = a.lock().unwrap_or_else(|p| p.into_inner());
-            let q = a.entry(id).or_default();
-            q.push_back(now);
-            while q
-                .front()
-                .is_some_and(|t| now.saturating_duration_since(*t) > QPS_WINDOW)
-            {
-                q.pop_front();
+            .collect();
+        let ejected: Vec<bool> = endpoints.iter().map(|e| e.outlier.is_ejected()).collect();
+        let saturated: Vec<bool> = endpoints
+            .iter()
+            .map(|e| e.outlier.is_saturated(now))
+            .collect();
+        for out in [ejected, saturated] {
+            let keep: Vec<bool> = out.into_iter().map(|o| !o).collect();
+            if cands.iter().zip(&keep).any(|(c, &k)| c.eligible && k) {
+                for (c, k) in cands.iter_mut().zip(keep) {
+                    c.eligible &= k;
+                }
             }
         }
+        cands
     }
 
-    /// Placements on `id` within the last minute (0 unless the `qps` fallback is configured).
-    pub fn arrivals(&self, id: u64, now: Instant) -> u64 {
-        let Some(a) = &self.arrivals else { return 0 };
-        let a = a.lock().unwrap_or_else(|p| p.into_inner());
-        a.get(&id).map_or(0, |q| {
-            q.iter()
-                .filter(|t| now.saturating_duration_since(**t) <= QPS_WINDOW)
-                .count() as u64
-        })
+    /// Record a failure of `ep` (5xx answer, failed connect); ejects it when its streak is long enough and the
+    /// pool's cap leaves room. Returns the ejection time if it was ejected now.
+    pub fn record_failure(&self, ep: &Endpoint, now: Instant) -> Option<Duration> {
+        let endpoints = self.endpoints();
+        let ejected = endpoints.iter().filter(|e| e.outlier.is_ejected()).count();
+        let may_eject = ejected < self.outlier.max_ejected(endpoints.len());
+        let d = ep.outlier.record_failure(&self.outlier, now, may_eject)?;
+        log::warn!(
+            "pool {} endpoint {}: ejected for {:?} after {} consecutive failures",
+            self.name,
+            ep.label,
+            d,
+            self.outlier.consecutive_failures
+        );
+        Some(d)
     }
 
-    pub fn next_round_robin(&self) -> usize {
-        self.round_robin.fetch_add(1, Ordering::Relaxed)
+    /// Another endpoint than `excluded` could take a request now.
+    pub fn has_alternative(&self, excluded: &[u64], now: Instant) -> bool {
+        self.endpoints()
+            .iter()
+            .any(|e| e.available() && !excluded.contains(&e.id) && !e.outlier.is_saturated(now))
     }
 
     pub fn any_healthy(&self) -> bool {
@@ -469,7 +505,7 @@ impl Pool {
         let mut req = client
             .get(format!("http://{}/v1/models", ep.label))
             .timeout(timeout);
-        if let Some(key) = &ep.api_key {
+        if let Some(key) = &ep.api_key() {
             req = req.bearer_auth(key);
         }
         let names = async {
@@ -490,10 +526,7 @@ impl Pool {
             Some(names)
         };
         if let Some(names) = names.await {
-            *self
-                .discovered_models
-                .write()
-                .unwrap_or_else(|p| p.into_inner()) = names;
+            *self.discovered_models.write() = names;
         }
     }
 }
@@ -530,13 +563,7 @@ impl Pools {
             .cloned()
             .collect();
         for p in &self.pools {
-            names.extend(
-                p.discovered_models
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .iter()
-                    .cloned(),
-            );
+            names.extend(p.discovered_models.read().iter().cloned());
         }
         names.sort();
         names.dedup();
@@ -581,11 +608,7 @@ impl LiveSource for Pools {
     fn session_counts(&self) -> Vec<(String, u64)> {
         self.pools
             .iter()
-            .filter_map(|p| {
-                let t = p.sessions.as_ref()?;
-                let n = t.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
-                Some((p.name.to_string(), n))
-            })
+            .filter_map(|p| Some((p.name.to_string(), p.policy.session_count()? as u64)))
             .collect()
     }
 }

@@ -1,14 +1,15 @@
-//! Request classification (which calls generate) and a tolerant scan of the buffered body prefix for routing.
+//! Request classification (which calls generate) and a one-pass, tolerant scan of the request body for routing.
 //!
-//! Only the first ≤ 64 KiB of a body can be read before the upstream is chosen (Pingora's replay limit), so the
-//! scan works on a prefix that may end mid-string and never needs the whole document.
+//! The scan finds `model`, `stream` and the prompt text wherever they sit in the body, in one pass and without
+//! building a JSON tree (a 1 MiB prompt costs a byte loop), and tolerates a body cut short or malformed.
 
 /// What kind of call a request is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CallKind {
     /// Runs a prefill on the engine: counts prefill tokens and placements.
     Generate,
     /// Proxied, but holds no prefill tokens and counts no placement (count_tokens, tokenize, GETs, ...).
+    #[default]
     Passive,
     /// `GET /health` answered by the router itself.
     RouterHealth,

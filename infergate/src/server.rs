@@ -60,13 +60,7 @@ impl RouterState {
                 unmatched.push(pool.name.to_string());
                 continue;
             };
-            let removed = pool.set_endpoints(&pc.endpoints, Some(&self.metrics));
-            if let Some(index) = &pool.prefix {
-                let mut index = index.lock().unwrap_or_else(|p| p.into_inner());
-                for e in &removed {
-                    index.remove_endpoint(e.id);
-                }
-            }
+            pool.set_endpoints(&pc.endpoints, Some(&self.metrics));
         }
         unmatched
     }
@@ -102,12 +96,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     server.bootstrap();
 
     let state = RouterState::new(cfg);
-    let router = Router {
-        cfg: state.cfg.clone(),
-        pools: state.pools.clone(),
-        ledger: state.ledger.clone(),
-        metrics: state.metrics.clone(),
-    };
+    let router = Router::new(state.clone());
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
         router,
@@ -258,13 +247,8 @@ impl BackgroundService for Housekeeper {
                     last_janitor = now;
                     state.ledger.expire(max_age, now);
                     for pool in &state.pools.pools {
-                        if let Some(table) = &pool.sessions {
-                            let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
-                            table.expire(now);
-                            state
-                                .metrics
-                                .count_session_evictions(&pool.name, table.take_evictions());
-                        }
+                        let evictions = pool.policy.expire(now);
+                        state.metrics.count_session_evictions(&pool.name, evictions);
                     }
                 }
             });
@@ -282,7 +266,13 @@ impl BackgroundService for Housekeeper {
                                 got = hup.recv() => if got.is_none() { return },
                                 _ = stop.changed() => return,
                             }
-                            state.reload_from_file();
+                            // Re-reading resolves hostnames (blocking DNS): keep it off this runtime.
+                            let state = state.clone();
+                            if let Err(e) =
+                                tokio::task::spawn_blocking(move || state.reload_from_file()).await
+                            {
+                                log::error!("reload failed: {e}");
+                            }
                         }
                     });
                 }
@@ -316,20 +306,24 @@ pub fn run_with_channel(server: Server, rx: tokio::sync::mpsc::Receiver<Shutdown
     });
 }
 
-/// Keep one scrape loop per current endpoint of a pool (endpoints may come and go on reload); each records its
-/// outcome in the endpoint's stats cell.
+/// Keep one scrape loop per current endpoint of a pool (endpoints may come and go on reload, and a reload may
+/// rotate an endpoint's key: its loop restarts with the new one); each records its outcome in the endpoint's
+/// stats cell.
 async fn run_pool_scrapes(
     pool: Arc<crate::pool::Pool>,
     cfg: crate::config::EngineStatsConfig,
     mut stop: ShutdownWatch,
 ) {
     use std::collections::HashMap;
-    let mut loops: HashMap<u64, tokio::sync::watch::Sender<bool>> = HashMap::new();
+    type Loop = (tokio::sync::watch::Sender<bool>, Arc<crate::pool::Target>);
+    let mut loops: HashMap<u64, Loop> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         let endpoints = pool.endpoints();
-        loops.retain(|id, tx| {
-            let keep = endpoints.iter().any(|e| e.id == *id);
+        loops.retain(|id, (tx, target)| {
+            let keep = endpoints
+                .iter()
+                .any(|e| e.id == *id && Arc::ptr_eq(&e.target(), target));
             if !keep {
                 let _ = tx.send(true);
             }
@@ -340,13 +334,15 @@ async fn run_pool_scrapes(
                 continue;
             }
             let (tx, rx) = tokio::sync::watch::channel(false);
-            loops.insert(ep.id, tx);
+            let current = ep.target();
+            let api_key = current.api_key.clone();
+            loops.insert(ep.id, (tx, current));
             let sink_ep = ep.clone();
             let target = crate::engine_stats::ScrapeTarget {
                 pool: pool.name.to_string(),
                 endpoint: ep.label.clone(),
                 url: format!("http://{}{}", ep.label, cfg.path),
-                api_key: ep.api_key.clone(),
+                api_key,
                 cfg: cfg.clone(),
                 cell: Arc::new(move |outcome| {
                     sink_ep.stats.record_outcome(Instant::now(), &outcome)
@@ -359,7 +355,7 @@ async fn run_pool_scrapes(
             _ = stop.changed() => break,
         }
     }
-    for tx in loops.values() {
+    for (tx, _) in loops.values() {
         let _ = tx.send(true);
     }
 }

@@ -3,7 +3,12 @@
 //! Nothing here does I/O, reads a clock or knows Pingora: the proxy builds the snapshot from live counters and
 //! passes time and randomness in, so every rule is a plain unit test.
 
+pub mod least_request;
+pub mod load_aware;
+pub mod policy;
 pub mod prefix;
+pub mod prefix_aware;
+pub mod round_robin;
 pub mod sessions;
 
 /// What one request costs in the load score, in prefill-token units: a request in flight weighs as much as a

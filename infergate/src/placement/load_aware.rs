@@ -1,0 +1,80 @@
+//! `load_aware`: lowest requests × 16384 + prefill tokens in flight, random ties; with `sessions`, the session
+//! table decides whether a turn stays, spills or moves (see `sessions`).
+
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
+use super::sessions::{lineage_of, SessionRequest, SessionTable};
+use super::Reason;
+use crate::config::SessionsConfig;
+
+pub struct LoadAware {
+    sessions: Option<Mutex<SessionTable>>,
+    bytes_per_token: f64,
+}
+
+impl LoadAware {
+    pub fn new(sessions: Option<&SessionsConfig>, bytes_per_token: f64) -> LoadAware {
+        LoadAware {
+            sessions: sessions.map(|s| Mutex::new(SessionTable::new(s.max_sessions, s.ttl))),
+            bytes_per_token,
+        }
+    }
+}
+
+impl PlacementPolicy for LoadAware {
+    fn place(
+        &self,
+        req: &PlaceRequest,
+        snap: &Snapshot,
+        rng: &mut fastrand::Rng,
+    ) -> Option<Placement> {
+        let (table, key) = match (&self.sessions, req.session_key) {
+            (Some(table), Some(key)) => (table, key),
+            (Some(_), None) => {
+                let index = super::load_aware(snap.cands, rng)?;
+                return Some(Placement::whole(index, Reason::Headerless, req));
+            }
+            (None, _) => {
+                let index = super::load_aware(snap.cands, rng)?;
+                return Some(Placement::whole(index, Reason::LoadAware, req));
+            }
+        };
+        let sreq = SessionRequest {
+            key,
+            lineage: lineage_of(req.prompt),
+            body_bytes: req.body_bytes,
+            bytes_per_token: self.bytes_per_token,
+        };
+        let p = table
+            .lock()
+            .place(&sreq, snap.cands, snap.ids, snap.now, rng)?;
+        Some(Placement {
+            index: p.index,
+            reason: p.reason,
+            estimate_bytes: p.estimate_bytes,
+            ticket: Ticket::Session(p.commit),
+        })
+    }
+
+    fn served(&self, _endpoint: u64, ticket: &Ticket, now: Instant) {
+        if let (Some(table), Ticket::Session(commit)) = (&self.sessions, ticket) {
+            table.lock().commit(commit, now);
+        }
+    }
+
+    fn expire(&self, now: Instant) -> Evictions {
+        let Some(table) = &self.sessions else {
+            return (0, 0);
+        };
+        let mut table = table.lock();
+        table.expire(now);
+        table.take_evictions()
+    }
+
+    fn session_count(&self) -> Option<usize> {
+        self.sessions.as_ref().map(|t| t.lock().len())
+    }
+}

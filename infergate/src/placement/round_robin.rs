@@ -1,0 +1,28 @@
+//! `round_robin`: the next healthy endpoint in turn; holds no prefill tokens (the baseline).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::policy::{PlaceRequest, Placement, PlacementPolicy, Snapshot};
+use super::Reason;
+
+#[derive(Debug, Default)]
+pub struct RoundRobin {
+    next: AtomicUsize,
+}
+
+impl PlacementPolicy for RoundRobin {
+    fn place(
+        &self,
+        req: &PlaceRequest,
+        snap: &Snapshot,
+        _rng: &mut fastrand::Rng,
+    ) -> Option<Placement> {
+        let counter = self.next.fetch_add(1, Ordering::Relaxed);
+        let index = super::round_robin(snap.cands, counter)?;
+        Some(Placement::whole(index, Reason::RoundRobin, req))
+    }
+
+    fn counts_tokens(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,199 @@
+//! The errors the router answers itself, in OpenAI's shape (`{"error":{"message","type","code"}}`), and the map
+//! from a proxy failure to one of them.
+
+use bytes::Bytes;
+use pingora_error::{Error, ErrorSource, ErrorType};
+
+/// An error the router answers with, OpenAI-style.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub code: &'static str,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(
+        status: u16,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            code,
+            retry_after: None,
+        }
+    }
+
+    fn retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    pub fn model_not_found(model: Option<&str>) -> Self {
+        let message = match model {
+            Some(model) => {
+                format!("The model `{model}` does not exist or is not served by this router.")
+            }
+            None => "The request names no `model` and this router has no `*` pool.".to_string(),
+        };
+        Self::new(404, "invalid_request_error", "model_not_found", message)
+    }
+
+    pub fn no_healthy_endpoint(pool: &str) -> Self {
+        Self::new(
+            503,
+            "service_unavailable",
+            "no_healthy_endpoint",
+            format!("pool `{pool}` has no healthy endpoint; retry later"),
+        )
+        .retry_after(2)
+    }
+
+    pub fn upstream_unreachable(pool: &str) -> Self {
+        Self::new(
+            502,
+            "upstream_error",
+            "upstream_unreachable",
+            format!("every healthy endpoint of pool `{pool}` failed to connect"),
+        )
+    }
+
+    pub fn invalid_content_length() -> Self {
+        Self::new(
+            400,
+            "invalid_request_error",
+            "invalid_content_length",
+            "invalid Content-Length header",
+        )
+    }
+
+    pub fn body_too_large(limit: usize, size: Option<u64>) -> Self {
+        let message = match size {
+            Some(n) => format!("request body of {n} bytes exceeds the limit of {limit} bytes"),
+            None => format!("request body exceeds the limit of {limit} bytes"),
+        };
+        Self::new(413, "invalid_request_error", "request_too_large", message)
+    }
+
+    pub fn body_timeout() -> Self {
+        Self::new(
+            408,
+            "invalid_request_error",
+            "request_timeout",
+            "the request body did not arrive in time",
+        )
+    }
+
+    pub fn malformed_body() -> Self {
+        Self::new(
+            400,
+            "invalid_request_error",
+            "bad_request",
+            "malformed request body",
+        )
+    }
+
+    /// The process-wide budget for request bodies held for routing is spent: a flood of large uploads.
+    pub fn router_busy() -> Self {
+        Self::new(
+            503,
+            "service_unavailable",
+            "router_overloaded",
+            "the router is holding too many request bodies; retry shortly",
+        )
+        .retry_after(1)
+    }
+
+    pub fn upstream_timeout() -> Self {
+        Self::new(
+            504,
+            "upstream_error",
+            "upstream_timeout",
+            "the engine did not answer in time",
+        )
+    }
+
+    pub fn upstream_failed() -> Self {
+        Self::new(
+            502,
+            "upstream_error",
+            "upstream_unreachable",
+            "the engine connection failed",
+        )
+    }
+
+    pub fn internal() -> Self {
+        Self::new(
+            500,
+            "internal_error",
+            "internal_error",
+            "internal router error",
+        )
+    }
+
+    pub fn body(&self) -> Bytes {
+        let v = serde_json::json!({"error": {"message": self.message, "type": self.kind, "code": self.code}});
+        Bytes::from(v.to_string())
+    }
+
+    /// Map a failure to what the client is told; None when the client is gone (nothing to answer).
+    pub fn from_proxy_error(e: &Error) -> Option<ApiError> {
+        use ErrorType::*;
+        if let HTTPStatus(code) = e.etype() {
+            return Some(Self::new(
+                *code,
+                "upstream_error",
+                "http_error",
+                "request failed",
+            ));
+        }
+        match e.esource() {
+            ErrorSource::Upstream => Some(match e.etype() {
+                ConnectTimedout | ReadTimedout | WriteTimedout | TLSHandshakeTimedout => {
+                    Self::upstream_timeout()
+                }
+                _ => Self::upstream_failed(),
+            }),
+            ErrorSource::Downstream => match e.etype() {
+                WriteError | ReadError | ConnectionClosed => None,
+                ReadTimedout => Some(Self::body_timeout()),
+                _ => Some(Self::malformed_body()),
+            },
+            ErrorSource::Internal | ErrorSource::Unset => Some(Self::internal()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_is_openai_shaped() {
+        let v: serde_json::Value =
+            serde_json::from_slice(&ApiError::model_not_found(Some("x")).body()).unwrap();
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("`x`"));
+    }
+
+    #[test]
+    fn proxy_errors_map_to_statuses() {
+        let up = Error::new_up;
+        let down = Error::new_down;
+        let status = |e: &Error| ApiError::from_proxy_error(e).map(|a| a.status);
+        assert_eq!(status(&up(ErrorType::ReadTimedout)), Some(504));
+        assert_eq!(status(&up(ErrorType::ConnectRefused)), Some(502));
+        assert_eq!(status(&down(ErrorType::ConnectionClosed)), None);
+        assert_eq!(status(&down(ErrorType::ReadTimedout)), Some(408));
+        assert_eq!(status(&down(ErrorType::new("InvalidChunk"))), Some(400));
+        assert_eq!(status(&Error::new(ErrorType::HTTPStatus(413))), Some(413));
+    }
+}

@@ -1,0 +1,768 @@
+//! The Pingora glue: one `ProxyHttp` implementation that classifies each call, picks its pool, asks the pool's
+//! policy for an endpoint, holds the prefill estimate in the request context and releases it at the first byte.
+//!
+//! Which hook does what, in the order Pingora calls them:
+//!
+//! ```text
+//! request_filter           classify; answer /health and /v1/models; read the whole body (bounded), pick the pool
+//! upstream_peer            (per attempt) snapshot → policy.place → ledger hold → peer; a stale pooled connection
+//!                          is retried once on the same endpoint over a fresh connection
+//! upstream_request_filter  Host, the engine's key (never the client's), one Content-Length, no Expect
+//! request_body_filter      hand the held body to this attempt (every retry resends all of it)
+//! upstream_response_filter 2xx: served (policy learns, tokens count); 429/503: refused → retry elsewhere;
+//!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
+//! response_body_filter     first body byte: release the prefill tokens, learn prefill speed, TTFB
+//! fail_to_connect /        decide retries (only where the engine cannot have started the work)
+//!   error_while_proxy
+//! fail_to_proxy            answer an OpenAI-style error
+//! logging                  count the request; the hold's Drop releases whatever is left on every path
+//! ```
+
+mod body;
+mod errors;
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorSource, ErrorType, Result, RetryType};
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+
+pub use body::{BodyBudget, BodyLimits};
+pub use errors::ApiError;
+
+use crate::ledger::{Hold, ReleaseCause, ReleaseHook};
+use crate::placement::policy::{PlaceRequest, Placement, Snapshot, Ticket};
+use crate::placement::{self, Reason};
+use crate::pool::{Endpoint, Pool};
+use crate::request::{self, CallKind};
+use crate::server::RouterState;
+use body::{BodyError, HeldBody};
+
+/// Prompt bytes collected from the body for prefix hashing and session lineages (the prefix index hashes at
+/// most 4096 blocks of 64 bytes).
+const MAX_PROMPT_SCAN: usize = 256 * 1024;
+
+/// How long an idle upstream connection stays pooled: below the engine's keep-alive (uvicorn closes idle ones
+/// after 5 s), so a stale reuse is the exception the retry handles, not the rule.
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Per-request state. `Default` is the state before `request_filter`.
+#[derive(Default)]
+pub struct Ctx {
+    kind: CallKind,
+    pool: Option<Arc<Pool>>,
+    /// The whole request body, held for routing and for every forwarding attempt.
+    body: Option<HeldBody>,
+    scan: request::BodyScan,
+    session_key: Option<Vec<u8>>,
+    /// Endpoints this request already failed on (ids): later attempts go elsewhere.
+    tried: Vec<u64>,
+    endpoint: Option<Arc<Endpoint>>,
+    /// The endpoint of the last attempt, kept after a failure so the request is counted against it.
+    last_endpoint: Option<Arc<Endpoint>>,
+    placement: Option<Placement>,
+    /// Retry this endpoint over a fresh connection (its pooled one went stale), keeping the placement.
+    fresh_retry: Option<u64>,
+    fresh_retry_used: bool,
+    hold: Option<Hold>,
+    dispatched_at: Option<Instant>,
+    upstream_status: Option<u16>,
+    first_byte_seen: bool,
+    /// The held body was handed to the current attempt.
+    body_sent: bool,
+    /// The current attempt was refused (429/503) and is being retried elsewhere.
+    refused: bool,
+    /// An error the router answers with in `fail_to_proxy`.
+    error: Option<ApiError>,
+    /// The status the router answered with itself (counted instead of the absent upstream status).
+    answered: Option<u16>,
+}
+
+impl Ctx {
+    fn release_prefill(&self, cause: ReleaseCause) {
+        if let Some(h) = &self.hold {
+            h.release_prefill(cause);
+        }
+    }
+
+    fn finish_hold(&mut self) {
+        if let Some(mut h) = self.hold.take() {
+            h.finish();
+        }
+    }
+
+    fn is_stream(&self) -> bool {
+        self.scan.stream == Some(true)
+    }
+
+    fn ticket(&self) -> &Ticket {
+        static NONE: Ticket = Ticket::None;
+        self.placement.as_ref().map_or(&NONE, |p| &p.ticket)
+    }
+}
+
+/// The router: the shared state plus what only the request path needs.
+pub struct Router {
+    state: RouterState,
+    body_budget: BodyBudget,
+}
+
+impl Deref for Router {
+    type Target = RouterState;
+    fn deref(&self) -> &RouterState {
+        &self.state
+    }
+}
+
+impl Router {
+    pub fn new(state: RouterState) -> Router {
+        let body_budget = BodyBudget::new(body::MAX_BUFFERED_BODY_BYTES);
+        Router { state, body_budget }
+    }
+
+    fn body_limits(&self) -> BodyLimits {
+        BodyLimits {
+            max_bytes: self.cfg.max_body_bytes,
+            deadline: body::REQUEST_BODY_TIMEOUT,
+            budget_wait: body::BODY_BUDGET_WAIT,
+        }
+    }
+
+    fn pool_by_model(&self, model: Option<&str>) -> Option<Arc<Pool>> {
+        self.cfg
+            .pool_for_model(model)
+            .and_then(|i| self.pools.pools.get(i).cloned())
+    }
+
+    /// The endpoint's shared release callback: counts served estimates and janitor releases.
+    fn release_hook(&self, ep: &Arc<Endpoint>) -> ReleaseHook {
+        ep.release_hook
+            .get_or_init(|| {
+                let metrics = self.metrics.clone();
+                let (pool, label) = (ep.pool.clone(), ep.label.clone());
+                let endpoint = Arc::downgrade(ep);
+                Arc::new(move |tokens, served, cause| {
+                    // A late release on a departed endpoint must not bring its deleted series back.
+                    if endpoint
+                        .upgrade()
+                        .is_none_or(|e| e.removed.load(std::sync::atomic::Ordering::Relaxed))
+                    {
+                        return;
+                    }
+                    if served && tokens > 0 {
+                        metrics
+                            .prefill_tokens_estimated_total
+                            .with_label_values(&[&*pool, &label])
+                            .inc_by(tokens);
+                    }
+                    if cause == ReleaseCause::Janitor {
+                        metrics
+                            .janitor_released_total
+                            .with_label_values(&[&*pool, &label])
+                            .inc();
+                        log::warn!("pool {pool} endpoint {label}: janitor released {tokens} prefill tokens of an overdue request");
+                    }
+                })
+            })
+            .clone()
+    }
+
+    /// Write a JSON response the router answers itself.
+    async fn respond(
+        &self,
+        session: &mut Session,
+        status: u16,
+        body: Bytes,
+        retry_after: Option<u32>,
+    ) -> Result<()> {
+        let mut resp = ResponseHeader::build(status, Some(4))?;
+        resp.insert_header("content-type", "application/json")?;
+        resp.insert_header("content-length", body.len().to_string())?;
+        if let Some(secs) = retry_after {
+            resp.insert_header("retry-after", secs.to_string())?;
+        }
+        self.metrics
+            .router_responses_total
+            .with_label_values(&[status.to_string().as_str()])
+            .inc();
+        if status >= 400 {
+            // The request body may be unread: do not reuse the connection.
+            session
+                .as_downstream_mut()
+                .write_error_response(resp, body)
+                .await
+        } else {
+            session.write_response_header(Box::new(resp), false).await?;
+            session.write_response_body(Some(body), true).await
+        }
+    }
+
+    async fn respond_error(&self, session: &mut Session, e: &ApiError) -> Result<()> {
+        self.respond(session, e.status, e.body(), e.retry_after)
+            .await
+    }
+
+    fn models_body(&self) -> Bytes {
+        let data: Vec<_> = self
+            .pools
+            .model_names()
+            .into_iter()
+            .map(|m| serde_json::json!({"id": m, "object": "model", "owned_by": "infergate"}))
+            .collect();
+        Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string())
+    }
+
+    /// Choose an endpoint for this attempt. None when no eligible endpoint exists.
+    fn place(&self, pool: &Pool, ctx: &Ctx, now: Instant) -> Option<(Arc<Endpoint>, Placement)> {
+        let endpoints = pool.endpoints();
+        let cands = pool.candidates(&endpoints, &ctx.tried, now);
+        let ids: Vec<u64> = endpoints.iter().map(|e| e.id).collect();
+        let mut rng = fastrand::Rng::new();
+        let req = PlaceRequest {
+            session_key: ctx.session_key.as_deref(),
+            model: ctx.scan.model.as_deref().unwrap_or(""),
+            prompt: &ctx.scan.prompt,
+            body_bytes: ctx.body.as_ref().map_or(0, |b| b.bytes.len() as u64),
+        };
+        let placement = if ctx.kind == CallKind::Generate {
+            let snap = Snapshot {
+                cands: &cands,
+                ids: &ids,
+                now,
+            };
+            pool.policy.place(&req, &snap, &mut rng)?
+        } else {
+            // Passive calls go to the least busy endpoint and count as no placement.
+            let i = placement::least_request(&cands, &mut rng)?;
+            Placement::whole(i, Reason::LeastRequest, &req)
+        };
+        Some((endpoints[placement.index].clone(), placement))
+    }
+
+    /// The same endpoint again for a fresh-connection retry, if it can still take work.
+    fn same_endpoint(&self, pool: &Pool, id: u64) -> Option<Arc<Endpoint>> {
+        pool.endpoints()
+            .iter()
+            .find(|e| e.id == id && e.available())
+            .cloned()
+    }
+
+    fn estimate(&self, pool: &Pool, bytes: u64) -> u64 {
+        placement::estimate_tokens(
+            bytes,
+            pool.cfg.prefill.bytes_per_token,
+            pool.cfg.prefill.max_tokens,
+        )
+    }
+
+    fn peer(&self, ep: &Endpoint, fresh: bool) -> HttpPeer {
+        let mut peer = HttpPeer::new(ep.addr(), false, String::new());
+        let t = &self.cfg.timeouts;
+        peer.options.connection_timeout = Some(t.connect);
+        // Per read, not per response (pingora-notes.md): the longest legitimate silence is the wait for the first
+        // byte (prefill), bounded by response_header, or a gap between chunks, bounded by stream_idle.
+        peer.options.read_timeout = Some(t.response_header.max(t.stream_idle));
+        peer.options.write_timeout = Some(t.stream_idle);
+        peer.options.idle_timeout = Some(UPSTREAM_IDLE_TIMEOUT);
+        if fresh {
+            // A group of its own: no pooled connection matches, so this attempt connects anew.
+            peer.group_key = fastrand::u64(1..);
+        }
+        peer
+    }
+
+    /// An attempt failed before the engine could have started the work: release its hold, remember the endpoint.
+    fn note_failed_attempt(&self, ctx: &mut Ctx, why: &str) {
+        ctx.finish_hold();
+        if let (Some(pool), Some(ep)) = (&ctx.pool, ctx.endpoint.take()) {
+            ctx.tried.push(ep.id);
+            self.metrics
+                .retries_total
+                .with_label_values(&[&*pool.name, &ep.label])
+                .inc();
+            log::warn!(
+                "pool {} endpoint {}: {why}; trying another endpoint",
+                pool.name,
+                ep.label
+            );
+            ctx.last_endpoint = Some(ep);
+        }
+    }
+
+    /// Retries left for this request (the fresh-connection retry on the same endpoint is not counted).
+    fn retries_left(&self, ctx: &Ctx) -> bool {
+        ctx.tried.len() < self.cfg.max_retries
+    }
+
+    /// Read the whole body; Ok(false) when the router has answered (or the client is gone).
+    async fn take_body(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let content_length = match content_length(session.req_header()) {
+            Ok(n) => n,
+            Err(e) => {
+                self.respond_error(session, &e).await?;
+                return Ok(false);
+            }
+        };
+        if let Some(n) = content_length.filter(|&n| n > self.cfg.max_body_bytes as u64) {
+            let e = ApiError::body_too_large(self.cfg.max_body_bytes, Some(n));
+            self.respond_error(session, &e).await?;
+            return Ok(false);
+        }
+        if session.as_downstream_mut().is_body_empty() {
+            return Ok(true);
+        }
+        if expects_continue(session.req_header()) {
+            // The client waits for this before sending the body (curl: one second).
+            session
+                .as_downstream_mut()
+                .write_continue_response()
+                .await?;
+        }
+        match body::read_whole(
+            session,
+            content_length,
+            self.body_limits(),
+            &self.body_budget,
+        )
+        .await
+        {
+            Ok(held) => {
+                ctx.body = Some(held);
+                Ok(true)
+            }
+            Err(BodyError::Answer(e)) => {
+                self.respond_error(session, &e).await?;
+                Ok(false)
+            }
+            Err(BodyError::ClientGone(e)) => Err(e),
+        }
+    }
+}
+
+/// The validated `Content-Length`: None for chunked bodies; several identical headers count as one.
+fn content_length(req: &RequestHeader) -> std::result::Result<Option<u64>, ApiError> {
+    let mut value = None;
+    for v in req.headers.get_all(http::header::CONTENT_LENGTH) {
+        let n = v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(ApiError::invalid_content_length)?;
+        if value.is_some_and(|prev| prev != n) {
+            return Err(ApiError::invalid_content_length());
+        }
+        value = Some(n);
+    }
+    Ok(value)
+}
+
+fn expects_continue(req: &RequestHeader) -> bool {
+    req.headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+#[async_trait]
+impl ProxyHttp for Router {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx::default()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let (method, path) = {
+            let req = session.req_header();
+            (req.method.as_str().to_owned(), req.uri.path().to_owned())
+        };
+        ctx.kind = request::classify(&method, &path);
+        match ctx.kind {
+            CallKind::RouterHealth => {
+                let (status, body) = if self.pools.any_healthy() {
+                    (200, r#"{"status":"ok"}"#)
+                } else {
+                    (
+                        503,
+                        r#"{"status":"unavailable","reason":"no healthy endpoint in any pool"}"#,
+                    )
+                };
+                let retry_after = (status == 503).then_some(2);
+                self.respond(
+                    session,
+                    status,
+                    Bytes::from_static(body.as_bytes()),
+                    retry_after,
+                )
+                .await?;
+                return Ok(true);
+            }
+            CallKind::RouterModels => {
+                let body = self.models_body();
+                self.respond(session, 200, body, None).await?;
+                return Ok(true);
+            }
+            CallKind::Generate | CallKind::Passive => {}
+        }
+
+        if !self.take_body(session, ctx).await? {
+            return Ok(true);
+        }
+        if let Some(b) = &ctx.body {
+            ctx.scan = request::scan(&b.bytes, MAX_PROMPT_SCAN);
+        }
+        let Some(pool) = self.pool_by_model(ctx.scan.model.as_deref()) else {
+            let e = ApiError::model_not_found(ctx.scan.model.as_deref());
+            self.respond_error(session, &e).await?;
+            return Ok(true);
+        };
+        if let Some(s) = &pool.cfg.sessions {
+            ctx.session_key = session
+                .req_header()
+                .headers
+                .get(s.header.as_str())
+                .map(|v| v.as_bytes().to_vec())
+                .filter(|v| !v.is_empty());
+        }
+        ctx.pool = Some(pool);
+        Ok(false)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let Some(pool) = ctx.pool.clone() else {
+            return Error::e_explain(ErrorType::InternalError, "no pool chosen");
+        };
+        // A retry: the previous attempt's hold was finished when it failed.
+        ctx.finish_hold();
+        ctx.body_sent = false;
+        ctx.upstream_status = None;
+        ctx.first_byte_seen = false;
+        let now = Instant::now();
+
+        let fresh = ctx.fresh_retry.take();
+        let same = fresh.and_then(|id| self.same_endpoint(&pool, id));
+        let (ep, fresh) = match (same, ctx.placement.take()) {
+            (Some(ep), Some(placement)) => {
+                ctx.placement = Some(placement);
+                (ep, true)
+            }
+            _ => {
+                let Some((ep, placement)) = self.place(&pool, ctx, now) else {
+                    let e = if !pool.any_healthy() || ctx.tried.is_empty() {
+                        ApiError::no_healthy_endpoint(&pool.name)
+                    } else {
+                        ApiError::upstream_unreachable(&pool.name)
+                    };
+                    let status = e.status;
+                    ctx.error = Some(e);
+                    return Error::e_explain(
+                        ErrorType::HTTPStatus(status),
+                        "no endpoint available",
+                    );
+                };
+                let generating = ctx.kind == CallKind::Generate;
+                if generating {
+                    self.metrics
+                        .placements_total
+                        .with_label_values(&[&*pool.name, &ep.label, placement.reason.as_str()])
+                        .inc();
+                    pool.policy.dispatched(ep.id, &placement.ticket, now);
+                }
+                ctx.placement = Some(placement);
+                (ep, false)
+            }
+        };
+
+        let counts_tokens = ctx.kind == CallKind::Generate && pool.policy.counts_tokens();
+        let estimate_bytes = ctx.placement.as_ref().map_or(0, |p| p.estimate_bytes);
+        let tokens = if counts_tokens {
+            self.estimate(&pool, estimate_bytes)
+        } else {
+            0
+        };
+        let hold = self
+            .ledger
+            .hold(ep.load.clone(), tokens, self.release_hook(&ep));
+        if tokens > 0 && !ctx.is_stream() {
+            // A non-streaming response starts only when generation ends: release at the estimated prefill end.
+            // Before a speed is learned, release just before the janitor would: an ordinary long generation is
+            // no overdue request.
+            let t = &self.cfg.timeouts;
+            let until = ep.prefill_speed.estimate(tokens).unwrap_or(
+                (t.response_header + t.stream_idle).saturating_sub(Duration::from_secs(1)),
+            );
+            hold.release_at(now + until);
+        }
+        ctx.hold = Some(hold);
+        ctx.dispatched_at = Some(now);
+        let peer = self.peer(&ep, fresh);
+        ctx.endpoint = Some(ep);
+        Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        req: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if let Some(ep) = &ctx.endpoint {
+            req.insert_header("host", ep.label.as_str())?;
+            match ep.api_key() {
+                Some(key) => req.insert_header("authorization", format!("Bearer {key}"))?,
+                // The client's key is for the router, never for the engine.
+                None => {
+                    req.remove_header("authorization");
+                }
+            }
+        }
+        // The router answered `Expect` itself and holds the whole body: send it with one exact length.
+        req.remove_header("expect");
+        if let Some(b) = &ctx.body {
+            req.remove_header("transfer-encoding");
+            req.insert_header("content-length", b.bytes.len().to_string())?;
+        }
+        Ok(())
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if let Some(held) = &ctx.body {
+            // Read whole in request_filter: Pingora asks once per attempt (vendor/pingora-proxy.patch).
+            *body = (!ctx.body_sent).then(|| held.bytes.clone());
+            ctx.body_sent = true;
+        }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let status = resp.status.as_u16();
+        if status < 200 {
+            return Ok(()); // informational
+        }
+        ctx.upstream_status = Some(status);
+        let (Some(pool), Some(ep)) = (ctx.pool.clone(), ctx.endpoint.clone()) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if (200..300).contains(&status) {
+            ep.outlier.record_success();
+            if let Some(h) = &ctx.hold {
+                // Headers arrive before prefill (vLLM): tokens stay held until the first body byte.
+                h.mark_served();
+            }
+            pool.policy.served(ep.id, ctx.ticket(), now);
+            return Ok(());
+        }
+        // Anything else: the engine will not prefill this request.
+        ctx.release_prefill(ReleaseCause::Aborted);
+        if status == 429 || status == 503 {
+            // Refused: no room now. Retry elsewhere before the client sees it, if anywhere can take it.
+            ep.outlier
+                .record_refusal(now, pool.outlier.saturation_cooldown);
+            if status == 503 {
+                pool.record_failure(&ep, now);
+            }
+            let mut excluded = ctx.tried.clone();
+            excluded.push(ep.id);
+            if self.retries_left(ctx) && pool.has_alternative(&excluded, now) {
+                ctx.refused = true;
+                return Error::e_explain(
+                    ErrorType::HTTPStatus(status),
+                    "engine refused the request",
+                );
+            }
+        } else if status >= 500 {
+            pool.record_failure(&ep, now);
+        } else {
+            // A 4xx is the client's: the engine works.
+            ep.outlier.record_success();
+        }
+        Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<Option<Duration>> {
+        if !ctx.first_byte_seen && body.as_ref().is_some_and(|b| !b.is_empty()) {
+            ctx.first_byte_seen = true;
+            let success = ctx.upstream_status.is_some_and(|s| (200..300).contains(&s));
+            if let (Some(h), Some(ep)) = (&ctx.hold, &ctx.endpoint) {
+                // A successful streaming first byte marks the end of prefill: learn the endpoint's speed from it.
+                if h.release_prefill(ReleaseCause::FirstByte) && success && ctx.is_stream() {
+                    ep.prefill_speed.observe(h.estimate(), h.age());
+                }
+            }
+            if let (Some(t0), Some(pool), true) = (ctx.dispatched_at, &ctx.pool, success) {
+                self.metrics
+                    .ttfb(&pool.name)
+                    .observe(t0.elapsed().as_secs_f64());
+            }
+        }
+        Ok(None)
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut Ctx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        // Refused or reset: the engine is not there. A connect timeout is not counted: a burst of connections
+        // overflowing an engine's accept queue looks the same, and ejecting for it would shrink the pool under load.
+        if *e.etype() != ErrorType::ConnectTimedout {
+            if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
+                pool.record_failure(ep, Instant::now());
+            }
+        }
+        // Nothing was sent: always safe to try elsewhere.
+        self.note_failed_attempt(ctx, "connect failed");
+        e.set_retry(ctx.tried.len() <= self.cfg.max_retries);
+        e
+    }
+
+    fn error_while_proxy(
+        &self,
+        _peer: &HttpPeer,
+        session: &mut Session,
+        mut e: Box<Error>,
+        ctx: &mut Ctx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        if std::mem::take(&mut ctx.refused) {
+            // Our own retry of a 429/503 (upstream_response_filter checked that another endpoint can take it).
+            self.note_failed_attempt(ctx, "engine refused the request");
+            e.set_retry(true);
+            return e;
+        }
+        let downstream_gone = *e.esource() == ErrorSource::Downstream;
+        let timed_out = matches!(
+            e.etype(),
+            ErrorType::ReadTimedout | ErrorType::WriteTimedout | ErrorType::ConnectTimedout
+        );
+        // Pingora's own reuse rule: a reused pooled connection that hit EOF or a reset before any response byte
+        // (it marks those ReusedOnly), or could not take the request at all. The engine cannot have started.
+        let stale_reuse = client_reused
+            && (matches!(e.retry, RetryType::ReusedOnly) || *e.etype() == ErrorType::WriteError);
+        let nothing_back = ctx.upstream_status.is_none() && session.response_written().is_none();
+        if stale_reuse && nothing_back && !downstream_gone && !timed_out && !ctx.fresh_retry_used {
+            // Same endpoint, fresh connection: the session keeps its engine and KV cache.
+            ctx.fresh_retry_used = true;
+            ctx.finish_hold();
+            if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
+                self.metrics
+                    .retries_total
+                    .with_label_values(&[&*pool.name, &ep.label])
+                    .inc();
+                log::info!(
+                    "pool {} endpoint {}: pooled connection went stale; retrying on a fresh connection",
+                    pool.name,
+                    ep.label
+                );
+                ctx.fresh_retry = Some(ep.id);
+            }
+            e.set_retry(true);
+            return e;
+        }
+        if !downstream_gone && !timed_out && nothing_back {
+            if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
+                pool.record_failure(ep, Instant::now());
+            }
+        }
+        e.set_retry(false);
+        ctx.release_prefill(ReleaseCause::Aborted);
+        e
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        ctx.release_prefill(ReleaseCause::Aborted);
+        let api = ctx.error.take().or_else(|| ApiError::from_proxy_error(e));
+        let code = match api {
+            Some(api) if session.response_written().is_none() => {
+                if let Err(err) = self.respond_error(session, &api).await {
+                    log::debug!("cannot send error response: {err}");
+                }
+                api.status
+            }
+            // The client is gone, or already has a status line and a cut body.
+            _ => 0,
+        };
+        ctx.answered = Some(code);
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let ep = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());
+        if let (Some(pool), Some(ep)) = (&ctx.pool, ep) {
+            let code = match (ctx.answered, e) {
+                (Some(code), _) => code,
+                // Stream broken or client gone: the status line may say 200, but the request failed.
+                (None, Some(_)) => ctx.upstream_status.filter(|s| *s >= 500).unwrap_or(0),
+                (None, None) => session.response_written().map_or(0, |r| r.status.as_u16()),
+            };
+            self.metrics
+                .requests_total
+                .with_label_values(&[&*pool.name, &ep.label, code.to_string().as_str()])
+                .inc();
+        }
+        ctx.finish_hold();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(headers: &[(&str, &str)]) -> RequestHeader {
+        let mut r = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
+        for (k, v) in headers {
+            r.append_header(k.to_string(), *v).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn content_length_is_validated_and_duplicates_must_agree() {
+        assert_eq!(content_length(&req(&[])), Ok(None));
+        assert_eq!(
+            content_length(&req(&[("content-length", "12")])),
+            Ok(Some(12))
+        );
+        assert_eq!(
+            content_length(&req(&[("content-length", "12"), ("content-length", "12")])),
+            Ok(Some(12))
+        );
+        assert!(
+            content_length(&req(&[("content-length", "12"), ("content-length", "13")])).is_err()
+        );
+        assert!(content_length(&req(&[("content-length", "x")])).is_err());
+    }
+
+    #[test]
+    fn expect_continue_is_recognised() {
+        assert!(expects_continue(&req(&[("expect", "100-Continue")])));
+        assert!(!expects_continue(&req(&[])));
+    }
+}
