@@ -22,6 +22,8 @@ pub struct EndpointSample {
     pub requests_in_flight: u64,
     pub prefill_tokens: u64,
     pub healthy: bool,
+    /// Ejected by outlier detection.
+    pub ejected: bool,
     /// Engine stats state name (fresh, stale, missing, down, off).
     pub stats_state: &'static str,
 }
@@ -44,6 +46,7 @@ pub struct Metrics {
     pub time_to_first_byte: HistogramVec,
     pub janitor_released_total: IntCounterVec,
     pub retries_total: IntCounterVec,
+    pub ejections_total: IntCounterVec,
     pub session_evictions_total: IntCounterVec,
     pub router_responses_total: IntCounterVec,
     pub config_info: IntGauge,
@@ -115,6 +118,12 @@ impl Metrics {
                 "Requests retried on another endpoint after a failed connect or a stale connection, by the endpoint that failed.",
                 &["pool", "endpoint"],
             ),
+            ejections_total: counter(
+                &registry,
+                "infergate_endpoint_ejections_total",
+                "Endpoints ejected by outlier detection (consecutive 5xx answers or refused connects).",
+                &["pool", "endpoint"],
+            ),
             session_evictions_total: counter(
                 &registry,
                 "infergate_session_evictions_total",
@@ -148,6 +157,7 @@ impl Metrics {
             &self.requests_total,
             &self.janitor_released_total,
             &self.retries_total,
+            &self.ejections_total,
         ] {
             remove_series_of(vec, pool, endpoint);
         }
@@ -202,6 +212,7 @@ struct LiveCollector {
     prefill: IntGaugeVec,
     requests: IntGaugeVec,
     healthy: IntGaugeVec,
+    ejected: IntGaugeVec,
     stats_state: IntGaugeVec,
     sessions: IntGaugeVec,
 }
@@ -226,16 +237,28 @@ impl LiveCollector {
             "1 if the endpoint passes health checks, 0 if failing or not yet checked.",
             &["pool", "endpoint"],
         );
+        let ejected = gauge(
+            "infergate_endpoint_ejected",
+            "1 while outlier detection keeps the endpoint out of placement.",
+            &["pool", "endpoint"],
+        );
         let stats_state = gauge(
             "infergate_engine_stats_state",
             "1 for the endpoint's current engine-stats state (fresh, stale, missing, down, off).",
             &["pool", "endpoint", "state"],
         );
         let sessions = gauge("infergate_sessions", "Session bindings held.", &["pool"]);
-        let descs = [&prefill, &requests, &healthy, &stats_state, &sessions]
-            .iter()
-            .flat_map(|g| g.desc().into_iter().cloned())
-            .collect();
+        let descs = [
+            &prefill,
+            &requests,
+            &healthy,
+            &ejected,
+            &stats_state,
+            &sessions,
+        ]
+        .iter()
+        .flat_map(|g| g.desc().into_iter().cloned())
+        .collect();
         LiveCollector {
             lock: parking_lot::Mutex::new(()),
             source,
@@ -243,6 +266,7 @@ impl LiveCollector {
             prefill,
             requests,
             healthy,
+            ejected,
             stats_state,
             sessions,
         }
@@ -260,6 +284,7 @@ impl Collector for LiveCollector {
             &self.prefill,
             &self.requests,
             &self.healthy,
+            &self.ejected,
             &self.stats_state,
             &self.sessions,
         ] {
@@ -275,6 +300,7 @@ impl Collector for LiveCollector {
                     .with_label_values(&l)
                     .set(s.requests_in_flight as i64);
                 self.healthy.with_label_values(&l).set(i64::from(s.healthy));
+                self.ejected.with_label_values(&l).set(i64::from(s.ejected));
                 for state in STATS_STATES {
                     self.stats_state
                         .with_label_values(&[l[0], l[1], state])
@@ -291,6 +317,7 @@ impl Collector for LiveCollector {
             &self.prefill,
             &self.requests,
             &self.healthy,
+            &self.ejected,
             &self.stats_state,
             &self.sessions,
         ]

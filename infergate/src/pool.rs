@@ -600,6 +600,7 @@ impl LiveSource for Pools {
                 requests_in_flight: e.load.requests(),
                 prefill_tokens: e.load.prefill_tokens(),
                 healthy: e.health.is_healthy(),
+                ejected: e.outlier.is_ejected(),
                 stats_state: e.stats.state(now).as_str(),
             })
             .collect()

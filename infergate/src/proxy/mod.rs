@@ -294,6 +294,18 @@ impl Router {
         }
     }
 
+    /// Count a failure of the attempt's endpoint for outlier detection (and the ejection it may cause).
+    fn record_failure(&self, ctx: &Ctx) {
+        if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
+            if pool.record_failure(ep, Instant::now()).is_some() {
+                self.metrics
+                    .ejections_total
+                    .with_label_values(&[&*pool.name, &ep.label])
+                    .inc();
+            }
+        }
+    }
+
     /// Retries left for this request (the fresh-connection retry on the same endpoint is not counted).
     fn retries_left(&self, ctx: &Ctx) -> bool {
         ctx.tried.len() < self.cfg.max_retries
@@ -575,7 +587,7 @@ impl ProxyHttp for Router {
             ep.outlier
                 .record_refusal(now, pool.outlier.saturation_cooldown);
             if status == 503 {
-                pool.record_failure(&ep, now);
+                self.record_failure(ctx);
             }
             let mut excluded = ctx.tried.clone();
             excluded.push(ep.id);
@@ -587,7 +599,7 @@ impl ProxyHttp for Router {
                 );
             }
         } else if status >= 500 {
-            pool.record_failure(&ep, now);
+            self.record_failure(ctx);
         } else {
             // A 4xx is the client's: the engine works.
             ep.outlier.record_success();
@@ -630,9 +642,7 @@ impl ProxyHttp for Router {
         // Refused or reset: the engine is not there. A connect timeout is not counted: a burst of connections
         // overflowing an engine's accept queue looks the same, and ejecting for it would shrink the pool under load.
         if *e.etype() != ErrorType::ConnectTimedout {
-            if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
-                pool.record_failure(ep, Instant::now());
-            }
+            self.record_failure(ctx);
         }
         // Nothing was sent: always safe to try elsewhere.
         self.note_failed_attempt(ctx, "connect failed");
@@ -684,9 +694,7 @@ impl ProxyHttp for Router {
             return e;
         }
         if !downstream_gone && !timed_out && nothing_back {
-            if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
-                pool.record_failure(ep, Instant::now());
-            }
+            self.record_failure(ctx);
         }
         e.set_retry(false);
         ctx.release_prefill(ReleaseCause::Aborted);

@@ -1,0 +1,230 @@
+//! Bodies as real clients send them: `model` and `stream` anywhere in bodies from 70 KiB to 8 MiB, declared or
+//! chunked, `Expect: 100-continue`, and a retry that must resend the whole body.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use infergate_sim::{self as sim, SimConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Engines that prefill fast: multi-MiB prompts must not take simulated minutes.
+fn fast() -> SimConfig {
+    SimConfig {
+        model: "m".into(),
+        prefill_tokens_per_sec: 50_000_000.0,
+        max_model_len: 100_000_000,
+        ..SimConfig::default()
+    }
+}
+
+/// A chat body of about `bytes` bytes naming `model`, with `model` and `stream` before or after `messages`.
+fn body(model: &str, bytes: usize, model_last: bool) -> String {
+    let content = "lorem ipsum dolor sit amet ".repeat(bytes / 27 + 1);
+    let messages = serde_json::json!([{"role": "user", "content": &content[..bytes]}]);
+    if model_last {
+        // openai-python 1.x order: messages first.
+        format!(r#"{{"messages":{messages},"model":"{model}","stream":true,"max_tokens":1}}"#)
+    } else {
+        format!(r#"{{"model":"{model}","stream":true,"max_tokens":1,"messages":{messages}}}"#)
+    }
+}
+
+fn two_pools(e1: &str, e2: &str) -> String {
+    format!(
+        "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\n\
+         timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
+         pools:\n\
+         \x20 - name: p1\n    models: [m1]\n    policy: load_aware\n    endpoints: [{{url: \"{e1}\"}}]\n\
+         \x20   health_check: {{ path: /health, interval: 200ms, timeout: 500ms }}\n\
+         \x20 - name: p2\n    models: [m2]\n    policy: load_aware\n    endpoints: [{{url: \"{e2}\"}}]\n\
+         \x20   health_check: {{ path: /health, interval: 200ms, timeout: 500ms }}\n"
+    )
+}
+
+async fn ready(router: &TestRouter) {
+    router
+        .wait_for("every endpoint healthy", Duration::from_secs(10), |r| {
+            r.state
+                .pools
+                .pools
+                .iter()
+                .all(|p| p.endpoints().iter().all(|e| e.health.is_healthy()))
+        })
+        .await;
+}
+
+/// POST and drain; returns the status.
+async fn post(url: &str, body: reqwest::Body) -> u16 {
+    let resp = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("response");
+    let status = resp.status().as_u16();
+    let mut s = resp.bytes_stream();
+    while let Some(c) = s.next().await {
+        c.expect("body chunk");
+    }
+    status
+}
+
+/// The same bytes as a chunked upload (no Content-Length), 64 KiB a chunk.
+fn chunked(text: &str) -> reqwest::Body {
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = text
+        .as_bytes()
+        .chunks(64 * 1024)
+        .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+        .collect();
+    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
+}
+
+fn last_generate(e: &sim::EngineHandle) -> Option<sim::RecordedRequest> {
+    e.requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path.starts_with("/v1/"))
+        .last()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_anywhere_in_bodies_of_any_size_reaches_its_pool_intact() {
+    let e1 = sim::spawn_engine(fast()).await.unwrap();
+    let e2 = sim::spawn_engine(fast()).await.unwrap();
+    let router = start_router(&two_pools(&e1.url(), &e2.url())).await;
+    ready(&router).await;
+    let cases = [
+        (70 << 10, false, false),
+        (70 << 10, true, false),
+        (1 << 20, false, false),
+        (1 << 20, true, false),
+        (1 << 20, true, true),
+        (1 << 20, false, true),
+        (8 << 20, true, false),
+        (8 << 20, false, false),
+    ];
+    for (i, (size, model_last, is_chunked)) in cases.into_iter().enumerate() {
+        let (model, engine) = if i % 2 == 0 { ("m1", &e1) } else { ("m2", &e2) };
+        let text = body(model, size, model_last);
+        let sent = if is_chunked {
+            chunked(&text)
+        } else {
+            reqwest::Body::from(text.clone())
+        };
+        let what = format!("{size} bytes, model last {model_last}, chunked {is_chunked}");
+        assert_eq!(post(&router.url(), sent).await, 200, "{what}");
+        let got = last_generate(engine).expect("the pool's engine got it");
+        assert_eq!(got.body_len, text.len(), "{what}: length");
+        assert_eq!(got.body_fnv64, sim::fnv64(text.as_bytes()), "{what}: bytes");
+        assert!(
+            got.header("transfer-encoding").is_none(),
+            "{what}: sent with a length"
+        );
+    }
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_attempt_is_retried_elsewhere_with_the_whole_body() {
+    let bad = sim::spawn_engine(fast()).await.unwrap();
+    let good = sim::spawn_engine(fast()).await.unwrap();
+    bad.control.set_fail_status(Some(503));
+    // round_robin starts at the first endpoint: the first attempt goes to the refusing engine.
+    let router = start_router(&pool_yaml("round_robin", &[bad.url(), good.url()], "")).await;
+    router
+        .wait_for("both healthy", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.health.is_healthy())
+        })
+        .await;
+    let text = body("sim-model", 1 << 20, true);
+    assert_eq!(post(&router.url(), text.clone().into()).await, 200);
+    assert!(
+        bad.stats().rejected >= 1,
+        "the first attempt reached the refusing engine"
+    );
+    let got = last_generate(&good).expect("retried on the other engine");
+    assert_eq!(got.body_len, text.len());
+    assert_eq!(got.body_fnv64, sim::fnv64(text.as_bytes()));
+    let m = router.metrics_text().await;
+    assert_eq!(metric_sum(&m, "infergate_retries_total", &[]), 1.0);
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_100_continue_is_answered_before_the_body() {
+    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let router = start_router(&pool_yaml("load_aware", &[eng.url()], "")).await;
+    router
+        .wait_for("healthy", Duration::from_secs(10), |r| {
+            r.state.pools.any_healthy()
+        })
+        .await;
+    let text = chat_body(200_000, false, 2);
+    let mut s = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        text.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 256];
+    // curl waits one second for this before sending anyway: it must come well before.
+    let n = tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf))
+        .await
+        .expect("100 Continue within 500 ms")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    s.write_all(text.as_bytes()).await.unwrap();
+    let mut resp = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut b = [0u8; 4096];
+        while let Ok(n) = s.read(&mut b).await {
+            if n == 0 {
+                break;
+            }
+            resp.extend_from_slice(&b[..n]);
+            if String::from_utf8_lossy(&resp).contains("\"choices\"") {
+                break;
+            }
+        }
+    })
+    .await;
+    let resp = String::from_utf8_lossy(&resp);
+    assert!(resp.contains("HTTP/1.1 200"), "{resp}");
+    let got = last_generate(&eng).expect("engine got it");
+    assert!(got.header("expect").is_none(), "Expect is not forwarded");
+    assert_eq!(got.body_len, text.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_chunking_answers_400_as_json() {
+    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let router = start_router(&pool_yaml("load_aware", &[eng.url()], "")).await;
+    router
+        .wait_for("healthy", Duration::from_secs(10), |r| {
+            r.state.pools.any_healthy()
+        })
+        .await;
+    let mut s = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXXXX\r\n0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut resp = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut resp)).await;
+    let resp = String::from_utf8_lossy(&resp);
+    assert!(resp.starts_with("HTTP/1.1 400"), "{resp}");
+    assert!(resp.contains("\"error\""), "OpenAI-style body: {resp}");
+    assert!(last_generate(&eng).is_none(), "{:?}", last_generate(&eng));
+}
