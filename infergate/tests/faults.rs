@@ -1,0 +1,253 @@
+//! Real engines' faults: an engine that answers 503 is no blackhole, a slow engine never gets the same
+//! generation twice, a stale pooled connection keeps a session on its engine, and only success teaches.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use infergate_sim::{self as sim, SimConfig};
+
+async fn engines(n: usize) -> Vec<sim::EngineHandle> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(
+            sim::spawn_engine(SimConfig::default())
+                .await
+                .expect("engine"),
+        );
+    }
+    v
+}
+
+fn urls(e: &[sim::EngineHandle]) -> Vec<String> {
+    e.iter().map(|e| e.url()).collect()
+}
+
+async fn all_healthy(router: &TestRouter) {
+    router
+        .wait_for("every endpoint healthy", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.health.is_healthy())
+        })
+        .await;
+}
+
+fn generate_requests(e: &sim::EngineHandle) -> usize {
+    e.requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.starts_with("/v1/"))
+        .count()
+}
+
+async fn chat(router: &TestRouter, body: String, session: Option<&str>) -> u16 {
+    let mut req = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(s) = session {
+        req = req.header("x-session-id", s);
+    }
+    let resp = req.send().await.expect("response");
+    let status = resp.status().as_u16();
+    let mut s = resp.bytes_stream();
+    while s.next().await.is_some() {}
+    status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_answering_503_is_not_a_blackhole() {
+    let eng = engines(3).await;
+    eng[0].control.set_fail_status(Some(503));
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    all_healthy(&router).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..4 {
+        let url = router.url();
+        tasks.spawn(async move {
+            let mut statuses = Vec::new();
+            for i in 0..15 {
+                let resp = client()
+                    .post(format!("{url}/v1/chat/completions"))
+                    .body(chat_body(300 + w * 10 + i, false, 2))
+                    .send()
+                    .await
+                    .expect("response");
+                statuses.push(resp.status().as_u16());
+                let _ = resp.bytes().await;
+            }
+            statuses
+        });
+    }
+    let mut failed = 0;
+    while let Some(r) = tasks.join_next().await {
+        failed += r.unwrap().iter().filter(|s| **s != 200).count();
+    }
+    assert_eq!(
+        failed, 0,
+        "no client request fails while other engines are healthy"
+    );
+    // Before: load_aware sent nearly all traffic to the engine that fails fastest.
+    let to_bad = generate_requests(&eng[0]);
+    assert!(
+        to_bad <= 6,
+        "the failing engine received {to_bad} of 60 requests"
+    );
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_answering_500_is_ejected_after_three_failures() {
+    let eng = engines(3).await;
+    eng[0].control.set_fail_status(Some(500));
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    all_healthy(&router).await;
+    let mut failed = 0;
+    for i in 0..40 {
+        if chat(&router, chat_body(300 + i, false, 2), None).await != 200 {
+            failed += 1;
+        }
+    }
+    // A 500 is passed back (the engine may have started the work), but only until the endpoint is ejected.
+    let to_bad = generate_requests(&eng[0]);
+    assert!(
+        to_bad <= 3,
+        "the failing engine received {to_bad} of 40 requests"
+    );
+    assert_eq!(failed, to_bad);
+    let m = router.metrics_text().await;
+    assert_eq!(
+        metric_sum(&m, "infergate_endpoint_ejections_total", &[]),
+        1.0
+    );
+    assert_eq!(metric_sum(&m, "infergate_endpoint_ejected", &[]), 1.0);
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_slower_than_the_timeout_reaches_exactly_one_engine() {
+    let eng = engines(3).await;
+    let yaml = pool_yaml("load_aware", &urls(&eng), "").replace(
+        "response_header: 30s, stream_idle: 30s",
+        "response_header: 1s, stream_idle: 1s",
+    );
+    let router = start_router(&yaml).await;
+    all_healthy(&router).await;
+    // Warm pooled connections to every engine, then make every engine slow to answer.
+    for i in 0..6 {
+        assert_eq!(chat(&router, chat_body(100 + i, false, 1), None).await, 200);
+    }
+    for e in &eng {
+        e.clear_requests();
+        e.control.set_slow_headers(Duration::from_millis(2500));
+    }
+    assert_eq!(chat(&router, chat_body(5000, false, 4), None).await, 504);
+    let received: usize = eng.iter().map(generate_requests).sum();
+    assert_eq!(received, 1, "a timed-out generation is never sent again");
+    let m = router.metrics_text().await;
+    assert_eq!(metric_sum(&m, "infergate_retries_total", &[]), 0.0);
+    assert_eq!(
+        metric_sum(&m, "infergate_requests_total", &["code=\"504\""]),
+        1.0
+    );
+    for e in &eng {
+        e.control.set_slow_headers(Duration::ZERO);
+    }
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_giving_up_before_headers_reaches_one_engine() {
+    let eng = engines(2).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    all_healthy(&router).await;
+    for i in 0..4 {
+        chat(&router, chat_body(100 + i, false, 1), None).await;
+    }
+    for e in &eng {
+        e.clear_requests();
+        e.control.set_slow_headers(Duration::from_millis(1500));
+    }
+    let r = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .body(chat_body(2000, false, 4))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(r.is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let received: usize = eng.iter().map(generate_requests).sum();
+    assert_eq!(received, 1);
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_pooled_connection_is_retried_on_the_same_engine_and_the_session_stays() {
+    let eng = engines(2).await;
+    let sessions = "    sessions: { header: x-session-id, ttl: 1h, max_sessions: 100 }\n";
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), sessions)).await;
+    all_healthy(&router).await;
+    assert_eq!(
+        chat(&router, chat_body(3000, true, 2), Some("s1")).await,
+        200
+    );
+    let bound = if generate_requests(&eng[0]) == 1 {
+        0
+    } else {
+        1
+    };
+    let poisoned: usize = eng
+        .iter()
+        .map(|e| e.control.poison_idle_connections())
+        .sum();
+    assert!(poisoned >= 1, "an idle pooled connection to poison");
+    assert_eq!(
+        chat(&router, chat_body(3500, true, 2), Some("s1")).await,
+        200
+    );
+    assert_eq!(
+        generate_requests(&eng[bound]),
+        2,
+        "the turn stayed on its engine"
+    );
+    assert_eq!(generate_requests(&eng[1 - bound]), 0);
+    let m = router.metrics_text().await;
+    assert_eq!(
+        metric_sum(&m, "infergate_placements_total", &["reason=\"sticky\""]),
+        1.0
+    );
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4xx_teaches_nothing() {
+    let eng = vec![sim::spawn_engine(SimConfig {
+        max_model_len: 1000,
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap()];
+    let sessions = "    sessions: { header: x-session-id, ttl: 1h, max_sessions: 100 }\n";
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), sessions)).await;
+    all_healthy(&router).await;
+    // Far over the engine's context: it answers 400 at once.
+    assert_eq!(
+        chat(&router, chat_body(60_000, true, 2), Some("s")).await,
+        400
+    );
+    router.wait_idle().await;
+    let ep = router.state.pools.pools[0].endpoints()[0].clone();
+    assert!(
+        ep.prefill_speed.estimate(1000).is_none(),
+        "no prefill speed learned from a 400"
+    );
+    assert_eq!(router.state.pools.pools[0].policy.session_count(), Some(0));
+    let m = router.metrics_text().await;
+    assert_eq!(
+        metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]),
+        0.0
+    );
+}
