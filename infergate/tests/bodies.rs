@@ -86,8 +86,8 @@ fn chunked(text: &str) -> reqwest::Body {
 fn last_generate(e: &sim::EngineHandle) -> Option<sim::RecordedRequest> {
     e.requests()
         .into_iter()
-        .filter(|r| r.method == "POST" && r.path.starts_with("/v1/"))
-        .last()
+        .rev()
+        .find(|r| r.method == "POST" && r.path.starts_with("/v1/"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
