@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): formatting, lints, then every unit and integration test.
+# The test command (README, .ci/run): formatting, lints, every unit and integration test, then the conformance
+# run (the openai SDK, 1.x and current, and curl against the router in front of engine-sim).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
@@ -11,3 +12,5 @@ cargo clippy --all-targets -- -D warnings
 echo "== cargo test"
 # Integration tests start engines and routers on loopback; two test threads suit a 2-core CI machine.
 cargo test --all-targets -- --test-threads=2
+echo "== scripts/conformance.sh"
+scripts/conformance.sh

@@ -155,6 +155,20 @@ pub(crate) async fn handle(
             let v = serde_json::to_value(eng.totals()).unwrap();
             respond_json(io, rb, &req, 200, &v).await
         }
+        "/sim/requests" if get => {
+            // The recorded requests, oldest first, as scripts see them (tests in-process use `requests()`).
+            let v: Vec<Value> = eng
+                .recorded
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    json!({"method": r.method, "path": r.path, "headers": r.headers,
+                           "body_len": r.body_len, "body_fnv64": format!("{:016x}", r.body_fnv64)})
+                })
+                .collect();
+            respond_json(io, rb, &req, 200, &Value::Array(v)).await
+        }
         "/sim/control" if get => respond_json(io, rb, &req, 200, &eng.control.to_json()).await,
         "/sim/control" if post => {
             let v: Value = match serde_json::from_slice(&req.body) {
@@ -242,6 +256,7 @@ pub(crate) async fn handle(
         | "/version"
         | "/metrics"
         | "/sim/stats"
+        | "/sim/requests"
         | "/sim/control"
         | "/tokenize"
         | "/v1/messages/count_tokens"

@@ -46,7 +46,8 @@ Logs go to stderr via env_logger (RUST_LOG=info). SIGINT / SIGTERM stop the proc
 Runtime failure injection: POST /sim/control with JSON, e.g. {\"fail_status\":503}, {\"fail_status\":null},
 {\"health_status\":500}, {\"slow_headers_ms\":2000}, {\"close_mid_stream_after\":3}, {\"extra_waiting\":10},
 {\"extra_running\":4}, {\"drop_idle_connections\":true}, {\"poison_idle_connections\":true},
-{\"refuse_connections_ms\":1500}, {\"reset\":true}. GET /sim/stats returns per-engine totals.
+{\"refuse_connections_ms\":1500}, {\"reset\":true}. GET /sim/stats returns per-engine totals;
+GET /sim/requests the recorded requests (method, path, headers, body_len, body_fnv64 in hex), oldest first.
 ";
 
 struct Args {

@@ -1027,6 +1027,23 @@ async fn stats_endpoint_and_shutdown() {
     assert_eq!(v["requests"], 1);
     assert_eq!(v["generation_tokens"], 2);
     assert_eq!(v["prompt_tokens"], 3);
+    // The recorded requests, as scripts read them: the completion, the stats call and this call itself.
+    let body = serde_json::to_vec(&json!({"prompt": "a b c", "max_tokens": 2})).unwrap();
+    let v: Value = c
+        .get(format!("{}/sim/requests", e.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let recorded = v.as_array().unwrap();
+    assert_eq!(recorded.len(), 3, "{v}");
+    assert_eq!(recorded[0]["path"], "/v1/completions");
+    assert_eq!(recorded[0]["body_len"], body.len());
+    assert_eq!(recorded[0]["body_fnv64"], format!("{:016x}", fnv64(&body)));
+    assert_eq!(recorded[1]["path"], "/sim/stats");
+    assert_eq!(recorded[2]["path"], "/sim/requests");
     let addr = e.addr;
     e.shutdown().await;
     assert!(TcpStream::connect(addr).await.is_err());

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Conformance run: clients nobody on the project wrote (the official openai Python SDK, a 1.x and the current
+# release, and curl) drive the router in front of simulated engines.
+#
+# Builds the debug binaries if needed, creates or updates one venv per SDK version under .venv/, starts two
+# engine-sim processes (pools m1 and m2, two engines each) and the router on free loopback ports, runs
+# scripts/conformance/test_openai_sdk.py once per SDK version, stops everything it started, and exits non-zero if
+# any test failed. Logs of the engines and the router: target/conformance/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+# openai 1.x serialises `messages` before `model` in the JSON body; 3.x puts `model` first.
+OPENAI_VERSIONS=(1.109.1 3.57.0)
+PYTEST_VERSION=9.2.0
+STARTUP_TIMEOUT=30   # seconds for the engines and the router to become ready
+SUITE_TIMEOUT=300    # seconds for one pytest run
+LOGS=$ROOT/target/conformance
+
+log() { echo "== conformance: $*"; }
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_install() {
+  log "installing $* (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# --- tools: curl, the venv module, the binaries, the SDK venvs -------------------------------------------------
+command -v curl >/dev/null 2>&1 || apt_install curl
+python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
+scripts/ensure-deps.sh
+log "cargo build --bins"
+cargo build --bins --quiet
+
+for v in "${OPENAI_VERSIONS[@]}"; do
+  venv=.venv/conformance-openai-$v
+  if ! "$venv/bin/python" -c "import sys, openai, pytest
+sys.exit(openai.__version__ != '$v' or pytest.__version__ != '$PYTEST_VERSION')" 2>/dev/null; then
+    log "preparing $venv (openai==$v, pytest==$PYTEST_VERSION)"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "openai==$v" "pytest==$PYTEST_VERSION"
+  fi
+done
+
+# --- processes ----------------------------------------------------------------------------------------------------
+mkdir -p "$LOGS"
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+  local rc=$? pid i
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$TMP"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Six free loopback ports, held together so they are distinct: four engines, the proxy and the metrics listener.
+read -r E1 E2 E3 E4 PROXY METRICS < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(6)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+for s in socks:
+    s.close()')
+
+# Fast simulated time: a 1 MiB prompt prefills in ~0.1 s.
+SIM=(target/debug/engine-sim --time-scale 0.05)
+"${SIM[@]}" --model m1 --ports "$E1,$E2" >"$LOGS/engine-sim-m1.log" 2>&1 &
+PIDS+=($!)
+"${SIM[@]}" --model m2 --ports "$E3,$E4" >"$LOGS/engine-sim-m2.log" 2>&1 &
+PIDS+=($!)
+
+cat >"$TMP/infergate.yaml" <<EOF
+listen: "127.0.0.1:$PROXY"
+metrics_listen: "127.0.0.1:$METRICS"
+server:
+  threads: 2
+  grace_period_seconds: 0
+  graceful_shutdown_timeout_seconds: 1
+  pid_file: $TMP/infergate.pid
+  upgrade_sock: $TMP/infergate_upgrade.sock
+timeouts: { connect: 2s, response_header: 30s, stream_idle: 30s }
+max_retries: 2
+pools:
+  - name: m1
+    models: [m1]
+    policy: load_aware
+    endpoints: ["http://127.0.0.1:$E1", "http://127.0.0.1:$E2"]
+    health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }
+    sessions: { header: x-session-id }
+  - name: m2
+    models: [m2]
+    policy: load_aware
+    endpoints: ["http://127.0.0.1:$E3", "http://127.0.0.1:$E4"]
+    health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }
+    sessions: { header: x-session-id }
+EOF
+cp "$TMP/infergate.yaml" "$LOGS/infergate.yaml"
+
+# wait_until DESCRIPTION COMMAND...: polls every 0.1 s for at most STARTUP_TIMEOUT seconds; every process started
+# so far must stay alive meanwhile.
+wait_until() {
+  local what=$1 i pid
+  shift
+  for i in $(seq $((STARTUP_TIMEOUT * 10))); do
+    "$@" && return 0
+    for pid in "${PIDS[@]}"; do
+      kill -0 "$pid" 2>/dev/null || { echo "conformance: a process died while waiting for $what (see $LOGS)" >&2; exit 1; }
+    done
+    sleep 0.1
+  done
+  echo "conformance: timed out after ${STARTUP_TIMEOUT}s waiting for $what (see $LOGS)" >&2
+  exit 1
+}
+engines_up() {
+  local p
+  for p in "$E1" "$E2" "$E3" "$E4"; do curl -sf -o /dev/null "http://127.0.0.1:$p/health" || return 1; done
+}
+all_endpoints_healthy() {
+  [ "$(curl -sf "http://127.0.0.1:$METRICS/metrics" | grep -c '^infergate_endpoint_healthy{.*} 1$')" = 4 ]
+}
+
+wait_until "the engines" engines_up
+RUST_LOG=info target/debug/infergate -c "$TMP/infergate.yaml" >"$LOGS/infergate.log" 2>&1 &
+PIDS+=($!)
+wait_until "the router's health" curl -sf -o /dev/null "http://127.0.0.1:$PROXY/health"
+wait_until "all four endpoints healthy" all_endpoints_healthy
+log "router on 127.0.0.1:$PROXY (metrics :$METRICS), pool m1: engines :$E1 :$E2, pool m2: engines :$E3 :$E4"
+
+# --- the suite, once per SDK version ------------------------------------------------------------------------------
+export INFERGATE_URL=http://127.0.0.1:$PROXY
+export INFERGATE_METRICS_URL=http://127.0.0.1:$METRICS/metrics
+export ENGINES_M1=http://127.0.0.1:$E1,http://127.0.0.1:$E2
+export ENGINES_M2=http://127.0.0.1:$E3,http://127.0.0.1:$E4
+export PYTHONDONTWRITEBYTECODE=1
+failed=0
+for v in "${OPENAI_VERSIONS[@]}"; do
+  log "pytest with openai==$v"
+  timeout "$SUITE_TIMEOUT" ".venv/conformance-openai-$v/bin/python" -m pytest scripts/conformance \
+    -p no:cacheprovider -v --tb=short -rfEP || failed=1
+done
+exit "$failed"

@@ -1,0 +1,263 @@
+"""Conformance of infergate with clients nobody on the project wrote: the official openai Python SDK (whichever
+version this interpreter has; scripts/conformance.sh runs the file once per pinned version) and curl, against the
+router in front of engine-sim.
+
+Covers, through the SDK: chat completions with and without streaming, text completions, models.list(), 100 KiB
+and 1 MiB prompts for both models reaching one engine of the right pool byte-complete, an unknown model raising
+openai.NotFoundError, the router's own 503 + Retry-After retried by the SDK until the pool is healthy again, and
+a client that closes a stream after its first chunk (the router's gauges return to 0 and the engine aborts).
+Through curl: a 1 MiB body with `Expect: 100-continue` served without the client's 1 s wait for `100 Continue`,
+and a 200 KiB chunked upload with `model` last routed to the right pool.
+
+Environment (set by scripts/conformance.sh): INFERGATE_URL (the router), INFERGATE_METRICS_URL (its /metrics),
+ENGINES_M1 and ENGINES_M2 (comma-separated engine-sim base URLs of pools m1 and m2).
+"""
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+
+import openai
+import pytest
+
+ROUTER = os.environ["INFERGATE_URL"]
+METRICS = os.environ["INFERGATE_METRICS_URL"]
+POOLS = {model: os.environ[f"ENGINES_{model.upper()}"].split(",") for model in ("m1", "m2")}
+KIB, MIB = 1024, 1024 * 1024
+ID_HEADER = "x-conformance-id"  # tags a request so the engine's record of it can be found
+SENT = {}  # request id -> body bytes the client put on the wire
+
+SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+# --- helpers: the router's metrics, the engines' records and knobs (urllib: openai 1.x brings httpx, 3.x httpx2)
+
+
+def http(url, body=None):
+    """GET `url`, or POST `body` as JSON; returns the response text (an HTTP error status raises)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def metric(name, **labels):
+    """Sum of the router's samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for line in http(METRICS).splitlines():
+        m = SAMPLE.match(line)
+        if m and m[1] == name and labels.items() <= dict(LABEL.findall(m[2] or "")).items():
+            total += float(m[3])
+    return total
+
+
+def gauges():
+    """(requests in flight, prefill tokens in flight) over every endpoint of the router."""
+    return (
+        metric("infergate_endpoint_requests_in_flight"),
+        metric("infergate_endpoint_prefill_tokens"),
+    )
+
+
+def wait_for(what, cond, timeout=5.0):
+    """Polls `cond` every 50 ms until it is true; fails after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def sim_total(model, key):
+    """Sum of `key` of GET /sim/stats over the engines of pool `model`."""
+    return sum(json.loads(http(f"{url}/sim/stats"))[key] for url in POOLS[model])
+
+
+def set_health(model, status):
+    """Makes every engine of pool `model` answer its health check with `status`."""
+    for url in POOLS[model]:
+        http(f"{url}/sim/control", {"health_status": status})
+
+
+def healthy(model):
+    return metric("infergate_endpoint_healthy", pool=model)
+
+
+def assert_delivered(rid, model, nbytes):
+    """Exactly one engine, of pool `model`, received request `rid`, with a body of `nbytes` bytes."""
+    got = [
+        (url, rec["body_len"])
+        for urls in POOLS.values()
+        for url in urls
+        for rec in json.loads(http(f"{url}/sim/requests"))
+        if [ID_HEADER, rid] in rec["headers"]
+    ]
+    assert len(got) == 1, f"request {rid} reached {len(got)} engines: {got}"
+    url, body_len = got[0]
+    assert url in POOLS[model], f"a {model} request reached {url}, not pool {model} {POOLS[model]}"
+    assert body_len == nbytes, f"the engine got {body_len} body bytes of {nbytes}"
+
+
+def text(nbytes):
+    """`nbytes` of prompt text."""
+    return ("conform " * (nbytes // 8 + 1))[:nbytes]
+
+
+# --- helpers: SDK and curl requests --------------------------------------------------------------------------
+
+
+def _record_sent(request):
+    if ID_HEADER in request.headers:
+        SENT[request.headers[ID_HEADER]] = len(request.content)
+
+
+@pytest.fixture(scope="module")
+def client():
+    """An SDK client on the router that does not retry (tests that want retries ask for them)."""
+    http_client = openai.DefaultHttpxClient(event_hooks={"request": [_record_sent]})
+    with openai.OpenAI(
+        base_url=f"{ROUTER}/v1", api_key="conformance", max_retries=0, timeout=30, http_client=http_client
+    ) as c:
+        yield c
+
+
+def chat(client, model, content, **kw):
+    """A tagged chat completion through the SDK; returns (request id, response or stream)."""
+    rid = uuid.uuid4().hex
+    kw.setdefault("max_tokens", 4)
+    resp = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": content}], extra_headers={ID_HEADER: rid}, **kw
+    )
+    return rid, resp
+
+
+def chat_body(model, content, model_last=False):
+    """A chat request body as bytes, with `model` first or last."""
+    fields = {"max_tokens": 4, "messages": [{"role": "user", "content": content}]}
+    body = {**fields, "model": model} if model_last else {"model": model, **fields}
+    return json.dumps(body).encode()
+
+
+def curl(tmp_path, body, *headers):
+    """POSTs `body` to the router's chat endpoint with curl: (request id, status, total seconds, response)."""
+    rid = uuid.uuid4().hex
+    (tmp_path / "body.json").write_bytes(body)
+    cmd = ["curl", "-sS", "--max-time", "20", "-o", str(tmp_path / "response"), "-w", "%{http_code} %{time_total}"]
+    for h in ("content-type: application/json", f"{ID_HEADER}: {rid}", *headers):
+        cmd += ["-H", h]
+    cmd += ["--data-binary", f"@{tmp_path / 'body.json'}", f"{ROUTER}/v1/chat/completions"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, f"curl exited {res.returncode}: {res.stderr}"
+    status, seconds = res.stdout.split()
+    return rid, int(status), float(seconds), (tmp_path / "response").read_text()
+
+
+# --- SDK tests -----------------------------------------------------------------------------------------------
+
+MODELS = pytest.mark.parametrize("model", ["m1", "m2"])
+
+
+@MODELS
+def test_chat_completion(client, model):
+    rid, resp = chat(client, model, "hello")
+    assert resp.model == model
+    assert resp.choices[0].message.content
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 4
+    assert_delivered(rid, model, SENT[rid])
+
+
+@MODELS
+def test_chat_completion_streaming(client, model):
+    rid, stream = chat(client, model, "hello", stream=True)
+    chunks = [c for c in stream if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert_delivered(rid, model, SENT[rid])
+
+
+@MODELS
+def test_text_completion(client, model):
+    rid = uuid.uuid4().hex
+    resp = client.completions.create(model=model, prompt="hello", max_tokens=4, extra_headers={ID_HEADER: rid})
+    assert resp.choices[0].text
+    assert resp.choices[0].finish_reason == "length"
+    assert_delivered(rid, model, SENT[rid])
+
+
+def test_models_list(client):
+    assert sorted(m.id for m in client.models.list()) == ["m1", "m2"]
+
+
+@pytest.mark.parametrize("size", [100 * KIB, MIB], ids=["100KiB", "1MiB"])
+@MODELS
+def test_big_prompt_reaches_its_pool_intact(client, model, size):
+    rid, resp = chat(client, model, text(size))
+    assert resp.choices[0].message.content
+    assert_delivered(rid, model, SENT[rid])
+
+
+def test_unknown_model_raises_not_found(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        chat(client, "no-such-model", "hello")
+    assert e.value.code == "model_not_found"
+
+
+def test_router_503_is_retried_by_the_sdk(client):
+    """Pool m2 fails its health checks; the router answers 503 + Retry-After; the SDK (max_retries=2) waits and
+    retries; a thread restores health after 1 s; the call succeeds."""
+    answered_503 = metric("infergate_router_responses_total", code="503")
+    restore = threading.Timer(1.0, set_health, ("m2", 200))
+    set_health("m2", 500)
+    try:
+        wait_for("pool m2 out of rotation", lambda: healthy("m2") == 0)
+        restore.start()
+        started = time.monotonic()
+        _, resp = chat(client.with_options(max_retries=2, timeout=15), "m2", "hello")
+        elapsed = time.monotonic() - started
+    finally:
+        restore.cancel()
+        if restore.ident is not None:
+            restore.join()
+        set_health("m2", 200)
+        wait_for("pool m2 back in rotation", lambda: healthy("m2") == len(POOLS["m2"]))
+    assert resp.choices[0].message.content
+    assert metric("infergate_router_responses_total", code="503") > answered_503, "no 503 was answered"
+    print(f"served after the router's 503 in {elapsed:.2f} s")
+
+
+def test_client_disconnect_mid_stream_releases_gauges(client):
+    aborted = sim_total("m1", "aborted")
+    _, stream = chat(client, "m1", text(20 * KIB), stream=True, max_tokens=20000)
+    next(stream)
+    assert metric("infergate_endpoint_requests_in_flight", pool="m1") >= 1
+    stream.close()
+    wait_for("the router's gauges at 0 (requests, prefill tokens)", lambda: gauges() == (0, 0))
+    wait_for("the engine to abort the request", lambda: sim_total("m1", "aborted") > aborted)
+
+
+# --- curl tests ----------------------------------------------------------------------------------------------
+
+
+def test_curl_1mib_expect_100_continue_does_not_stall(tmp_path):
+    """curl waits up to 1 s for `100 Continue` before sending the body; a proxy that never answers it stalls."""
+    body = chat_body("m1", text(MIB))
+    rid, status, seconds, resp = curl(tmp_path, body, "Expect: 100-continue")
+    print(f"1 MiB with Expect: 100-continue: {seconds:.3f} s")
+    assert status == 200, resp
+    assert_delivered(rid, "m1", len(body))
+    assert seconds < 0.9, f"took {seconds:.3f} s: stalled waiting for 100 Continue"
+
+
+@MODELS
+def test_curl_chunked_upload_model_last_is_routed(tmp_path, model):
+    """A 200 KiB chunked body whose `model` comes after the messages (no Expect, to keep the stall out)."""
+    body = chat_body(model, text(200 * KIB), model_last=True)
+    rid, status, _, resp = curl(tmp_path, body, "Transfer-Encoding: chunked", "Expect:")
+    assert status == 200, resp
+    assert_delivered(rid, model, len(body))
