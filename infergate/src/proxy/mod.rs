@@ -4,6 +4,7 @@
 //! Which hook does what, in the order Pingora calls them:
 //!
 //! ```text
+//! early_request_filter     serve pipelined requests in order
 //! request_filter           classify; answer /health and /v1/models; read the whole body (bounded), pick the pool
 //! upstream_peer            (per attempt) snapshot → policy.place → ledger hold → peer; a stale pooled connection
 //!                          is retried once on the same endpoint over a fresh connection
@@ -385,6 +386,15 @@ impl ProxyHttp for Router {
 
     fn new_ctx(&self) -> Ctx {
         Ctx::default()
+    }
+
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+        // A client may send the next request before reading this response (RFC 9112 §9.3.2): serve them in
+        // order instead of dropping the connection and the requests behind it.
+        if let pingora_core::protocols::http::ServerSession::H1(s) = session.as_downstream_mut() {
+            s.set_pipelining_enabled(true);
+        }
+        Ok(())
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {

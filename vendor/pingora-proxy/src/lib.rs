@@ -352,8 +352,9 @@ where
                         "Fail to proxy: {e}, downstream session type: {}",
                         downstream_session.session_type()
                     );
+                    // infergate patch: the client gets an OpenAI-style JSON body, not an empty one.
                     downstream_session
-                        .respond_error(400)
+                        .respond_error_with_body(400, openai_error_body("bad_request", "malformed request"))
                         .await
                         .unwrap_or_else(|e| {
                             error!("failed to send error response to downstream: {e}");
@@ -386,7 +387,7 @@ where
             && downstream_session.req_header().method == Method::CONNECT
         {
             downstream_session
-                .respond_error(405)
+                .respond_error_with_body(405, openai_error_body("method_not_allowed", "method not allowed"))
                 .await
                 .unwrap_or_else(|e| {
                     error!("failed to send error response to downstream: {e}");
@@ -2627,4 +2628,11 @@ mod tests {
         .expect("read_request parked after shutdown");
         assert!(session.is_none());
     }
+}
+
+/// infergate patch: the body of an error Pingora answers itself before any application hook runs.
+fn openai_error_body(code: &str, message: &str) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"error":{{"message":"{message}","type":"invalid_request_error","code":"{code}"}}}}"#
+    ))
 }
