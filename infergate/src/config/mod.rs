@@ -66,7 +66,8 @@ pub struct PoolConfig {
     pub prefix: PrefixConfig,
 }
 
-#[derive(Debug, Clone)]
+/// `Debug` shows `api_key` as `Some("***")`, never the key itself.
+#[derive(Clone)]
 pub struct EndpointConfig {
     /// The URL as written ("http://host:port"); only http is supported.
     pub url: String,
@@ -78,6 +79,18 @@ pub struct EndpointConfig {
     pub addr: SocketAddr,
     /// Bearer token for the endpoint, read from api_key_env or api_key_file at load time. Never logged.
     pub api_key: Option<String>,
+}
+
+impl std::fmt::Debug for EndpointConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointConfig")
+            .field("url", &self.url)
+            .field("label", &self.label)
+            .field("host", &self.host)
+            .field("addr", &self.addr)
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -2435,6 +2448,31 @@ pools:
             "{}",
             c.server_yaml
         );
+    }
+
+    #[test]
+    fn endpoint_debug_hides_the_api_key() {
+        std::env::set_var("INFERGATE_TEST_DEBUG_KEY", "debug-secret");
+        let c = parse(&endpoint_with(
+            "        api_key_env: INFERGATE_TEST_DEBUG_KEY\n",
+        ))
+        .unwrap();
+        let ep = &c.pools[0].endpoints[0];
+        assert_eq!(ep.api_key.as_deref(), Some("debug-secret"));
+        let compact = [format!("{ep:?}"), format!("{:?}", c.pools[0])];
+        for shown in &compact {
+            assert!(shown.contains(r#"api_key: Some("***")"#), "{shown}");
+        }
+        for shown in compact
+            .iter()
+            .chain(&[format!("{ep:#?}"), format!("{c:#?}")])
+        {
+            assert!(!shown.contains("debug-secret"), "key leaked: {shown}");
+            assert!(shown.contains(r#""***""#), "{shown}");
+            assert!(shown.contains("127.0.0.1:8101"), "{shown}");
+        }
+        let plain = parse(POOL).unwrap();
+        assert!(format!("{:?}", plain.pools[0].endpoints[0]).contains("api_key: None"));
     }
 
     #[test]
