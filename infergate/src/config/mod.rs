@@ -1,11 +1,17 @@
 //! The YAML configuration: schema, defaults, validation and error messages that name the file, key path and reason.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pingora::server::configuration::ServerConf;
 use serde_norway::{Mapping, Value};
+
+mod values;
+mod walk;
+
+use values::{check_listen_addr, parse_http_url, resolve, to_usize};
+use walk::{kind, yaml_reason, Field, Node, Reader, Walker};
 
 /// The whole validated configuration. Everything else in the crate reads this, never the YAML.
 #[derive(Debug, Clone)]
@@ -179,73 +185,24 @@ impl Config {
 
     /// Parse and validate YAML text; `path` is used in messages only.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let cx = Cx { file: path };
+        let w = Walker::new(path);
         let mut doc: Value =
-            serde_norway::from_str(text).map_err(|e| cx.err("", yaml_reason(&e)))?;
-        doc.apply_merge().map_err(|e| cx.err("", yaml_reason(&e)))?;
-        let top = match &doc {
-            Value::Mapping(_) => cx.obj("", &doc, TOP_KEYS)?,
-            Value::Null => {
-                return Err(cx.err("", "the file has no settings; at least `pools` is required"));
-            }
-            other => {
-                return Err(cx.err(
-                    "",
-                    format!(
-                        "the top level must be a mapping of keys (listen, pools, ...), found {}",
-                        kind(other)
-                    ),
-                ));
-            }
-        };
-
-        let listen = cx.listen_list(&top)?;
-        let metrics_listen = match top.get("metrics_listen") {
-            None | Some(Value::Null) => None,
-            Some(v) => {
-                let key = top.child("metrics_listen");
-                let addr = cx.string(&key, v)?.trim().to_string();
-                check_listen_addr(&addr).map_err(|r| cx.err(&key, r))?;
-                if listen.contains(&addr) {
-                    return Err(cx.err(
-                        &key,
-                        format!("`{addr}` is also in `listen`; use a different port"),
-                    ));
-                }
-                Some(addr)
-            }
-        };
-        let server_yaml = cx.server(&top)?;
-
-        let t = cx.section(&top, "timeouts", TIMEOUT_KEYS)?;
-        let d = Timeouts::default();
-        let timeouts = Timeouts {
-            connect: cx.duration_or(&t, "connect", d.connect)?,
-            response_header: cx.duration_or(&t, "response_header", d.response_header)?,
-            stream_idle: cx.duration_or(&t, "stream_idle", d.stream_idle)?,
-        };
-
-        let max_retries = match top.get("max_retries") {
-            None => DEFAULT_MAX_RETRIES,
-            Some(v) => to_usize(cx.uint(&top.child("max_retries"), v)?),
-        };
-        let max_body_bytes = match top.get("max_body_bytes") {
-            None => DEFAULT_MAX_BODY_BYTES,
-            Some(v) => cx.byte_size(&top.child("max_body_bytes"), v)?,
-        };
-
-        let pools = cx.pools(&top)?;
-
-        Ok(Config {
-            source: path.to_path_buf(),
-            listen,
-            metrics_listen,
-            server_yaml,
-            timeouts,
-            max_retries,
-            max_body_bytes,
-            pools,
-        })
+            serde_norway::from_str(text).map_err(|e| w.err("", yaml_reason(&e)))?;
+        doc.apply_merge().map_err(|e| w.err("", yaml_reason(&e)))?;
+        match &doc {
+            Value::Mapping(_) => Config::read(w.root(&doc).section()?),
+            Value::Null => Err(w.err(
+                "",
+                "the file has no settings; at least `pools` is required",
+            )),
+            other => Err(w.err(
+                "",
+                format!(
+                    "the top level must be a mapping of keys (listen, pools, ...), found {}",
+                    kind(other)
+                ),
+            )),
+        }
     }
 
     /// The pool that serves `model`: the pool listing it exactly, else the pool listing `"*"`, else None.
@@ -377,45 +334,573 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
 const DEFAULT_MAX_RETRIES: usize = 2;
 const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
 
-const TOP_KEYS: &[&str] = &[
-    "listen",
-    "metrics_listen",
-    "server",
-    "timeouts",
-    "max_retries",
-    "max_body_bytes",
-    "pools",
+/// Every section's reader and where its keys belong, in words (in the order "`x` belongs in ..." lists them). The
+/// known keys of a section are the ones its reader asks for ([`walk::discover`]).
+const SECTIONS: &[(&str, Reader)] = &[
+    ("the top level", |n| Config::read(n).map(drop)),
+    ("timeouts", |n| Timeouts::read(n).map(drop)),
+    ("server", |n| server_yaml(n).map(drop)),
+    ("a pool (pools[N])", |n| PoolConfig::read(n).map(drop)),
+    ("an endpoint (pools[N].endpoints[M])", |n| {
+        EndpointConfig::read_mapping(n).map(drop)
+    }),
+    ("health_check", |n| HealthCheckConfig::read(n).map(drop)),
+    ("prefill", |n| PrefillConfig::read(n).map(drop)),
+    ("sessions", |n| {
+        SessionsConfig::read(n, Policy::LoadAware).map(drop)
+    }),
+    ("engine_stats", |n| EngineStatsConfig::read(n).map(drop)),
+    ("prefix", |n| PrefixConfig::read(n).map(drop)),
 ];
-const TIMEOUT_KEYS: &[&str] = &["connect", "response_header", "stream_idle"];
-const POOL_KEYS: &[&str] = &[
-    "name",
-    "models",
-    "policy",
-    "max_in_flight_per_endpoint",
-    "endpoints",
-    "health_check",
-    "prefill",
-    "sessions",
-    "engine_stats",
-    "prefix",
-];
-const ENDPOINT_KEYS: &[&str] = &["url", "api_key_env", "api_key_file"];
-const HEALTH_KEYS: &[&str] = &[
-    "path",
-    "interval",
-    "timeout",
-    "healthy_after",
-    "unhealthy_after",
-];
-const PREFILL_KEYS: &[&str] = &["bytes_per_token", "max_tokens"];
-const SESSIONS_KEYS: &[&str] = &["header", "ttl", "max_sessions"];
-const ENGINE_STATS_KEYS: &[&str] = &["kind", "path", "interval", "metric_prefix"];
-const PREFIX_KEYS: &[&str] = &[
-    "block_bytes",
-    "min_match_bytes",
-    "capacity_tokens_per_endpoint",
-    "fallback",
-];
+
+impl Config {
+    /// The top level of the file.
+    fn read(n: Node<'_>) -> Result<Config, ConfigError> {
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, pools] = n
+            .keys([
+                "listen",
+                "metrics_listen",
+                "server",
+                "timeouts",
+                "max_retries",
+                "max_body_bytes",
+                "pools",
+            ])?;
+        let listen = listen_list(&listen)?;
+        let metrics_listen = match metrics_listen.value() {
+            None | Some(Value::Null) => None,
+            Some(_) => {
+                let addr = metrics_listen.string()?.trim().to_string();
+                check_listen_addr(&addr).map_err(|r| metrics_listen.err(r))?;
+                if listen.contains(&addr) {
+                    return Err(metrics_listen.err(format!(
+                        "`{addr}` is also in `listen`; use a different port"
+                    )));
+                }
+                Some(addr)
+            }
+        };
+        Ok(Config {
+            source: n.file().to_path_buf(),
+            listen,
+            metrics_listen,
+            server_yaml: server_yaml(server.section()?)?,
+            timeouts: Timeouts::read(timeouts.section()?)?,
+            max_retries: to_usize(max_retries.uint_or(DEFAULT_MAX_RETRIES as u64)?),
+            max_body_bytes: max_body_bytes.byte_size_or(DEFAULT_MAX_BODY_BYTES)?,
+            pools: pools_list(&pools)?,
+        })
+    }
+}
+
+impl Timeouts {
+    fn read(n: Node<'_>) -> Result<Timeouts, ConfigError> {
+        let [connect, response_header, stream_idle] =
+            n.keys(["connect", "response_header", "stream_idle"])?;
+        let d = Timeouts::default();
+        Ok(Timeouts {
+            connect: connect.duration_or(d.connect)?,
+            response_header: response_header.duration_or(d.response_header)?,
+            stream_idle: stream_idle.duration_or(d.stream_idle)?,
+        })
+    }
+}
+
+/// `listen`: one address or a list of them.
+fn listen_list(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {
+    let items: Vec<Field<'_>> = match f.value() {
+        None => return Ok(vec![DEFAULT_LISTEN.to_string()]),
+        Some(Value::Sequence(seq)) => {
+            if seq.is_empty() {
+                return Err(
+                    f.err("at least one address is required (e.g. \"127.0.0.1:8000\")")
+                );
+            }
+            seq.iter().enumerate().map(|(i, v)| f.item(i, v)).collect()
+        }
+        Some(Value::String(_)) => vec![f.clone()],
+        Some(other) => return Err(f.type_err("a string or a list of strings", other)),
+    };
+    let mut out: Vec<String> = Vec::new();
+    for item in items {
+        let addr = item.string()?.trim().to_string();
+        check_listen_addr(&addr).map_err(|r| item.err(r))?;
+        if out.contains(&addr) {
+            return Err(item.err(format!("`{addr}` is listed twice")));
+        }
+        out.push(addr);
+    }
+    Ok(out)
+}
+
+/// The `server` section as YAML for `ServerConf::from_yaml`: each field type-checked, then checked by Pingora
+/// alone (so its message names the field), then infergate's defaults added and the whole checked again.
+fn server_yaml(n: Node<'_>) -> Result<String, ConfigError> {
+    let names: Vec<&'static str> = SERVER_FIELDS.iter().map(|(k, _)| *k).collect();
+    n.accept(&names)?;
+    let mut out = Mapping::new();
+    for (k, v, f) in n.entries() {
+        let field_kind = SERVER_FIELDS
+            .iter()
+            .find(|(name, _)| k.as_str() == Some(*name))
+            .map(|(_, kind)| *kind)
+            .unwrap_or(ServerKind::Other);
+        server_value(&f, field_kind, v)?;
+        let mut one = Mapping::new();
+        one.insert(k.clone(), v.clone());
+        let yaml = serde_norway::to_string(&Value::Mapping(one))
+            .map_err(|e| f.err(format!("cannot re-encode: {e}")))?;
+        if let Err(e) = ServerConf::from_yaml(&yaml) {
+            return Err(f.err(format!("rejected by Pingora: {}", pingora_reason(&e))));
+        }
+        out.insert(k.clone(), v.clone());
+    }
+    for (name, default) in SERVER_DEFAULTS {
+        if !out.contains_key(*name) {
+            let v = match default {
+                ServerDefault::Int(n) => Value::Number((*n).into()),
+                ServerDefault::Str(s) => Value::String((*s).to_string()),
+            };
+            out.insert(Value::String((*name).to_string()), v);
+        }
+    }
+    let yaml = serde_norway::to_string(&Value::Mapping(out))
+        .map_err(|e| n.err(format!("cannot re-encode: {e}")))?;
+    ServerConf::from_yaml(&yaml)
+        .map_err(|e| n.err(format!("rejected by Pingora: {}", pingora_reason(&e))))?;
+    Ok(yaml)
+}
+
+/// Type-checks one `server` field `f` (value `v`) as `field_kind`.
+fn server_value(f: &Field<'_>, field_kind: ServerKind, v: &Value) -> Result<(), ConfigError> {
+    match (field_kind, v) {
+        (ServerKind::OptUint | ServerKind::OptNonZero | ServerKind::OptStr, Value::Null) => Ok(()),
+        (ServerKind::Uint | ServerKind::OptUint, _) => f.uint().map(|_| ()),
+        (ServerKind::OptNonZero | ServerKind::PosUint, _) => {
+            if f.uint()? == 0 {
+                return Err(f.err("must be at least 1"));
+            }
+            Ok(())
+        }
+        (ServerKind::Bool, Value::Bool(_)) => Ok(()),
+        (ServerKind::Bool, other) => Err(f.type_err("true or false", other)),
+        (ServerKind::Str | ServerKind::OptStr, _) => f.string().map(|_| ()),
+        (ServerKind::StrList, Value::Sequence(seq)) => {
+            for (i, item) in seq.iter().enumerate() {
+                f.item(i, item).string()?;
+            }
+            Ok(())
+        }
+        (ServerKind::StrList, other) => Err(f.type_err("a list of strings", other)),
+        (ServerKind::Other, _) => Ok(()),
+    }
+}
+
+/// `pools`: each pool, then the names and models that must be unique across pools.
+fn pools_list(f: &Field<'_>) -> Result<Vec<PoolConfig>, ConfigError> {
+    let seq = match f.value() {
+        None | Some(Value::Null) => return Err(f.err("at least one pool is required")),
+        Some(Value::Sequence(seq)) => seq,
+        Some(other) => return Err(f.type_err("a list of pools", other)),
+    };
+    if seq.is_empty() {
+        return Err(f.err("at least one pool is required"));
+    }
+    let mut pools: Vec<PoolConfig> = Vec::new();
+    for (i, v) in seq.iter().enumerate() {
+        let item = f.item(i, v);
+        if v.is_null() {
+            return Err(item.type_err("a mapping", v));
+        }
+        let pool = PoolConfig::read(item.section()?)?;
+        if let Some(j) = pools.iter().position(|p| p.name == pool.name) {
+            return Err(item.err_in(
+                "name",
+                format!(
+                    "duplicate pool name `{}` (also {}[{j}])",
+                    pool.name,
+                    f.path()
+                ),
+            ));
+        }
+        for (m_idx, model) in pool.models.iter().enumerate() {
+            if let Some(other) = pools.iter().find(|p| p.models.contains(model)) {
+                let reason = if model == "*" {
+                    format!(
+                        "only one pool may use \"*\"; pool `{}` already catches all other models",
+                        other.name
+                    )
+                } else {
+                    format!(
+                        "model `{model}` is already served by pool `{}`; each model belongs to one pool",
+                        other.name
+                    )
+                };
+                return Err(item.err_in(&format!("models[{m_idx}]"), reason));
+            }
+        }
+        pools.push(pool);
+    }
+    Ok(pools)
+}
+
+impl PoolConfig {
+    fn read(n: Node<'_>) -> Result<PoolConfig, ConfigError> {
+        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix] =
+            n.keys([
+                "name",
+                "models",
+                "policy",
+                "max_in_flight_per_endpoint",
+                "endpoints",
+                "health_check",
+                "prefill",
+                "sessions",
+                "engine_stats",
+                "prefix",
+            ])?;
+        let name = {
+            let s = name.string()?.trim().to_string();
+            if s.is_empty() {
+                return Err(name.err("must not be empty"));
+            }
+            s
+        };
+        let models = model_list(&models)?;
+        let policy = Policy::read(&policy)?;
+        let max_in_flight_per_endpoint = match max_in_flight_per_endpoint.value() {
+            None | Some(Value::Null) => None,
+            Some(_) => {
+                let f = &max_in_flight_per_endpoint;
+                let n = f.uint()?;
+                if n == 0 {
+                    return Err(f.err("must be at least 1 (remove the key for no limit)"));
+                }
+                Some(n)
+            }
+        };
+        let endpoints = endpoint_list(&endpoints)?;
+        let health_check = HealthCheckConfig::read(health_check.section()?)?;
+        let prefill = PrefillConfig::read(prefill.section()?)?;
+        let sessions = match sessions.optional_section()? {
+            None => None,
+            Some(s) => Some(SessionsConfig::read(s, policy)?),
+        };
+        let engine_stats = match engine_stats.optional_section()? {
+            None => None,
+            Some(e) => Some(EngineStatsConfig::read(e)?),
+        };
+        let prefix = PrefixConfig::read(prefix.section()?)?;
+        Ok(PoolConfig {
+            name,
+            models,
+            policy,
+            endpoints,
+            health_check,
+            prefill,
+            max_in_flight_per_endpoint,
+            sessions,
+            engine_stats,
+            prefix,
+        })
+    }
+}
+
+/// A pool's `models`: `["*"]` when absent.
+fn model_list(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {
+    let seq = match f.value() {
+        None => return Ok(vec!["*".to_string()]),
+        Some(Value::Sequence(seq)) => seq,
+        Some(other) => return Err(f.type_err("a list of model names", other)),
+    };
+    if seq.is_empty() {
+        return Err(
+            f.err("at least one model name is required (use \"*\" to match any model)")
+        );
+    }
+    let mut models: Vec<String> = Vec::new();
+    for (i, v) in seq.iter().enumerate() {
+        let item = f.item(i, v);
+        let m = item.string()?.trim().to_string();
+        if m.is_empty() {
+            return Err(item.err("must not be empty"));
+        }
+        if models.contains(&m) {
+            return Err(item.err(format!("model `{m}` is listed twice")));
+        }
+        models.push(m);
+    }
+    Ok(models)
+}
+
+impl Policy {
+    /// A pool's `policy`: load_aware when absent.
+    fn read(f: &Field<'_>) -> Result<Policy, ConfigError> {
+        if f.value().is_none() {
+            return Ok(Policy::LoadAware);
+        }
+        let s = f.string()?.trim();
+        match Policy::ALL.iter().find(|pol| pol.as_str() == s) {
+            Some(pol) => Ok(*pol),
+            None => {
+                let names: Vec<&str> = Policy::ALL.iter().map(|p| p.as_str()).collect();
+                Err(f.err(format!(
+                    "unknown policy `{s}`; expected one of {}",
+                    names.join(", ")
+                )))
+            }
+        }
+    }
+}
+
+/// A pool's `endpoints`: at least one, no endpoint twice.
+fn endpoint_list(f: &Field<'_>) -> Result<Vec<EndpointConfig>, ConfigError> {
+    let seq = match f.value() {
+        None | Some(Value::Null) => return Err(f.err("at least one endpoint is required")),
+        Some(Value::Sequence(seq)) => seq,
+        Some(other) => return Err(f.type_err("a list of endpoints", other)),
+    };
+    if seq.is_empty() {
+        return Err(f.err("at least one endpoint is required"));
+    }
+    let mut out: Vec<EndpointConfig> = Vec::new();
+    for (i, v) in seq.iter().enumerate() {
+        let item = f.item(i, v);
+        let ep = EndpointConfig::read(&item)?;
+        if let Some(j) = out
+            .iter()
+            .position(|o| o.label.eq_ignore_ascii_case(&ep.label))
+        {
+            return Err(item.err_in(
+                "url",
+                format!("duplicate endpoint `{}` (also {}[{j}])", ep.label, f.path()),
+            ));
+        }
+        out.push(ep);
+    }
+    Ok(out)
+}
+
+impl EndpointConfig {
+    /// One endpoint: a mapping with `url`, or the URL string alone.
+    fn read(f: &Field<'_>) -> Result<EndpointConfig, ConfigError> {
+        match f.required()? {
+            Value::String(_) => EndpointConfig::at_url(f),
+            Value::Mapping(_) => EndpointConfig::read_mapping(f.section()?),
+            other => Err(f.type_err("a mapping with `url` (or a URL string)", other)),
+        }
+    }
+
+    fn read_mapping(n: Node<'_>) -> Result<EndpointConfig, ConfigError> {
+        let [url, api_key_env, api_key_file] = n.keys(["url", "api_key_env", "api_key_file"])?;
+        let mut ep = EndpointConfig::at_url(&url)?;
+        ep.api_key = api_key(&n, &api_key_env, &api_key_file)?;
+        Ok(ep)
+    }
+
+    /// The endpoint at the URL in `url` (parsed and resolved), without an API key.
+    fn at_url(url: &Field<'_>) -> Result<EndpointConfig, ConfigError> {
+        let text = url.string()?.trim().to_string();
+        let (host, port) = parse_http_url(&text).map_err(|r| url.err(r))?;
+        let addr = resolve(&host, port).map_err(|r| url.err(r))?;
+        Ok(EndpointConfig {
+            label: format!("{host}:{port}"),
+            url: text,
+            host,
+            addr,
+            api_key: None,
+        })
+    }
+}
+
+/// The endpoint's API key, from the environment variable named in `env` or the file named in `file` (not both).
+fn api_key(
+    endpoint: &Node<'_>,
+    env: &Field<'_>,
+    file: &Field<'_>,
+) -> Result<Option<String>, ConfigError> {
+    let (source, key) = match (env.value(), file.value()) {
+        (None, None) => return Ok(None),
+        (Some(_), Some(_)) => {
+            return Err(endpoint.err("set either `api_key_env` or `api_key_file`, not both"))
+        }
+        (Some(_), None) => (env, api_key_from_env(env)?),
+        (None, Some(_)) => (file, api_key_from_file(file)?),
+    };
+    if key.chars().any(|c| c.is_control() || c == ' ') {
+        return Err(source.err(
+            "the API key contains spaces or control characters and cannot be sent in a header",
+        ));
+    }
+    Ok(Some(key))
+}
+
+fn api_key_from_env(f: &Field<'_>) -> Result<String, ConfigError> {
+    let name = f.string()?.trim();
+    if name.is_empty() {
+        return Err(f.err("must name an environment variable"));
+    }
+    match std::env::var(name) {
+        Ok(val) if !val.trim().is_empty() => Ok(val.trim().to_string()),
+        Ok(_) => Err(f.err(format!("environment variable `{name}` is empty"))),
+        Err(std::env::VarError::NotPresent) => {
+            Err(f.err(format!("environment variable `{name}` is not set")))
+        }
+        Err(std::env::VarError::NotUnicode(_)) => Err(f.err(format!(
+            "environment variable `{name}` is not valid UTF-8"
+        ))),
+    }
+}
+
+fn api_key_from_file(f: &Field<'_>) -> Result<String, ConfigError> {
+    let fname = f.string()?.trim();
+    if fname.is_empty() {
+        return Err(f.err("must name a file"));
+    }
+    match std::fs::read(fname) {
+        Err(err) => Err(f.err(format!("cannot read `{fname}`: {err}"))),
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Err(_) => Err(f.err(format!("`{fname}` is not valid UTF-8"))),
+            Ok(text) if text.trim().is_empty() => Err(f.err(format!("`{fname}` is empty"))),
+            Ok(text) => Ok(text.trim().to_string()),
+        },
+    }
+}
+
+impl HealthCheckConfig {
+    fn read(n: Node<'_>) -> Result<HealthCheckConfig, ConfigError> {
+        let [path, interval, timeout, healthy_after, unhealthy_after] = n.keys([
+            "path",
+            "interval",
+            "timeout",
+            "healthy_after",
+            "unhealthy_after",
+        ])?;
+        let d = HealthCheckConfig::default();
+        Ok(HealthCheckConfig {
+            path: path.url_path_or(&d.path)?,
+            interval: interval.duration_or(d.interval)?,
+            timeout: timeout.duration_or(d.timeout)?,
+            healthy_after: to_usize(healthy_after.positive_or(d.healthy_after as u64)?),
+            unhealthy_after: to_usize(unhealthy_after.positive_or(d.unhealthy_after as u64)?),
+        })
+    }
+}
+
+impl PrefillConfig {
+    fn read(n: Node<'_>) -> Result<PrefillConfig, ConfigError> {
+        let [bytes_per_token, max_tokens] = n.keys(["bytes_per_token", "max_tokens"])?;
+        let d = PrefillConfig::default();
+        let bytes_per_token = match bytes_per_token.value() {
+            None => d.bytes_per_token,
+            Some(Value::Number(n)) => {
+                let x = n.as_f64().unwrap_or(f64::NAN);
+                if !(x.is_finite() && x > 0.0) {
+                    return Err(bytes_per_token
+                        .err(format!("must be a number greater than 0, found {x}")));
+                }
+                x
+            }
+            Some(other) => return Err(bytes_per_token.type_err("a number", other)),
+        };
+        Ok(PrefillConfig {
+            bytes_per_token,
+            max_tokens: max_tokens.positive_or(d.max_tokens)?,
+        })
+    }
+}
+
+impl SessionsConfig {
+    /// A pool's `sessions`, allowed with policy load_aware only.
+    fn read(n: Node<'_>, policy: Policy) -> Result<SessionsConfig, ConfigError> {
+        let [header, ttl, max_sessions] = n.keys(["header", "ttl", "max_sessions"])?;
+        if policy != Policy::LoadAware {
+            return Err(n.err(format!(
+                "sessions require policy load_aware (this pool's policy is {}); remove `sessions` or change the policy",
+                policy.as_str()
+            )));
+        }
+        let d = SessionsConfig::default();
+        let header = match header.value() {
+            None => d.header.clone(),
+            Some(_) => {
+                let raw = header.string()?.trim();
+                match http::HeaderName::from_bytes(raw.as_bytes()) {
+                    Ok(h) => h.as_str().to_string(),
+                    Err(_) => return Err(header.err(format!(
+                        "`{raw}` is not a valid HTTP header name (letters, digits and -_.!#$%&'*+^`|~ only)"
+                    ))),
+                }
+            }
+        };
+        Ok(SessionsConfig {
+            header,
+            ttl: ttl.duration_or(d.ttl)?,
+            max_sessions: to_usize(max_sessions.positive_or(d.max_sessions as u64)?),
+        })
+    }
+}
+
+impl EngineStatsConfig {
+    fn read(n: Node<'_>) -> Result<EngineStatsConfig, ConfigError> {
+        let [kind, path, interval, metric_prefix] =
+            n.keys(["kind", "path", "interval", "metric_prefix"])?;
+        let kind = match kind.value() {
+            None => EngineKind::Vllm,
+            Some(_) => match kind.string()?.trim() {
+                "vllm" => EngineKind::Vllm,
+                "sglang" => EngineKind::Sglang,
+                other => {
+                    return Err(kind.err(format!(
+                        "unknown engine kind `{other}`; expected one of vllm, sglang"
+                    )))
+                }
+            },
+        };
+        let metric_prefix = match metric_prefix.value() {
+            None => kind.default_metric_prefix().to_string(),
+            Some(_) => metric_prefix.string()?.trim().to_string(),
+        };
+        Ok(EngineStatsConfig {
+            kind,
+            path: path.url_path_or("/metrics")?,
+            interval: interval.duration_or(Duration::from_secs(1))?,
+            metric_prefix,
+        })
+    }
+}
+
+impl PrefixConfig {
+    fn read(n: Node<'_>) -> Result<PrefixConfig, ConfigError> {
+        let [block_bytes, min_match_bytes, capacity_tokens_per_endpoint, fallback] = n.keys([
+            "block_bytes",
+            "min_match_bytes",
+            "capacity_tokens_per_endpoint",
+            "fallback",
+        ])?;
+        let d = PrefixConfig::default();
+        let fallback = match fallback.value() {
+            None => d.fallback,
+            Some(_) => match fallback.string()?.trim() {
+                "least_inflight" => PrefixFallback::LeastInflight,
+                "qps" => PrefixFallback::Qps,
+                other => {
+                    return Err(fallback.err(format!(
+                        "unknown fallback `{other}`; expected one of least_inflight, qps"
+                    )))
+                }
+            },
+        };
+        let min_match_bytes = to_usize(min_match_bytes.uint_or(d.min_match_bytes as u64)?);
+        Ok(PrefixConfig {
+            block_bytes: to_usize(block_bytes.positive_or(d.block_bytes as u64)?),
+            min_match_bytes,
+            capacity_tokens_per_endpoint: capacity_tokens_per_endpoint
+                .positive_or(d.capacity_tokens_per_endpoint)?,
+            fallback,
+        })
+    }
+}
 
 /// How a Pingora `ServerConf` field is type-checked before Pingora itself parses it.
 #[derive(Clone, Copy)]
@@ -510,819 +995,6 @@ enum ServerDefault {
     Str(&'static str),
 }
 
-/// Error context: the file name for messages.
-struct Cx<'a> {
-    file: &'a Path,
-}
-
-/// A mapping whose keys have been checked against the known ones; `map` None means "present but empty (null)".
-struct Obj<'v> {
-    path: String,
-    map: Option<&'v Mapping>,
-}
-
-impl<'v> Obj<'v> {
-    fn get(&self, key: &str) -> Option<&'v Value> {
-        self.map.and_then(|m| m.get(key))
-    }
-
-    fn child(&self, key: &str) -> String {
-        join(&self.path, key)
-    }
-}
-
-fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_string()
-    } else {
-        format!("{path}.{key}")
-    }
-}
-
-/// "a string", "a number", ... for "expected X, found Y".
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "nothing (null)",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Sequence(_) => "a list",
-        Value::Mapping(_) => "a mapping",
-        Value::Tagged(_) => "a tagged value",
-    }
-}
-
-fn yaml_reason(e: &serde_norway::Error) -> String {
-    let msg = e.to_string();
-    match e.location() {
-        // The parser reports a duplicate key at the start of the mapping that holds it.
-        Some(loc) if msg.starts_with("duplicate entry") => format!(
-            "invalid YAML: {msg} (in the mapping that starts at line {} column {})",
-            loc.line(),
-            loc.column()
-        ),
-        Some(loc) if !msg.contains(" line ") => {
-            format!(
-                "invalid YAML at line {} column {}: {msg}",
-                loc.line(),
-                loc.column()
-            )
-        }
-        _ => format!("invalid YAML: {msg}"),
-    }
-}
-
-/// Where each key of the file lives, to point at the right section when a key is misplaced.
-fn key_homes() -> Vec<(&'static str, Vec<&'static str>)> {
-    vec![
-        ("the top level", TOP_KEYS.to_vec()),
-        ("timeouts", TIMEOUT_KEYS.to_vec()),
-        ("server", SERVER_FIELDS.iter().map(|(k, _)| *k).collect()),
-        ("a pool (pools[N])", POOL_KEYS.to_vec()),
-        (
-            "an endpoint (pools[N].endpoints[M])",
-            ENDPOINT_KEYS.to_vec(),
-        ),
-        ("health_check", HEALTH_KEYS.to_vec()),
-        ("prefill", PREFILL_KEYS.to_vec()),
-        ("sessions", SESSIONS_KEYS.to_vec()),
-        ("engine_stats", ENGINE_STATS_KEYS.to_vec()),
-        ("prefix", PREFIX_KEYS.to_vec()),
-    ]
-}
-
-fn unknown_key_reason(key: &str, known: &[&str]) -> String {
-    let best = known
-        .iter()
-        .map(|k| {
-            let ndl = strsim::normalized_damerau_levenshtein(key, k);
-            let jw = strsim::jaro_winkler(key, k);
-            (ndl + jw, ndl, jw, *k)
-        })
-        .max_by(|a, b| a.0.total_cmp(&b.0));
-    let elsewhere: Vec<&str> = key_homes()
-        .into_iter()
-        .filter(|(_, keys)| keys.as_slice() != known && keys.contains(&key))
-        .map(|(home, _)| home)
-        .collect();
-    let placement = if elsewhere.is_empty() {
-        String::new()
-    } else {
-        format!("`{key}` belongs in {}", elsewhere.join(" or "))
-    };
-    match best {
-        Some((_, ndl, jw, k)) if ndl >= 0.5 || jw >= 0.85 => {
-            let mut r = format!("unknown key `{key}`; did you mean `{k}`?");
-            if !placement.is_empty() {
-                r.push_str(&format!(" (or move it: {placement})"));
-            }
-            r
-        }
-        _ if !placement.is_empty() => format!("unknown key `{key}` here; {placement}"),
-        _ => format!("unknown key `{key}`; known keys here: {}", known.join(", ")),
-    }
-}
-
-fn to_usize(n: u64) -> usize {
-    usize::try_from(n).unwrap_or(usize::MAX)
-}
-
-impl Cx<'_> {
-    fn err(&self, key: &str, reason: impl Into<String>) -> ConfigError {
-        ConfigError {
-            file: self.file.to_path_buf(),
-            key: key.to_string(),
-            reason: reason.into(),
-        }
-    }
-
-    fn type_err(&self, key: &str, expected: &str, v: &Value) -> ConfigError {
-        self.err(key, format!("expected {expected}, found {}", kind(v)))
-    }
-
-    /// `v` must be a mapping (or null, meaning empty) whose keys are all in `known`.
-    fn obj<'v>(&self, path: &str, v: &'v Value, known: &[&str]) -> Result<Obj<'v>, ConfigError> {
-        let map = match v {
-            Value::Mapping(m) => m,
-            Value::Null => {
-                return Ok(Obj {
-                    path: path.to_string(),
-                    map: None,
-                })
-            }
-            other => return Err(self.type_err(path, "a mapping", other)),
-        };
-        for k in map.keys() {
-            match k {
-                Value::String(name) if known.contains(&name.as_str()) => {}
-                Value::String(name) => {
-                    return Err(self.err(&join(path, name), unknown_key_reason(name, known)))
-                }
-                other => {
-                    let shown = serde_norway::to_string(other).unwrap_or_default();
-                    return Err(self.err(
-                        &join(path, shown.trim()),
-                        format!("keys must be strings, found {}", kind(other)),
-                    ));
-                }
-            }
-        }
-        Ok(Obj {
-            path: path.to_string(),
-            map: Some(map),
-        })
-    }
-
-    /// An optional sub-mapping of `parent`; absent or null reads as empty.
-    fn section<'v>(
-        &self,
-        parent: &Obj<'v>,
-        key: &str,
-        known: &[&str],
-    ) -> Result<Obj<'v>, ConfigError> {
-        let path = parent.child(key);
-        match parent.get(key) {
-            None => Ok(Obj { path, map: None }),
-            Some(v) => self.obj(&path, v, known),
-        }
-    }
-
-    fn string<'v>(&self, key: &str, v: &'v Value) -> Result<&'v str, ConfigError> {
-        match v {
-            Value::String(s) => Ok(s),
-            other => Err(self.type_err(key, "a string", other)),
-        }
-    }
-
-    fn uint(&self, key: &str, v: &Value) -> Result<u64, ConfigError> {
-        match v {
-            Value::Number(n) => {
-                if let Some(u) = n.as_u64() {
-                    Ok(u)
-                } else if n.is_i64() {
-                    Err(self.err(key, format!("expected a non-negative integer, found {n}")))
-                } else {
-                    Err(self.err(key, format!("expected an integer, found {n}")))
-                }
-            }
-            other => Err(self.type_err(key, "an integer", other)),
-        }
-    }
-
-    /// A positive integer, defaulting when absent.
-    fn positive_or(&self, obj: &Obj, key: &str, default: u64) -> Result<u64, ConfigError> {
-        match obj.get(key) {
-            None => Ok(default),
-            Some(v) => {
-                let path = obj.child(key);
-                let n = self.uint(&path, v)?;
-                if n == 0 {
-                    return Err(self.err(&path, "must be at least 1"));
-                }
-                Ok(n)
-            }
-        }
-    }
-
-    fn duration(&self, key: &str, v: &Value) -> Result<Duration, ConfigError> {
-        let d = match v {
-            Value::String(s) => humantime::parse_duration(s.trim()).map_err(|e| {
-                self.err(
-                    key,
-                    format!("invalid duration `{s}`: {e}; write a number with a unit such as `500ms`, `2s` or `2h`"),
-                )
-            })?,
-            Value::Number(n) => {
-                return Err(self.err(
-                    key,
-                    format!("expected a duration with a unit, found the bare number {n}; add a unit, e.g. `{n}s` or `{n}ms`"),
-                ))
-            }
-            other => return Err(self.type_err(key, "a duration such as `2s`", other)),
-        };
-        if d.is_zero() {
-            return Err(self.err(key, "must be greater than zero"));
-        }
-        Ok(d)
-    }
-
-    fn duration_or(
-        &self,
-        obj: &Obj,
-        key: &str,
-        default: Duration,
-    ) -> Result<Duration, ConfigError> {
-        match obj.get(key) {
-            None => Ok(default),
-            Some(v) => self.duration(&obj.child(key), v),
-        }
-    }
-
-    fn byte_size(&self, key: &str, v: &Value) -> Result<usize, ConfigError> {
-        let n = match v {
-            Value::Number(_) => self.uint(key, v)?,
-            Value::String(s) => parse_byte_size(s).map_err(|r| self.err(key, r))?,
-            other => {
-                return Err(self.type_err(
-                    key,
-                    "a size such as `32MiB` or a number of bytes",
-                    other,
-                ))
-            }
-        };
-        if n == 0 {
-            return Err(self.err(key, "must be greater than zero"));
-        }
-        Ok(to_usize(n))
-    }
-
-    /// A path that must start with "/".
-    fn url_path_or(&self, obj: &Obj, key: &str, default: &str) -> Result<String, ConfigError> {
-        match obj.get(key) {
-            None => Ok(default.to_string()),
-            Some(v) => {
-                let path = obj.child(key);
-                let s = self.string(&path, v)?.trim();
-                if !s.starts_with('/') {
-                    return Err(self.err(
-                        &path,
-                        format!("`{s}` must start with \"/\" (e.g. `{default}`)"),
-                    ));
-                }
-                if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                    return Err(self.err(&path, format!("`{s}` must not contain whitespace")));
-                }
-                Ok(s.to_string())
-            }
-        }
-    }
-
-    fn listen_list(&self, top: &Obj) -> Result<Vec<String>, ConfigError> {
-        let key = top.child("listen");
-        let items: Vec<(String, &Value)> = match top.get("listen") {
-            None => return Ok(vec![DEFAULT_LISTEN.to_string()]),
-            Some(Value::Sequence(seq)) => {
-                if seq.is_empty() {
-                    return Err(self.err(
-                        &key,
-                        "at least one address is required (e.g. \"127.0.0.1:8000\")",
-                    ));
-                }
-                seq.iter()
-                    .enumerate()
-                    .map(|(i, v)| (format!("{key}[{i}]"), v))
-                    .collect()
-            }
-            Some(v @ Value::String(_)) => vec![(key.clone(), v)],
-            Some(other) => return Err(self.type_err(&key, "a string or a list of strings", other)),
-        };
-        let mut out: Vec<String> = Vec::new();
-        for (path, v) in items {
-            let addr = self.string(&path, v)?.trim().to_string();
-            check_listen_addr(&addr).map_err(|r| self.err(&path, r))?;
-            if out.contains(&addr) {
-                return Err(self.err(&path, format!("`{addr}` is listed twice")));
-            }
-            out.push(addr);
-        }
-        Ok(out)
-    }
-
-    fn server(&self, top: &Obj) -> Result<String, ConfigError> {
-        let known: Vec<&str> = SERVER_FIELDS.iter().map(|(k, _)| *k).collect();
-        let server = self.section(top, "server", &known)?;
-        let mut out = Mapping::new();
-        if let Some(map) = server.map {
-            for (k, v) in map {
-                let name = k.as_str().unwrap_or_default();
-                let path = server.child(name);
-                let field_kind = SERVER_FIELDS
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, k)| *k)
-                    .unwrap_or(ServerKind::Other);
-                self.server_value(&path, field_kind, v)?;
-                let mut one = Mapping::new();
-                one.insert(k.clone(), v.clone());
-                let yaml = serde_norway::to_string(&Value::Mapping(one))
-                    .map_err(|e| self.err(&path, format!("cannot re-encode: {e}")))?;
-                if let Err(e) = ServerConf::from_yaml(&yaml) {
-                    return Err(self.err(
-                        &path,
-                        format!("rejected by Pingora: {}", pingora_reason(&e)),
-                    ));
-                }
-                out.insert(k.clone(), v.clone());
-            }
-        }
-        for (name, default) in SERVER_DEFAULTS {
-            if !out.contains_key(*name) {
-                let v = match default {
-                    ServerDefault::Int(n) => Value::Number((*n).into()),
-                    ServerDefault::Str(s) => Value::String((*s).to_string()),
-                };
-                out.insert(Value::String((*name).to_string()), v);
-            }
-        }
-        let yaml = serde_norway::to_string(&Value::Mapping(out))
-            .map_err(|e| self.err("server", format!("cannot re-encode: {e}")))?;
-        ServerConf::from_yaml(&yaml).map_err(|e| {
-            self.err(
-                "server",
-                format!("rejected by Pingora: {}", pingora_reason(&e)),
-            )
-        })?;
-        Ok(yaml)
-    }
-
-    fn server_value(
-        &self,
-        path: &str,
-        field_kind: ServerKind,
-        v: &Value,
-    ) -> Result<(), ConfigError> {
-        match (field_kind, v) {
-            (ServerKind::OptUint | ServerKind::OptNonZero | ServerKind::OptStr, Value::Null) => {
-                Ok(())
-            }
-            (ServerKind::Uint | ServerKind::OptUint, _) => self.uint(path, v).map(|_| ()),
-            (ServerKind::OptNonZero | ServerKind::PosUint, _) => {
-                if self.uint(path, v)? == 0 {
-                    return Err(self.err(path, "must be at least 1"));
-                }
-                Ok(())
-            }
-            (ServerKind::Bool, Value::Bool(_)) => Ok(()),
-            (ServerKind::Bool, other) => Err(self.type_err(path, "true or false", other)),
-            (ServerKind::Str | ServerKind::OptStr, _) => self.string(path, v).map(|_| ()),
-            (ServerKind::StrList, Value::Sequence(seq)) => {
-                for (i, item) in seq.iter().enumerate() {
-                    self.string(&format!("{path}[{i}]"), item)?;
-                }
-                Ok(())
-            }
-            (ServerKind::StrList, other) => Err(self.type_err(path, "a list of strings", other)),
-            (ServerKind::Other, _) => Ok(()),
-        }
-    }
-
-    fn pools(&self, top: &Obj) -> Result<Vec<PoolConfig>, ConfigError> {
-        let key = top.child("pools");
-        let seq = match top.get("pools") {
-            None | Some(Value::Null) => {
-                return Err(self.err(&key, "at least one pool is required"));
-            }
-            Some(Value::Sequence(seq)) => seq,
-            Some(other) => return Err(self.type_err(&key, "a list of pools", other)),
-        };
-        if seq.is_empty() {
-            return Err(self.err(&key, "at least one pool is required"));
-        }
-        let mut pools: Vec<PoolConfig> = Vec::new();
-        for (i, v) in seq.iter().enumerate() {
-            let path = format!("{key}[{i}]");
-            let pool = self.pool(&path, v)?;
-            if let Some(j) = pools.iter().position(|p| p.name == pool.name) {
-                return Err(self.err(
-                    &join(&path, "name"),
-                    format!("duplicate pool name `{}` (also {key}[{j}])", pool.name),
-                ));
-            }
-            for (m_idx, model) in pool.models.iter().enumerate() {
-                if let Some(other) = pools.iter().find(|p| p.models.contains(model)) {
-                    let reason = if model == "*" {
-                        format!(
-                            "only one pool may use \"*\"; pool `{}` already catches all other models",
-                            other.name
-                        )
-                    } else {
-                        format!(
-                            "model `{model}` is already served by pool `{}`; each model belongs to one pool",
-                            other.name
-                        )
-                    };
-                    return Err(self.err(&format!("{path}.models[{m_idx}]"), reason));
-                }
-            }
-            pools.push(pool);
-        }
-        Ok(pools)
-    }
-
-    fn pool(&self, path: &str, v: &Value) -> Result<PoolConfig, ConfigError> {
-        if v.is_null() {
-            return Err(self.type_err(path, "a mapping", v));
-        }
-        let p = self.obj(path, v, POOL_KEYS)?;
-
-        let name = match p.get("name") {
-            None => return Err(self.err(&p.child("name"), "required key is missing")),
-            Some(v) => {
-                let n = self.string(&p.child("name"), v)?.trim().to_string();
-                if n.is_empty() {
-                    return Err(self.err(&p.child("name"), "must not be empty"));
-                }
-                n
-            }
-        };
-
-        let models = match p.get("models") {
-            None => vec!["*".to_string()],
-            Some(Value::Sequence(seq)) => {
-                if seq.is_empty() {
-                    return Err(self.err(
-                        &p.child("models"),
-                        "at least one model name is required (use \"*\" to match any model)",
-                    ));
-                }
-                let mut models: Vec<String> = Vec::new();
-                for (i, m) in seq.iter().enumerate() {
-                    let mpath = format!("{}[{i}]", p.child("models"));
-                    let m = self.string(&mpath, m)?.trim().to_string();
-                    if m.is_empty() {
-                        return Err(self.err(&mpath, "must not be empty"));
-                    }
-                    if models.contains(&m) {
-                        return Err(self.err(&mpath, format!("model `{m}` is listed twice")));
-                    }
-                    models.push(m);
-                }
-                models
-            }
-            Some(other) => {
-                return Err(self.type_err(&p.child("models"), "a list of model names", other))
-            }
-        };
-
-        let policy = match p.get("policy") {
-            None => Policy::LoadAware,
-            Some(v) => {
-                let key = p.child("policy");
-                let s = self.string(&key, v)?.trim();
-                match Policy::ALL.iter().find(|pol| pol.as_str() == s) {
-                    Some(pol) => *pol,
-                    None => {
-                        let names: Vec<&str> = Policy::ALL.iter().map(|p| p.as_str()).collect();
-                        return Err(self.err(
-                            &key,
-                            format!("unknown policy `{s}`; expected one of {}", names.join(", ")),
-                        ));
-                    }
-                }
-            }
-        };
-
-        let max_in_flight_per_endpoint = match p.get("max_in_flight_per_endpoint") {
-            None | Some(Value::Null) => None,
-            Some(v) => {
-                let key = p.child("max_in_flight_per_endpoint");
-                let n = self.uint(&key, v)?;
-                if n == 0 {
-                    return Err(self.err(&key, "must be at least 1 (remove the key for no limit)"));
-                }
-                Some(n)
-            }
-        };
-
-        let endpoints = self.endpoints(&p)?;
-
-        let h = self.section(&p, "health_check", HEALTH_KEYS)?;
-        let hd = HealthCheckConfig::default();
-        let health_check = HealthCheckConfig {
-            path: self.url_path_or(&h, "path", &hd.path)?,
-            interval: self.duration_or(&h, "interval", hd.interval)?,
-            timeout: self.duration_or(&h, "timeout", hd.timeout)?,
-            healthy_after: to_usize(self.positive_or(
-                &h,
-                "healthy_after",
-                hd.healthy_after as u64,
-            )?),
-            unhealthy_after: to_usize(self.positive_or(
-                &h,
-                "unhealthy_after",
-                hd.unhealthy_after as u64,
-            )?),
-        };
-
-        let pf = self.section(&p, "prefill", PREFILL_KEYS)?;
-        let pd = PrefillConfig::default();
-        let bytes_per_token = match pf.get("bytes_per_token") {
-            None => pd.bytes_per_token,
-            Some(v) => {
-                let key = pf.child("bytes_per_token");
-                let x = match v {
-                    Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
-                    other => return Err(self.type_err(&key, "a number", other)),
-                };
-                if !(x.is_finite() && x > 0.0) {
-                    return Err(
-                        self.err(&key, format!("must be a number greater than 0, found {x}"))
-                    );
-                }
-                x
-            }
-        };
-        let prefill = PrefillConfig {
-            bytes_per_token,
-            max_tokens: self.positive_or(&pf, "max_tokens", pd.max_tokens)?,
-        };
-
-        let sessions = match p.get("sessions") {
-            None => None,
-            Some(v) => {
-                let key = p.child("sessions");
-                let s = self.obj(&key, v, SESSIONS_KEYS)?;
-                if policy != Policy::LoadAware {
-                    return Err(self.err(
-                        &key,
-                        format!(
-                            "sessions require policy load_aware (this pool's policy is {}); remove `sessions` or change the policy",
-                            policy.as_str()
-                        ),
-                    ));
-                }
-                let sd = SessionsConfig::default();
-                let header = match s.get("header") {
-                    None => sd.header.clone(),
-                    Some(v) => {
-                        let hkey = s.child("header");
-                        let raw = self.string(&hkey, v)?.trim();
-                        match http::HeaderName::from_bytes(raw.as_bytes()) {
-                            Ok(h) => h.as_str().to_string(),
-                            Err(_) => {
-                                return Err(self.err(
-                                    &hkey,
-                                    format!("`{raw}` is not a valid HTTP header name (letters, digits and -_.!#$%&'*+^`|~ only)"),
-                                ))
-                            }
-                        }
-                    }
-                };
-                Some(SessionsConfig {
-                    header,
-                    ttl: self.duration_or(&s, "ttl", sd.ttl)?,
-                    max_sessions: to_usize(self.positive_or(
-                        &s,
-                        "max_sessions",
-                        sd.max_sessions as u64,
-                    )?),
-                })
-            }
-        };
-
-        let engine_stats = match p.get("engine_stats") {
-            None => None,
-            Some(v) => {
-                let e = self.obj(&p.child("engine_stats"), v, ENGINE_STATS_KEYS)?;
-                let kind = match e.get("kind") {
-                    None => EngineKind::Vllm,
-                    Some(v) => {
-                        let key = e.child("kind");
-                        match self.string(&key, v)?.trim() {
-                            "vllm" => EngineKind::Vllm,
-                            "sglang" => EngineKind::Sglang,
-                            other => {
-                                return Err(self.err(
-                                    &key,
-                                    format!(
-                                    "unknown engine kind `{other}`; expected one of vllm, sglang"
-                                ),
-                                ))
-                            }
-                        }
-                    }
-                };
-                let metric_prefix = match e.get("metric_prefix") {
-                    None => kind.default_metric_prefix().to_string(),
-                    Some(v) => self
-                        .string(&e.child("metric_prefix"), v)?
-                        .trim()
-                        .to_string(),
-                };
-                Some(EngineStatsConfig {
-                    kind,
-                    path: self.url_path_or(&e, "path", "/metrics")?,
-                    interval: self.duration_or(&e, "interval", Duration::from_secs(1))?,
-                    metric_prefix,
-                })
-            }
-        };
-
-        let x = self.section(&p, "prefix", PREFIX_KEYS)?;
-        let xd = PrefixConfig::default();
-        let fallback = match x.get("fallback") {
-            None => xd.fallback,
-            Some(v) => {
-                let key = x.child("fallback");
-                match self.string(&key, v)?.trim() {
-                    "least_inflight" => PrefixFallback::LeastInflight,
-                    "qps" => PrefixFallback::Qps,
-                    other => {
-                        return Err(self.err(
-                            &key,
-                            format!(
-                                "unknown fallback `{other}`; expected one of least_inflight, qps"
-                            ),
-                        ))
-                    }
-                }
-            }
-        };
-        let min_match_bytes = match x.get("min_match_bytes") {
-            None => xd.min_match_bytes,
-            Some(v) => to_usize(self.uint(&x.child("min_match_bytes"), v)?),
-        };
-        let prefix = PrefixConfig {
-            block_bytes: to_usize(self.positive_or(&x, "block_bytes", xd.block_bytes as u64)?),
-            min_match_bytes,
-            capacity_tokens_per_endpoint: self.positive_or(
-                &x,
-                "capacity_tokens_per_endpoint",
-                xd.capacity_tokens_per_endpoint,
-            )?,
-            fallback,
-        };
-
-        Ok(PoolConfig {
-            name,
-            models,
-            policy,
-            endpoints,
-            health_check,
-            prefill,
-            max_in_flight_per_endpoint,
-            sessions,
-            engine_stats,
-            prefix,
-        })
-    }
-
-    fn endpoints(&self, p: &Obj) -> Result<Vec<EndpointConfig>, ConfigError> {
-        let key = p.child("endpoints");
-        let seq = match p.get("endpoints") {
-            None | Some(Value::Null) => {
-                return Err(self.err(&key, "at least one endpoint is required"))
-            }
-            Some(Value::Sequence(seq)) => seq,
-            Some(other) => return Err(self.type_err(&key, "a list of endpoints", other)),
-        };
-        if seq.is_empty() {
-            return Err(self.err(&key, "at least one endpoint is required"));
-        }
-        let mut out: Vec<EndpointConfig> = Vec::new();
-        for (i, v) in seq.iter().enumerate() {
-            let path = format!("{key}[{i}]");
-            let ep = self.endpoint(&path, v)?;
-            if let Some(j) = out
-                .iter()
-                .position(|o| o.label.eq_ignore_ascii_case(&ep.label))
-            {
-                return Err(self.err(
-                    &join(&path, "url"),
-                    format!("duplicate endpoint `{}` (also {key}[{j}])", ep.label),
-                ));
-            }
-            out.push(ep);
-        }
-        Ok(out)
-    }
-
-    fn endpoint(&self, path: &str, v: &Value) -> Result<EndpointConfig, ConfigError> {
-        // Shorthand: a bare URL string.
-        let (url_key, url_value, e) = match v {
-            Value::String(_) => (path.to_string(), v, None),
-            Value::Mapping(_) => {
-                let e = self.obj(path, v, ENDPOINT_KEYS)?;
-                let url_key = e.child("url");
-                match e.get("url") {
-                    None => return Err(self.err(&url_key, "required key is missing")),
-                    Some(u) => (url_key, u, Some(e)),
-                }
-            }
-            other => {
-                return Err(self.type_err(path, "a mapping with `url` (or a URL string)", other))
-            }
-        };
-        let url = self.string(&url_key, url_value)?.trim().to_string();
-        let (host, port) = parse_http_url(&url).map_err(|r| self.err(&url_key, r))?;
-        let addr = resolve(&host, port).map_err(|r| self.err(&url_key, r))?;
-
-        let mut api_key = None;
-        if let Some(e) = e {
-            let env = e.get("api_key_env");
-            let file = e.get("api_key_file");
-            if env.is_some() && file.is_some() {
-                return Err(self.err(path, "set either `api_key_env` or `api_key_file`, not both"));
-            }
-            if let Some(v) = env {
-                let key = e.child("api_key_env");
-                let name = self.string(&key, v)?.trim();
-                if name.is_empty() {
-                    return Err(self.err(&key, "must name an environment variable"));
-                }
-                match std::env::var(name) {
-                    Ok(val) if !val.trim().is_empty() => api_key = Some(val.trim().to_string()),
-                    Ok(_) => {
-                        return Err(
-                            self.err(&key, format!("environment variable `{name}` is empty"))
-                        )
-                    }
-                    Err(std::env::VarError::NotPresent) => {
-                        return Err(
-                            self.err(&key, format!("environment variable `{name}` is not set"))
-                        )
-                    }
-                    Err(std::env::VarError::NotUnicode(_)) => {
-                        return Err(self.err(
-                            &key,
-                            format!("environment variable `{name}` is not valid UTF-8"),
-                        ))
-                    }
-                }
-            }
-            if let Some(v) = file {
-                let key = e.child("api_key_file");
-                let fname = self.string(&key, v)?.trim();
-                if fname.is_empty() {
-                    return Err(self.err(&key, "must name a file"));
-                }
-                match std::fs::read(fname) {
-                    Err(err) => return Err(self.err(&key, format!("cannot read `{fname}`: {err}"))),
-                    Ok(bytes) => match String::from_utf8(bytes) {
-                        Err(_) => {
-                            return Err(self.err(&key, format!("`{fname}` is not valid UTF-8")))
-                        }
-                        Ok(text) if text.trim().is_empty() => {
-                            return Err(self.err(&key, format!("`{fname}` is empty")))
-                        }
-                        Ok(text) => api_key = Some(text.trim().to_string()),
-                    },
-                }
-            }
-            if let Some(k) = &api_key {
-                if k.chars().any(|c| c.is_control() || c == ' ') {
-                    let src = if env.is_some() {
-                        "api_key_env"
-                    } else {
-                        "api_key_file"
-                    };
-                    return Err(self.err(
-                        &e.child(src),
-                        "the API key contains spaces or control characters and cannot be sent in a header",
-                    ));
-                }
-            }
-        }
-
-        Ok(EndpointConfig {
-            label: format!("{host}:{port}"),
-            url,
-            host,
-            addr,
-            api_key,
-        })
-    }
-}
 
 /// The reason text of a Pingora error (the cause if there is one: the context repeats the whole YAML).
 fn pingora_reason(e: &pingora::Error) -> String {
@@ -1338,158 +1010,6 @@ fn pingora_reason(e: &pingora::Error) -> String {
     }
 }
 
-/// Parse "http://host[:port][/]" into (host as written, port). IPv6 hosts keep their brackets.
-fn parse_http_url(url: &str) -> Result<(String, u16), String> {
-    const EXAMPLE: &str = "e.g. `http://10.0.0.5:8000`";
-    let rest = match url.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-            return Err(format!(
-                "https is not supported yet; use an http:// URL ({EXAMPLE}) on a private network"
-            ))
-        }
-        Some((scheme, _)) => {
-            return Err(format!(
-                "unsupported scheme `{scheme}`; expected an http:// URL ({EXAMPLE})"
-            ))
-        }
-        None => return Err(format!("expected an http:// URL ({EXAMPLE})")),
-    };
-    let (authority, tail) = match rest.find(['/', '?', '#']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    if !(tail.is_empty() || tail == "/") {
-        return Err(format!(
-            "unexpected path `{tail}` after the host; give only http://host:port (request paths such as /v1/completions are forwarded as sent)"
-        ));
-    }
-    if authority.contains('@') {
-        return Err(
-            "credentials in the URL are not supported; use api_key_env or api_key_file".to_string(),
-        );
-    }
-    let (host, port) = if let Some(after_bracket) = authority.strip_prefix('[') {
-        let end = after_bracket
-            .find(']')
-            .ok_or_else(|| "unterminated IPv6 address (missing `]`)".to_string())?;
-        let inner = &after_bracket[..end];
-        if inner.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!("invalid IPv6 address `[{inner}]`"));
-        }
-        let after = &after_bracket[end + 1..];
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("unexpected `{p}` after the IPv6 address"))?,
-            ),
-        };
-        (&authority[..end + 2], port)
-    } else {
-        match authority.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(format!("missing host ({EXAMPLE})"));
-    }
-    if !host.starts_with('[')
-        && !host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-    {
-        return Err(format!("invalid host `{host}`"));
-    }
-    let port = match port {
-        None => 80,
-        Some("") => return Err("missing port after `:`".to_string()),
-        Some(p) => match p.parse::<u16>() {
-            Ok(n) if n > 0 => n,
-            _ => return Err(format!("bad port `{p}`; expected a number from 1 to 65535")),
-        },
-    };
-    Ok((host.to_string(), port))
-}
-
-/// Resolve `host` (as written; IPv6 in brackets) to one address, preferring IPv4.
-fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let addrs: Vec<SocketAddr> = (bare, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve host `{host}`: {e}"))?
-        .collect();
-    addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or_else(|| addrs.first())
-        .copied()
-        .ok_or_else(|| format!("cannot resolve host `{host}`: no addresses"))
-}
-
-/// A listen address must be host:port (IP or resolvable name, e.g. `localhost:8000`, `[::1]:8000`).
-fn check_listen_addr(addr: &str) -> Result<(), String> {
-    if addr.parse::<SocketAddr>().is_ok() {
-        return Ok(());
-    }
-    let bad =
-        || format!("invalid listen address `{addr}`: expected host:port such as 127.0.0.1:8000");
-    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
-    if host.is_empty() || port.parse::<u16>().is_err() || host.contains(['/', ' ']) {
-        return Err(bad());
-    }
-    let found = addr
-        .to_socket_addrs()
-        .map_err(|e| format!("invalid listen address `{addr}`: cannot resolve host `{host}`: {e}"))?
-        .next()
-        .is_some();
-    if !found {
-        return Err(format!(
-            "invalid listen address `{addr}`: host `{host}` has no addresses"
-        ));
-    }
-    Ok(())
-}
-
-/// "32MiB", "1.5 GB", "1024" (bytes). Units: B, KB, KiB, MB, MiB, GB, GiB (case-insensitive).
-fn parse_byte_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let bad = |why: &str| {
-        format!("invalid size `{s}`: {why}; write e.g. `32MiB`, `512KB` or a number of bytes")
-    };
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    if num.is_empty() {
-        return Err(bad("missing number"));
-    }
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kb" => 1_000,
-        "kib" => 1 << 10,
-        "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        _ => {
-            return Err(bad(&format!(
-                "unknown unit `{}` (use B, KB, KiB, MB, MiB, GB or GiB)",
-                unit.trim()
-            )))
-        }
-    };
-    if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(mult).ok_or_else(|| bad("too large"));
-    }
-    let x: f64 = num.parse().map_err(|_| bad("not a number"))?;
-    let bytes = (x * mult as f64).round();
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-        return Err(bad("too large"));
-    }
-    Ok(bytes as u64)
-}
 
 #[cfg(test)]
 mod tests {
