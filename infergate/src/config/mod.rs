@@ -7,6 +7,8 @@ use std::time::Duration;
 use pingora::server::configuration::ServerConf;
 use serde_norway::{Mapping, Value};
 
+#[cfg(test)]
+mod testing;
 mod values;
 mod walk;
 
@@ -191,10 +193,7 @@ impl Config {
         doc.apply_merge().map_err(|e| w.err("", yaml_reason(&e)))?;
         match &doc {
             Value::Mapping(_) => Config::read(w.root(&doc).section()?),
-            Value::Null => Err(w.err(
-                "",
-                "the file has no settings; at least `pools` is required",
-            )),
+            Value::Null => Err(w.err("", "the file has no settings; at least `pools` is required")),
             other => Err(w.err(
                 "",
                 format!(
@@ -412,9 +411,7 @@ fn listen_list(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {
         None => return Ok(vec![DEFAULT_LISTEN.to_string()]),
         Some(Value::Sequence(seq)) => {
             if seq.is_empty() {
-                return Err(
-                    f.err("at least one address is required (e.g. \"127.0.0.1:8000\")")
-                );
+                return Err(f.err("at least one address is required (e.g. \"127.0.0.1:8000\")"));
             }
             seq.iter().enumerate().map(|(i, v)| f.item(i, v)).collect()
         }
@@ -614,9 +611,7 @@ fn model_list(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {
         Some(other) => return Err(f.type_err("a list of model names", other)),
     };
     if seq.is_empty() {
-        return Err(
-            f.err("at least one model name is required (use \"*\" to match any model)")
-        );
+        return Err(f.err("at least one model name is required (use \"*\" to match any model)"));
     }
     let mut models: Vec<String> = Vec::new();
     for (i, v) in seq.iter().enumerate() {
@@ -746,9 +741,9 @@ fn api_key_from_env(f: &Field<'_>) -> Result<String, ConfigError> {
         Err(std::env::VarError::NotPresent) => {
             Err(f.err(format!("environment variable `{name}` is not set")))
         }
-        Err(std::env::VarError::NotUnicode(_)) => Err(f.err(format!(
-            "environment variable `{name}` is not valid UTF-8"
-        ))),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(f.err(format!("environment variable `{name}` is not valid UTF-8")))
+        }
     }
 }
 
@@ -796,8 +791,9 @@ impl PrefillConfig {
             Some(Value::Number(n)) => {
                 let x = n.as_f64().unwrap_or(f64::NAN);
                 if !(x.is_finite() && x > 0.0) {
-                    return Err(bytes_per_token
-                        .err(format!("must be a number greater than 0, found {x}")));
+                    return Err(
+                        bytes_per_token.err(format!("must be a number greater than 0, found {x}"))
+                    );
                 }
                 x
             }
@@ -995,7 +991,6 @@ enum ServerDefault {
     Str(&'static str),
 }
 
-
 /// The reason text of a Pingora error (the cause if there is one: the context repeats the whole YAML).
 fn pingora_reason(e: &pingora::Error) -> String {
     let text = match (&e.cause, &e.context) {
@@ -1010,59 +1005,10 @@ fn pingora_reason(e: &pingora::Error) -> String {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
+    use super::testing::*;
     use super::*;
-
-    const POOL: &str = "pools:\n  - name: a\n    endpoints:\n      - url: http://127.0.0.1:8101\n";
-
-    fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::parse(Path::new("t.yaml"), text)
-    }
-
-    /// Asserts the error's key path and that its reason contains every needle; returns the full message.
-    #[track_caller]
-    fn assert_err(text: &str, key: &str, needles: &[&str]) -> String {
-        let e = match parse(text) {
-            Ok(_) => panic!("expected an error for:\n{text}"),
-            Err(e) => e,
-        };
-        let msg = e.to_string();
-        assert_eq!(e.key, key, "wrong key in `{msg}`");
-        for n in needles {
-            assert!(e.reason.contains(n), "`{msg}` does not contain `{n}`");
-        }
-        let prefix = if key.is_empty() {
-            "t.yaml: ".to_string()
-        } else {
-            format!("t.yaml: {key}: ")
-        };
-        assert!(
-            msg.starts_with(&prefix),
-            "`{msg}` does not start with `{prefix}`"
-        );
-        msg
-    }
-
-    /// One pool `a` with one endpoint and the given extra pool-level YAML (indented by 4).
-    fn pool_with(extra: &str) -> String {
-        format!("{POOL}{extra}")
-    }
-
-    /// One pool `a` whose single endpoint has the given extra endpoint-level YAML (indented by 8).
-    fn endpoint_with(extra: &str) -> String {
-        format!("{POOL}{extra}")
-    }
-
-    fn temp_file(name: &str, contents: &str) -> PathBuf {
-        let p = std::env::temp_dir().join(format!(
-            "infergate-config-test-{}-{name}",
-            std::process::id()
-        ));
-        std::fs::write(&p, contents).unwrap();
-        p
-    }
 
     #[test]
     fn defaults_from_minimal_config() {
@@ -1373,262 +1319,6 @@ pools:
     }
 
     #[test]
-    fn unknown_keys_name_the_path_and_suggest() {
-        assert_err(
-            &format!("listn: x\n{POOL}"),
-            "listn",
-            &["unknown key `listn`; did you mean `listen`?"],
-        );
-        assert_err(
-            &pool_with("    health_check: { intervall: 2s }\n"),
-            "pools[0].health_check.intervall",
-            &["unknown key `intervall`; did you mean `interval`?"],
-        );
-        assert_err(
-            &endpoint_with("        api_key_evn: X\n"),
-            "pools[0].endpoints[0].api_key_evn",
-            &["did you mean `api_key_env`?"],
-        );
-        assert_err(
-            &pool_with("    polcy: qps\n"),
-            "pools[0].polcy",
-            &["did you mean `policy`?"],
-        );
-        assert_err(
-            &format!("timeouts: {{ conect: 1s }}\n{POOL}"),
-            "timeouts.conect",
-            &["did you mean `connect`?"],
-        );
-        assert_err(
-            &pool_with("    sessions: { headr: x }\n"),
-            "pools[0].sessions.headr",
-            &["did you mean `header`?"],
-        );
-        assert_err(
-            &pool_with("    engine_stats: { knd: vllm }\n"),
-            "pools[0].engine_stats.knd",
-            &["did you mean `kind`?"],
-        );
-        assert_err(
-            &pool_with("    prefix: { fallbak: qps }\n"),
-            "pools[0].prefix.fallbak",
-            &["did you mean `fallback`?"],
-        );
-        assert_err(
-            &pool_with("    prefill: { max_token: 1 }\n"),
-            "pools[0].prefill.max_token",
-            &["did you mean `max_tokens`?"],
-        );
-        assert_err(
-            &format!("server: {{ thread: 2 }}\n{POOL}"),
-            "server.thread",
-            &["did you mean `threads`?"],
-        );
-        assert_err(
-            &format!("zzz: 1\n{POOL}"),
-            "zzz",
-            &["unknown key `zzz`; known keys here: listen, metrics_listen"],
-        );
-        assert_err(
-            &format!("1: x\n{POOL}"),
-            "1",
-            &["keys must be strings, found a number"],
-        );
-        assert_err(
-            &pool_with("    interval: 2s\n"),
-            "pools[0].interval",
-            &["unknown key `interval` here; `interval` belongs in health_check or engine_stats"],
-        );
-        assert_err(
-            &format!("endpoints: []\n{POOL}"),
-            "endpoints",
-            &["`endpoints` belongs in a pool (pools[N])"],
-        );
-        assert_err(
-            &format!("timeout: 1s\n{POOL}"),
-            "timeout",
-            &["did you mean `timeouts`? (or move it: `timeout` belongs in health_check)"],
-        );
-    }
-
-    #[test]
-    fn wrong_types() {
-        assert_err(
-            &format!("max_retries: two\n{POOL}"),
-            "max_retries",
-            &["expected an integer, found a string"],
-        );
-        assert_err(
-            &format!("max_retries: -1\n{POOL}"),
-            "max_retries",
-            &["expected a non-negative integer, found -1"],
-        );
-        assert_err(
-            &format!("max_retries: 1.5\n{POOL}"),
-            "max_retries",
-            &["expected an integer, found 1.5"],
-        );
-        assert_err(
-            "pools:\n  - name: 5\n    endpoints: [\"http://127.0.0.1:1\"]\n",
-            "pools[0].name",
-            &["expected a string, found a number"],
-        );
-        assert_err(
-            &format!("listen: 8000\n{POOL}"),
-            "listen",
-            &["expected a string or a list of strings, found a number"],
-        );
-        assert_err(
-            &format!("timeouts: 5s\n{POOL}"),
-            "timeouts",
-            &["expected a mapping, found a string"],
-        );
-        assert_err(
-            "pools: {a: 1}\n",
-            "pools",
-            &["expected a list of pools, found a mapping"],
-        );
-        assert_err(
-            &pool_with("    models: gpt\n"),
-            "pools[0].models",
-            &["expected a list of model names, found a string"],
-        );
-        assert_err(
-            &format!("server: {{ threads: two }}\n{POOL}"),
-            "server.threads",
-            &["expected an integer, found a string"],
-        );
-        assert_err(
-            &format!("server: {{ daemon: 1 }}\n{POOL}"),
-            "server.daemon",
-            &["expected true or false, found a number"],
-        );
-        assert_err(
-            &pool_with("    prefill: { bytes_per_token: four }\n"),
-            "pools[0].prefill.bytes_per_token",
-            &["expected a number, found a string"],
-        );
-        assert_err(
-            "pools:\n  - name: a\n    endpoints:\n      - 5\n",
-            "pools[0].endpoints[0]",
-            &["found a number"],
-        );
-    }
-
-    #[test]
-    fn durations() {
-        assert_err(
-            &format!("timeouts: {{ connect: 2 }}\n{POOL}"),
-            "timeouts.connect",
-            &["bare number 2", "add a unit", "`2s`"],
-        );
-        assert_err(
-            &format!("timeouts: {{ stream_idle: 2 parsecs }}\n{POOL}"),
-            "timeouts.stream_idle",
-            &["invalid duration `2 parsecs`", "`500ms`"],
-        );
-        assert_err(
-            &pool_with("    health_check: { interval: 0s }\n"),
-            "pools[0].health_check.interval",
-            &["must be greater than zero"],
-        );
-        assert_err(
-            &pool_with("    health_check: { timeout: 0ms }\n"),
-            "pools[0].health_check.timeout",
-            &["must be greater than zero"],
-        );
-        assert_err(
-            &pool_with("    engine_stats: { interval: 0s }\n"),
-            "pools[0].engine_stats.interval",
-            &["must be greater than zero"],
-        );
-        assert_err(
-            &pool_with("    sessions: { ttl: 5 }\n"),
-            "pools[0].sessions.ttl",
-            &["bare number 5"],
-        );
-        assert_err(
-            &format!("timeouts: {{ connect: true }}\n{POOL}"),
-            "timeouts.connect",
-            &["expected a duration such as `2s`, found a boolean"],
-        );
-    }
-
-    #[test]
-    fn byte_sizes() {
-        let size =
-            |v: &str| parse(&format!("max_body_bytes: {v}\n{POOL}")).map(|c| c.max_body_bytes);
-        assert_eq!(size("1048576").unwrap(), 1 << 20);
-        assert_eq!(size("32MiB").unwrap(), 32 << 20);
-        assert_eq!(size("\"64 KB\"").unwrap(), 64_000);
-        assert_eq!(size("1.5KiB").unwrap(), 1536);
-        assert_eq!(size("2GiB").unwrap(), 2 << 30);
-        assert_eq!(size("100B").unwrap(), 100);
-        assert_err(
-            &format!("max_body_bytes: 32XB\n{POOL}"),
-            "max_body_bytes",
-            &["unknown unit `XB`"],
-        );
-        assert_err(
-            &format!("max_body_bytes: MiB\n{POOL}"),
-            "max_body_bytes",
-            &["missing number"],
-        );
-        assert_err(
-            &format!("max_body_bytes: 0\n{POOL}"),
-            "max_body_bytes",
-            &["must be greater than zero"],
-        );
-        assert_err(
-            &format!("max_body_bytes: [1]\n{POOL}"),
-            "max_body_bytes",
-            &["found a list"],
-        );
-    }
-
-    fn url_err(url: &str, needles: &[&str]) {
-        assert_err(
-            &format!("pools:\n  - name: a\n    endpoints:\n      - url: \"{url}\"\n"),
-            "pools[0].endpoints[0].url",
-            needles,
-        );
-    }
-
-    #[test]
-    fn bad_urls() {
-        url_err("https://127.0.0.1:8101", &["https is not supported yet"]);
-        url_err("ftp://127.0.0.1:8101", &["unsupported scheme `ftp`"]);
-        url_err("127.0.0.1:8101", &["expected an http:// URL"]);
-        url_err("http://:8101", &["missing host"]);
-        url_err("http://", &["missing host"]);
-        url_err("http://127.0.0.1:99999", &["bad port `99999`"]);
-        url_err("http://127.0.0.1:0", &["bad port `0`"]);
-        url_err("http://127.0.0.1:abc", &["bad port `abc`"]);
-        url_err("http://127.0.0.1:", &["missing port"]);
-        url_err("http://127.0.0.1:8101/v1", &["unexpected path `/v1`"]);
-        url_err("http://127.0.0.1:8101?x=1", &["unexpected path `?x=1`"]);
-        url_err(
-            "http://user:pw@127.0.0.1:8101",
-            &["credentials in the URL are not supported"],
-        );
-        url_err("http://[::1:8101", &["unterminated IPv6"]);
-        url_err("http://bad host:80", &["invalid host `bad host`"]);
-        assert_err(
-            "pools:\n  - name: a\n    endpoints:\n      - api_key_env: X\n",
-            "pools[0].endpoints[0].url",
-            &["required key is missing"],
-        );
-    }
-
-    #[test]
-    fn unresolvable_host() {
-        url_err(
-            "http://no-such-host.invalid:8101",
-            &["cannot resolve host `no-such-host.invalid`"],
-        );
-    }
-
-    #[test]
     fn pool_structure_errors() {
         assert_err(
             "listen: \"127.0.0.1:8000\"\n",
@@ -1908,20 +1598,6 @@ pools:
             &pool_with("    prefix: { block_bytes: 0 }\n"),
             "pools[0].prefix.block_bytes",
             &["at least 1"],
-        );
-    }
-
-    #[test]
-    fn paths_must_start_with_slash() {
-        assert_err(
-            &pool_with("    health_check: { path: health }\n"),
-            "pools[0].health_check.path",
-            &["`health` must start with \"/\""],
-        );
-        assert_err(
-            &pool_with("    engine_stats: { path: metrics }\n"),
-            "pools[0].engine_stats.path",
-            &["must start with \"/\""],
         );
     }
 

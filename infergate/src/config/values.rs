@@ -215,3 +215,135 @@ pub(super) fn parse_byte_size(s: &str) -> Result<u64, String> {
     }
     Ok(bytes as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::testing::*;
+
+    #[test]
+    fn durations() {
+        assert_err(
+            &format!("timeouts: {{ connect: 2 }}\n{POOL}"),
+            "timeouts.connect",
+            &["bare number 2", "add a unit", "`2s`"],
+        );
+        assert_err(
+            &format!("timeouts: {{ stream_idle: 2 parsecs }}\n{POOL}"),
+            "timeouts.stream_idle",
+            &["invalid duration `2 parsecs`", "`500ms`"],
+        );
+        assert_err(
+            &pool_with("    health_check: { interval: 0s }\n"),
+            "pools[0].health_check.interval",
+            &["must be greater than zero"],
+        );
+        assert_err(
+            &pool_with("    health_check: { timeout: 0ms }\n"),
+            "pools[0].health_check.timeout",
+            &["must be greater than zero"],
+        );
+        assert_err(
+            &pool_with("    engine_stats: { interval: 0s }\n"),
+            "pools[0].engine_stats.interval",
+            &["must be greater than zero"],
+        );
+        assert_err(
+            &pool_with("    sessions: { ttl: 5 }\n"),
+            "pools[0].sessions.ttl",
+            &["bare number 5"],
+        );
+        assert_err(
+            &format!("timeouts: {{ connect: true }}\n{POOL}"),
+            "timeouts.connect",
+            &["expected a duration such as `2s`, found a boolean"],
+        );
+    }
+
+    #[test]
+    fn byte_sizes() {
+        let size =
+            |v: &str| parse(&format!("max_body_bytes: {v}\n{POOL}")).map(|c| c.max_body_bytes);
+        assert_eq!(size("1048576").unwrap(), 1 << 20);
+        assert_eq!(size("32MiB").unwrap(), 32 << 20);
+        assert_eq!(size("\"64 KB\"").unwrap(), 64_000);
+        assert_eq!(size("1.5KiB").unwrap(), 1536);
+        assert_eq!(size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(size("100B").unwrap(), 100);
+        assert_err(
+            &format!("max_body_bytes: 32XB\n{POOL}"),
+            "max_body_bytes",
+            &["unknown unit `XB`"],
+        );
+        assert_err(
+            &format!("max_body_bytes: MiB\n{POOL}"),
+            "max_body_bytes",
+            &["missing number"],
+        );
+        assert_err(
+            &format!("max_body_bytes: 0\n{POOL}"),
+            "max_body_bytes",
+            &["must be greater than zero"],
+        );
+        assert_err(
+            &format!("max_body_bytes: [1]\n{POOL}"),
+            "max_body_bytes",
+            &["found a list"],
+        );
+    }
+
+    fn url_err(url: &str, needles: &[&str]) {
+        assert_err(
+            &format!("pools:\n  - name: a\n    endpoints:\n      - url: \"{url}\"\n"),
+            "pools[0].endpoints[0].url",
+            needles,
+        );
+    }
+
+    #[test]
+    fn bad_urls() {
+        url_err("https://127.0.0.1:8101", &["https is not supported yet"]);
+        url_err("ftp://127.0.0.1:8101", &["unsupported scheme `ftp`"]);
+        url_err("127.0.0.1:8101", &["expected an http:// URL"]);
+        url_err("http://:8101", &["missing host"]);
+        url_err("http://", &["missing host"]);
+        url_err("http://127.0.0.1:99999", &["bad port `99999`"]);
+        url_err("http://127.0.0.1:0", &["bad port `0`"]);
+        url_err("http://127.0.0.1:abc", &["bad port `abc`"]);
+        url_err("http://127.0.0.1:", &["missing port"]);
+        url_err("http://127.0.0.1:8101/v1", &["unexpected path `/v1`"]);
+        url_err("http://127.0.0.1:8101?x=1", &["unexpected path `?x=1`"]);
+        url_err(
+            "http://user:pw@127.0.0.1:8101",
+            &["credentials in the URL are not supported"],
+        );
+        url_err("http://[::1:8101", &["unterminated IPv6"]);
+        url_err("http://bad host:80", &["invalid host `bad host`"]);
+        assert_err(
+            "pools:\n  - name: a\n    endpoints:\n      - api_key_env: X\n",
+            "pools[0].endpoints[0].url",
+            &["required key is missing"],
+        );
+    }
+
+    #[test]
+    fn unresolvable_host() {
+        url_err(
+            "http://no-such-host.invalid:8101",
+            &["cannot resolve host `no-such-host.invalid`"],
+        );
+    }
+
+    #[test]
+    fn paths_must_start_with_slash() {
+        assert_err(
+            &pool_with("    health_check: { path: health }\n"),
+            "pools[0].health_check.path",
+            &["`health` must start with \"/\""],
+        );
+        assert_err(
+            &pool_with("    engine_stats: { path: metrics }\n"),
+            "pools[0].engine_stats.path",
+            &["must start with \"/\""],
+        );
+    }
+}
