@@ -1,4 +1,4 @@
-//! The YAML configuration: schema, defaults, validation and error messages that name the file, key path and reason.
+//! The configuration the crate reads: the `Config` types, `Config::load`, the top-level keys and `timeouts`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! A pool's placement policy and the settings of the policies: `policy`, `sessions`, `engine_stats` and `prefix`.
+//! A pool's placement policy and the policies' settings: `policy`, `sessions`, `engine_stats` and `prefix`.
 
 use std::time::Duration;
 

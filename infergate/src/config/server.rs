@@ -1,4 +1,4 @@
-//! The `server` section: Pingora `ServerConf` fields passed through, checked against Pingora 0.9's fields, plus infergate's defaults.
+//! The `server` section: Pingora `ServerConf` fields, type-checked and checked by Pingora, with infergate's defaults.
 
 use pingora::server::configuration::ServerConf;
 use serde_norway::{Mapping, Value};

@@ -1,4 +1,4 @@
-//! The YAML walker: reads mappings key by key with each key's path, learns the known keys from the keys the readers ask for, and words every error (file, key path, reason, "did you mean").
+//! The YAML walker: reads mappings by key path, learns each section's keys from its reader, and words every error.
 
 use std::cell::RefCell;
 use std::path::Path;
