@@ -1,0 +1,607 @@
+//! The configuration the crate reads: the `Config` types, `Config::load`, the top-level keys and `timeouts`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_norway::Value;
+
+mod policy;
+mod pool;
+mod server;
+#[cfg(test)]
+mod testing;
+mod values;
+mod walk;
+
+pub use policy::{
+    EngineKind, EngineStatsConfig, Policy, PrefixConfig, PrefixFallback, SessionsConfig,
+};
+use pool::pools_list;
+pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig};
+use server::server_yaml;
+use values::{check_listen_addr, to_usize};
+use walk::{kind, yaml_reason, Field, Node, Reader, Walker};
+
+/// The whole validated configuration. Everything else in the crate reads this, never the YAML.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was loaded from (for messages).
+    pub source: PathBuf,
+    /// Client-facing HTTP listeners ("host:port"), at least one.
+    pub listen: Vec<String>,
+    /// Prometheus listener ("host:port"); None disables the metrics service.
+    pub metrics_listen: Option<String>,
+    /// Pingora `ServerConf` fields, validated against the known field names, as YAML text for `ServerConf::from_yaml`.
+    /// Defaults infergate sets when absent: grace_period_seconds 30, graceful_shutdown_timeout_seconds 5,
+    /// threads 2, pid_file/upgrade_sock under /tmp/infergate*.
+    pub server_yaml: String,
+    pub timeouts: Timeouts,
+    /// Retries of a failed connect on another endpoint (default 2).
+    pub max_retries: usize,
+    /// Largest accepted request body in bytes (default 32 MiB); larger gets 413.
+    pub max_body_bytes: usize,
+    pub pools: Vec<PoolConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timeouts {
+    /// TCP connect to an endpoint (default 2s).
+    pub connect: Duration,
+    /// Longest wait for response headers and the first body byte (default 120s).
+    pub response_header: Duration,
+    /// Longest gap between two response body chunks (default 60s).
+    pub stream_idle: Duration,
+}
+
+/// A configuration error: `{file}: {key path}: {reason}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// Dotted key path, e.g. `pools[0].endpoints[1].url`; empty for whole-file errors.
+    pub key: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}: {}", self.file.display(), self.reason)
+        } else {
+            write!(f, "{}: {}: {}", self.file.display(), self.key, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Read, parse and validate `path`. Resolves hostnames and reads API keys.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_path_buf(),
+            key: String::new(),
+            reason: format!("cannot read: {e}"),
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Parse and validate YAML text; `path` is used in messages only.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let w = Walker::new(path);
+        let mut doc: Value =
+            serde_norway::from_str(text).map_err(|e| w.err("", yaml_reason(&e)))?;
+        doc.apply_merge().map_err(|e| w.err("", yaml_reason(&e)))?;
+        match &doc {
+            Value::Mapping(_) => Config::read(w.root(&doc).section()?),
+            Value::Null => Err(w.err("", "the file has no settings; at least `pools` is required")),
+            other => Err(w.err(
+                "",
+                format!(
+                    "the top level must be a mapping of keys (listen, pools, ...), found {}",
+                    kind(other)
+                ),
+            )),
+        }
+    }
+
+    /// The pool that serves `model`: the pool listing it exactly, else the pool listing `"*"`, else None.
+    /// With no model (`None`): the `"*"` pool, else the only pool if there is exactly one, else None.
+    pub fn pool_for_model(&self, model: Option<&str>) -> Option<usize> {
+        let wildcard = || {
+            self.pools
+                .iter()
+                .position(|p| p.models.iter().any(|m| m == "*"))
+        };
+        match model {
+            Some(m) => self
+                .pools
+                .iter()
+                .position(|p| p.models.iter().any(|x| x == m))
+                .or_else(wildcard),
+            None => wildcard().or(if self.pools.len() == 1 { Some(0) } else { None }),
+        }
+    }
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(2),
+            response_header: Duration::from_secs(120),
+            stream_idle: Duration::from_secs(60),
+        }
+    }
+}
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
+const DEFAULT_MAX_RETRIES: usize = 2;
+const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+
+/// Every section's reader and where its keys belong, in words (in the order "`x` belongs in ..." lists them). The
+/// known keys of a section are the ones its reader asks for ([`walk::discover`]).
+const SECTIONS: &[(&str, Reader)] = &[
+    ("the top level", |n| Config::read(n).map(drop)),
+    ("timeouts", |n| Timeouts::read(n).map(drop)),
+    ("server", |n| server_yaml(n).map(drop)),
+    ("a pool (pools[N])", |n| PoolConfig::read(n).map(drop)),
+    ("an endpoint (pools[N].endpoints[M])", |n| {
+        EndpointConfig::read_mapping(n).map(drop)
+    }),
+    ("health_check", |n| HealthCheckConfig::read(n).map(drop)),
+    ("prefill", |n| PrefillConfig::read(n).map(drop)),
+    ("sessions", |n| {
+        SessionsConfig::read(n, Policy::LoadAware).map(drop)
+    }),
+    ("engine_stats", |n| EngineStatsConfig::read(n).map(drop)),
+    ("prefix", |n| PrefixConfig::read(n).map(drop)),
+];
+
+impl Config {
+    /// The top level of the file.
+    fn read(n: Node<'_>) -> Result<Config, ConfigError> {
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, pools] = n
+            .keys([
+                "listen",
+                "metrics_listen",
+                "server",
+                "timeouts",
+                "max_retries",
+                "max_body_bytes",
+                "pools",
+            ])?;
+        let listen = listen_list(&listen)?;
+        let metrics_listen = match metrics_listen.value() {
+            None | Some(Value::Null) => None,
+            Some(_) => {
+                let addr = metrics_listen.string()?.trim().to_string();
+                check_listen_addr(&addr).map_err(|r| metrics_listen.err(r))?;
+                if listen.contains(&addr) {
+                    return Err(metrics_listen.err(format!(
+                        "`{addr}` is also in `listen`; use a different port"
+                    )));
+                }
+                Some(addr)
+            }
+        };
+        Ok(Config {
+            source: n.file().to_path_buf(),
+            listen,
+            metrics_listen,
+            server_yaml: server_yaml(server.section()?)?,
+            timeouts: Timeouts::read(timeouts.section()?)?,
+            max_retries: to_usize(max_retries.uint_or(DEFAULT_MAX_RETRIES as u64)?),
+            max_body_bytes: max_body_bytes.byte_size_or(DEFAULT_MAX_BODY_BYTES)?,
+            pools: pools_list(&pools)?,
+        })
+    }
+}
+
+impl Timeouts {
+    fn read(n: Node<'_>) -> Result<Timeouts, ConfigError> {
+        let [connect, response_header, stream_idle] =
+            n.keys(["connect", "response_header", "stream_idle"])?;
+        let d = Timeouts::default();
+        Ok(Timeouts {
+            connect: connect.duration_or(d.connect)?,
+            response_header: response_header.duration_or(d.response_header)?,
+            stream_idle: stream_idle.duration_or(d.stream_idle)?,
+        })
+    }
+}
+
+/// `listen`: one address or a list of them.
+fn listen_list(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {
+    let items: Vec<Field<'_>> = match f.value() {
+        None => return Ok(vec![DEFAULT_LISTEN.to_string()]),
+        Some(Value::Sequence(seq)) => {
+            if seq.is_empty() {
+                return Err(f.err("at least one address is required (e.g. \"127.0.0.1:8000\")"));
+            }
+            seq.iter().enumerate().map(|(i, v)| f.item(i, v)).collect()
+        }
+        Some(Value::String(_)) => vec![f.clone()],
+        Some(other) => return Err(f.type_err("a string or a list of strings", other)),
+    };
+    let mut out: Vec<String> = Vec::new();
+    for item in items {
+        let addr = item.string()?.trim().to_string();
+        check_listen_addr(&addr).map_err(|r| item.err(r))?;
+        if out.contains(&addr) {
+            return Err(item.err(format!("`{addr}` is listed twice")));
+        }
+        out.push(addr);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    #[test]
+    fn defaults_from_minimal_config() {
+        let c = parse(POOL).unwrap();
+        assert_eq!(c.source, PathBuf::from("t.yaml"));
+        assert_eq!(c.listen, vec!["127.0.0.1:8000".to_string()]);
+        assert_eq!(c.metrics_listen, None);
+        assert_eq!(c.timeouts, Timeouts::default());
+        assert_eq!(c.timeouts.connect, Duration::from_secs(2));
+        assert_eq!(c.timeouts.response_header, Duration::from_secs(120));
+        assert_eq!(c.timeouts.stream_idle, Duration::from_secs(60));
+        assert_eq!(c.max_retries, 2);
+        assert_eq!(c.max_body_bytes, 32 * 1024 * 1024);
+        assert_eq!(c.pools.len(), 1);
+        let p = &c.pools[0];
+        assert_eq!(p.name, "a");
+        assert_eq!(p.models, vec!["*".to_string()]);
+        assert_eq!(p.policy, Policy::LoadAware);
+        assert_eq!(p.max_in_flight_per_endpoint, None);
+        assert_eq!(
+            p.health_check,
+            HealthCheckConfig {
+                path: "/health".into(),
+                interval: Duration::from_secs(2),
+                timeout: Duration::from_secs(1),
+                healthy_after: 2,
+                unhealthy_after: 2,
+            }
+        );
+        assert_eq!(
+            p.prefill,
+            PrefillConfig {
+                bytes_per_token: 4.0,
+                max_tokens: 262_144
+            }
+        );
+        assert_eq!(p.sessions, None);
+        assert_eq!(p.engine_stats, None);
+        assert_eq!(
+            p.prefix,
+            PrefixConfig {
+                block_bytes: 64,
+                min_match_bytes: 256,
+                capacity_tokens_per_endpoint: 1_000_000,
+                fallback: PrefixFallback::LeastInflight,
+            }
+        );
+        let ep = &p.endpoints[0];
+        assert_eq!(ep.url, "http://127.0.0.1:8101");
+        assert_eq!(ep.label, "127.0.0.1:8101");
+        assert_eq!(ep.host, "127.0.0.1");
+        assert_eq!(ep.addr, "127.0.0.1:8101".parse().unwrap());
+        assert_eq!(ep.api_key, None);
+
+        let s = c.server_conf();
+        assert_eq!(s.grace_period_seconds, Some(30));
+        assert_eq!(s.graceful_shutdown_timeout_seconds, Some(5));
+        assert_eq!(s.threads, 2);
+        assert_eq!(s.pid_file, "/tmp/infergate.pid");
+        assert_eq!(s.upgrade_sock, "/tmp/infergate_upgrade.sock");
+    }
+
+    #[test]
+    fn full_config_round_trip() {
+        let key_file = temp_file("full-key", "  file-secret\n");
+        std::env::set_var("INFERGATE_TEST_FULL_KEY", "env-secret");
+        let text = format!(
+            r#"
+listen: ["127.0.0.1:8000", "localhost:8001"]
+metrics_listen: "127.0.0.1:9090"
+server:
+  threads: 4
+  pid_file: /tmp/x.pid
+  work_stealing: false
+  client_bind_to_ipv4: ["127.0.0.1"]
+timeouts: {{ connect: 500ms, response_header: 30s, stream_idle: 1m }}
+max_retries: 0
+max_body_bytes: 1KiB
+pools:
+  - name: chat
+    models: ["llama-3", "qwen"]
+    policy: load_aware
+    max_in_flight_per_endpoint: 64
+    endpoints:
+      - url: "http://127.0.0.1:8101"
+        api_key_env: INFERGATE_TEST_FULL_KEY
+      - url: "http://localhost:8102/"
+        api_key_file: {key_file}
+      - "http://[::1]:8103"
+      - url: http://127.0.0.1
+    health_check: {{ path: /ready, interval: 3s, timeout: 250ms, healthy_after: 1, unhealthy_after: 3 }}
+    prefill: {{ bytes_per_token: 3.5, max_tokens: 8192 }}
+    sessions: {{ header: X-Conversation, ttl: 10m, max_sessions: 5 }}
+    engine_stats: {{ kind: sglang, interval: 500ms }}
+  - name: rest
+    models: ["*"]
+    policy: prefix_aware
+    endpoints:
+      - url: http://127.0.0.1:8201
+    engine_stats: {{ kind: vllm, path: /stats, metric_prefix: "x:" }}
+    prefix: {{ block_bytes: 32, min_match_bytes: 0, capacity_tokens_per_endpoint: 5, fallback: qps }}
+"#,
+            key_file = key_file.display()
+        );
+        let c = parse(&text).unwrap();
+        assert_eq!(c.listen, vec!["127.0.0.1:8000", "localhost:8001"]);
+        assert_eq!(c.metrics_listen.as_deref(), Some("127.0.0.1:9090"));
+        assert_eq!(
+            c.timeouts,
+            Timeouts {
+                connect: Duration::from_millis(500),
+                response_header: Duration::from_secs(30),
+                stream_idle: Duration::from_secs(60),
+            }
+        );
+        assert_eq!(c.max_retries, 0);
+        assert_eq!(c.max_body_bytes, 1024);
+        let s = c.server_conf();
+        assert_eq!(s.threads, 4);
+        assert_eq!(s.pid_file, "/tmp/x.pid");
+        assert!(!s.work_stealing);
+        assert_eq!(s.client_bind_to_ipv4, vec!["127.0.0.1".to_string()]);
+        assert_eq!(s.grace_period_seconds, Some(30));
+        assert_eq!(s.upgrade_sock, "/tmp/infergate_upgrade.sock");
+
+        let p = &c.pools[0];
+        assert_eq!(p.models, vec!["llama-3", "qwen"]);
+        assert_eq!(p.max_in_flight_per_endpoint, Some(64));
+        assert_eq!(p.endpoints[0].api_key.as_deref(), Some("env-secret"));
+        assert_eq!(p.endpoints[1].api_key.as_deref(), Some("file-secret"));
+        assert_eq!(p.endpoints[1].label, "localhost:8102");
+        assert_eq!(p.endpoints[1].host, "localhost");
+        assert!(
+            p.endpoints[1].addr.is_ipv4(),
+            "IPv4 preferred: {}",
+            p.endpoints[1].addr
+        );
+        assert_eq!(p.endpoints[2].label, "[::1]:8103");
+        assert_eq!(p.endpoints[2].host, "[::1]");
+        assert_eq!(p.endpoints[2].addr, "[::1]:8103".parse().unwrap());
+        assert_eq!(p.endpoints[3].label, "127.0.0.1:80");
+        assert_eq!(p.endpoints[3].addr, "127.0.0.1:80".parse().unwrap());
+        assert_eq!(p.health_check.path, "/ready");
+        assert_eq!(p.health_check.timeout, Duration::from_millis(250));
+        assert_eq!(p.health_check.healthy_after, 1);
+        assert_eq!(p.health_check.unhealthy_after, 3);
+        assert_eq!(
+            p.prefill,
+            PrefillConfig {
+                bytes_per_token: 3.5,
+                max_tokens: 8192
+            }
+        );
+        assert_eq!(
+            p.sessions,
+            Some(SessionsConfig {
+                header: "x-conversation".into(),
+                ttl: Duration::from_secs(600),
+                max_sessions: 5
+            })
+        );
+        assert_eq!(
+            p.engine_stats,
+            Some(EngineStatsConfig {
+                kind: EngineKind::Sglang,
+                path: "/metrics".into(),
+                interval: Duration::from_millis(500),
+                metric_prefix: "sglang:".into(),
+            })
+        );
+        let r = &c.pools[1];
+        assert_eq!(r.policy, Policy::PrefixAware);
+        assert_eq!(
+            r.engine_stats,
+            Some(EngineStatsConfig {
+                kind: EngineKind::Vllm,
+                path: "/stats".into(),
+                interval: Duration::from_secs(1),
+                metric_prefix: "x:".into(),
+            })
+        );
+        assert_eq!(
+            r.prefix,
+            PrefixConfig {
+                block_bytes: 32,
+                min_match_bytes: 0,
+                capacity_tokens_per_endpoint: 5,
+                fallback: PrefixFallback::Qps
+            }
+        );
+
+        assert_eq!(c.pool_for_model(Some("qwen")), Some(0));
+        assert_eq!(c.pool_for_model(Some("other")), Some(1));
+        assert_eq!(c.pool_for_model(None), Some(1));
+        let _ = std::fs::remove_file(key_file);
+    }
+
+    #[test]
+    fn pool_for_model_rules() {
+        let two = "pools:\n  - name: a\n    models: [m1]\n    endpoints: [\"http://127.0.0.1:1\"]\n  - name: b\n    models: [m2]\n    endpoints: [\"http://127.0.0.1:2\"]\n";
+        let c = parse(two).unwrap();
+        assert_eq!(c.pool_for_model(Some("m1")), Some(0));
+        assert_eq!(c.pool_for_model(Some("m2")), Some(1));
+        assert_eq!(c.pool_for_model(Some("m3")), None);
+        assert_eq!(c.pool_for_model(None), None);
+
+        let one =
+            "pools:\n  - name: a\n    models: [m1]\n    endpoints: [\"http://127.0.0.1:1\"]\n";
+        let c = parse(one).unwrap();
+        assert_eq!(c.pool_for_model(None), Some(0));
+        assert_eq!(c.pool_for_model(Some("m1")), Some(0));
+        assert_eq!(c.pool_for_model(Some("zzz")), None);
+
+        let wild = "pools:\n  - name: a\n    models: [m1]\n    endpoints: [\"http://127.0.0.1:1\"]\n  - name: b\n    models: [\"*\"]\n    endpoints: [\"http://127.0.0.1:2\"]\n";
+        let c = parse(wild).unwrap();
+        assert_eq!(c.pool_for_model(Some("m1")), Some(0));
+        assert_eq!(c.pool_for_model(Some("zzz")), Some(1));
+        assert_eq!(c.pool_for_model(None), Some(1));
+    }
+
+    #[test]
+    fn shipped_config_files_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf");
+        let example = Config::load(&dir.join("infergate.yaml")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!example.pools.is_empty());
+        let demo = Config::load(&dir.join("demo.yaml")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(demo.listen, vec!["127.0.0.1:8000"]);
+        assert_eq!(demo.metrics_listen.as_deref(), Some("127.0.0.1:9090"));
+        assert_eq!(demo.pools.len(), 1);
+        let p = &demo.pools[0];
+        assert_eq!(p.name, "default");
+        assert_eq!(p.policy, Policy::LoadAware);
+        assert_eq!(
+            p.sessions.as_ref().map(|s| s.header.as_str()),
+            Some("x-session-id")
+        );
+        assert!(p.engine_stats.is_some());
+        let labels: Vec<&str> = p.endpoints.iter().map(|e| e.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "127.0.0.1:8101",
+                "127.0.0.1:8102",
+                "127.0.0.1:8103",
+                "127.0.0.1:8104"
+            ]
+        );
+        let s = demo.server_conf();
+        assert_eq!(s.grace_period_seconds, Some(2));
+        assert!(s.pid_file.starts_with("/tmp/"));
+        assert!(s.upgrade_sock.starts_with("/tmp/"));
+    }
+
+    #[test]
+    fn unreadable_file() {
+        let e = Config::load(Path::new("/nonexistent/infergate.yaml")).unwrap_err();
+        assert_eq!(e.key, "");
+        assert!(
+            e.to_string()
+                .starts_with("/nonexistent/infergate.yaml: cannot read: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_yaml_has_line_and_column() {
+        let msg = assert_err(
+            "listen: \"127.0.0.1:8000\"\npools: [\n  - a: b\n",
+            "",
+            &["invalid YAML", "line"],
+        );
+        assert!(msg.contains("column"), "{msg}");
+        assert_err(
+            "pools: []\npools: []\n",
+            "",
+            &["invalid YAML: duplicate entry with key \"pools\" (in the mapping that starts at line 1 column 1)"],
+        );
+    }
+
+    #[test]
+    fn top_level_must_be_a_mapping() {
+        assert_err(
+            "- a\n- b\n",
+            "",
+            &["top level must be a mapping", "found a list"],
+        );
+        assert_err(
+            "just text\n",
+            "",
+            &["top level must be a mapping", "found a string"],
+        );
+        assert_err("# only a comment\n", "", &["no settings", "pools"]);
+    }
+
+    #[test]
+    fn listen_addresses() {
+        let c = parse(&format!("listen: localhost:8000\n{POOL}")).unwrap();
+        assert_eq!(c.listen, vec!["localhost:8000"]);
+        let c = parse(&format!("listen: [\"0.0.0.0:80\", \"[::1]:81\"]\n{POOL}")).unwrap();
+        assert_eq!(c.listen, vec!["0.0.0.0:80", "[::1]:81"]);
+        assert_err(
+            &format!("listen: nonsense\n{POOL}"),
+            "listen",
+            &["invalid listen address `nonsense`", "host:port"],
+        );
+        assert_err(
+            &format!("listen: 127.0.0.1\n{POOL}"),
+            "listen",
+            &["invalid listen address `127.0.0.1`"],
+        );
+        assert_err(
+            &format!("listen: \":8000\"\n{POOL}"),
+            "listen",
+            &["invalid listen address `:8000`"],
+        );
+        assert_err(
+            &format!("listen: [\"127.0.0.1:1\", \"a:b\"]\n{POOL}"),
+            "listen[1]",
+            &["invalid listen address `a:b`"],
+        );
+        assert_err(
+            &format!("listen: no-such-host.invalid:80\n{POOL}"),
+            "listen",
+            &["cannot resolve host `no-such-host.invalid`"],
+        );
+        assert_err(
+            &format!("listen: []\n{POOL}"),
+            "listen",
+            &["at least one address"],
+        );
+        assert_err(
+            &format!("listen: [\"127.0.0.1:1\", \"127.0.0.1:1\"]\n{POOL}"),
+            "listen[1]",
+            &["listed twice"],
+        );
+        assert_err(
+            &format!("metrics_listen: \"9090\"\n{POOL}"),
+            "metrics_listen",
+            &["invalid listen address `9090`"],
+        );
+        assert_err(
+            &format!("metrics_listen: \"127.0.0.1:8000\"\n{POOL}"),
+            "metrics_listen",
+            &["also in `listen`"],
+        );
+        assert_eq!(
+            parse(&format!("metrics_listen:\n{POOL}"))
+                .unwrap()
+                .metrics_listen,
+            None
+        );
+    }
+
+    #[test]
+    fn yaml_merge_keys_are_applied() {
+        let text =
+            "x-common: &common\n  policy: least_request\n  endpoints: [\"http://127.0.0.1:1\"]\n";
+        // Anchors at the top level would be an unknown key; merges work inside the pools list.
+        assert_err(&format!("{text}{POOL}"), "x-common", &["unknown key"]);
+        let c = parse(
+            "pools:\n  - &a\n    name: a\n    models: [m]\n    policy: least_request\n    endpoints: [\"http://127.0.0.1:1\"]\n  - <<: *a\n    name: b\n    models: [n]\n",
+        )
+        .unwrap();
+        assert_eq!(c.pools[1].policy, Policy::LeastRequest);
+        assert_eq!(c.pools[1].endpoints[0].label, "127.0.0.1:1");
+    }
+}

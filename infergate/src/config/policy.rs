@@ -1,0 +1,304 @@
+//! A pool's placement policy and the policies' settings: `policy`, `sessions`, `engine_stats` and `prefix`.
+
+use std::time::Duration;
+
+use super::values::to_usize;
+use super::walk::{Field, Node};
+use super::ConfigError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    RoundRobin,
+    LeastRequest,
+    LoadAware,
+    PrefixAware,
+}
+
+impl Policy {
+    /// Every policy, in the order the names are listed in messages.
+    pub const ALL: [Policy; 4] = [
+        Policy::RoundRobin,
+        Policy::LeastRequest,
+        Policy::LoadAware,
+        Policy::PrefixAware,
+    ];
+
+    /// The name used in the YAML file (and in metric labels).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::RoundRobin => "round_robin",
+            Policy::LeastRequest => "least_request",
+            Policy::LoadAware => "load_aware",
+            Policy::PrefixAware => "prefix_aware",
+        }
+    }
+
+    /// A pool's `policy`: load_aware when absent.
+    pub(super) fn read(f: &Field<'_>) -> Result<Policy, ConfigError> {
+        if f.value().is_none() {
+            return Ok(Policy::LoadAware);
+        }
+        let s = f.string()?.trim();
+        match Policy::ALL.iter().find(|pol| pol.as_str() == s) {
+            Some(pol) => Ok(*pol),
+            None => {
+                let names: Vec<&str> = Policy::ALL.iter().map(|p| p.as_str()).collect();
+                Err(f.err(format!(
+                    "unknown policy `{s}`; expected one of {}",
+                    names.join(", ")
+                )))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionsConfig {
+    /// Lower-cased header name.
+    pub header: String,
+    pub ttl: Duration,
+    pub max_sessions: usize,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        SessionsConfig {
+            header: "x-session-id".to_string(),
+            ttl: Duration::from_secs(2 * 3600),
+            max_sessions: 100_000,
+        }
+    }
+}
+
+impl SessionsConfig {
+    /// A pool's `sessions`, allowed with policy load_aware only.
+    pub(super) fn read(n: Node<'_>, policy: Policy) -> Result<SessionsConfig, ConfigError> {
+        let [header, ttl, max_sessions] = n.keys(["header", "ttl", "max_sessions"])?;
+        if policy != Policy::LoadAware {
+            return Err(n.err(format!(
+                "sessions require policy load_aware (this pool's policy is {}); remove `sessions` or change the policy",
+                policy.as_str()
+            )));
+        }
+        let d = SessionsConfig::default();
+        let header = match header.value() {
+            None => d.header.clone(),
+            Some(_) => {
+                let raw = header.string()?.trim();
+                match http::HeaderName::from_bytes(raw.as_bytes()) {
+                    Ok(h) => h.as_str().to_string(),
+                    Err(_) => return Err(header.err(format!(
+                        "`{raw}` is not a valid HTTP header name (letters, digits and -_.!#$%&'*+^`|~ only)"
+                    ))),
+                }
+            }
+        };
+        Ok(SessionsConfig {
+            header,
+            ttl: ttl.duration_or(d.ttl)?,
+            max_sessions: to_usize(max_sessions.positive_or(d.max_sessions as u64)?),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    Vllm,
+    Sglang,
+}
+
+impl EngineKind {
+    /// The name used in the YAML file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+        }
+    }
+
+    /// The metric name prefix the engine exports by default ("vllm:" / "sglang:").
+    pub fn default_metric_prefix(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "vllm:",
+            EngineKind::Sglang => "sglang:",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineStatsConfig {
+    pub kind: EngineKind,
+    pub path: String,
+    pub interval: Duration,
+    /// Defaults by kind: "vllm:" or "sglang:".
+    pub metric_prefix: String,
+}
+
+impl EngineStatsConfig {
+    pub(super) fn read(n: Node<'_>) -> Result<EngineStatsConfig, ConfigError> {
+        let [kind, path, interval, metric_prefix] =
+            n.keys(["kind", "path", "interval", "metric_prefix"])?;
+        let kind = match kind.value() {
+            None => EngineKind::Vllm,
+            Some(_) => match kind.string()?.trim() {
+                "vllm" => EngineKind::Vllm,
+                "sglang" => EngineKind::Sglang,
+                other => {
+                    return Err(kind.err(format!(
+                        "unknown engine kind `{other}`; expected one of vllm, sglang"
+                    )))
+                }
+            },
+        };
+        let metric_prefix = match metric_prefix.value() {
+            None => kind.default_metric_prefix().to_string(),
+            Some(_) => metric_prefix.string()?.trim().to_string(),
+        };
+        Ok(EngineStatsConfig {
+            kind,
+            path: path.url_path_or("/metrics")?,
+            interval: interval.duration_or(Duration::from_secs(1))?,
+            metric_prefix,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixFallback {
+    LeastInflight,
+    Qps,
+}
+
+impl PrefixFallback {
+    /// The name used in the YAML file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefixFallback::LeastInflight => "least_inflight",
+            PrefixFallback::Qps => "qps",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefixConfig {
+    pub block_bytes: usize,
+    pub min_match_bytes: usize,
+    pub capacity_tokens_per_endpoint: u64,
+    pub fallback: PrefixFallback,
+}
+
+impl Default for PrefixConfig {
+    fn default() -> Self {
+        PrefixConfig {
+            block_bytes: 64,
+            min_match_bytes: 256,
+            capacity_tokens_per_endpoint: 1_000_000,
+            fallback: PrefixFallback::LeastInflight,
+        }
+    }
+}
+
+impl PrefixConfig {
+    pub(super) fn read(n: Node<'_>) -> Result<PrefixConfig, ConfigError> {
+        let [block_bytes, min_match_bytes, capacity_tokens_per_endpoint, fallback] = n.keys([
+            "block_bytes",
+            "min_match_bytes",
+            "capacity_tokens_per_endpoint",
+            "fallback",
+        ])?;
+        let d = PrefixConfig::default();
+        let fallback = match fallback.value() {
+            None => d.fallback,
+            Some(_) => match fallback.string()?.trim() {
+                "least_inflight" => PrefixFallback::LeastInflight,
+                "qps" => PrefixFallback::Qps,
+                other => {
+                    return Err(fallback.err(format!(
+                        "unknown fallback `{other}`; expected one of least_inflight, qps"
+                    )))
+                }
+            },
+        };
+        let min_match_bytes = to_usize(min_match_bytes.uint_or(d.min_match_bytes as u64)?);
+        Ok(PrefixConfig {
+            block_bytes: to_usize(block_bytes.positive_or(d.block_bytes as u64)?),
+            min_match_bytes,
+            capacity_tokens_per_endpoint: capacity_tokens_per_endpoint
+                .positive_or(d.capacity_tokens_per_endpoint)?,
+            fallback,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::testing::*;
+
+    #[test]
+    fn sessions_and_engine_stats_defaults_when_present() {
+        let c = parse(&pool_with("    sessions: {}\n    engine_stats:\n")).unwrap();
+        assert_eq!(c.pools[0].sessions, Some(SessionsConfig::default()));
+        assert_eq!(
+            c.pools[0].engine_stats,
+            Some(EngineStatsConfig {
+                kind: EngineKind::Vllm,
+                path: "/metrics".into(),
+                interval: Duration::from_secs(1),
+                metric_prefix: "vllm:".into(),
+            })
+        );
+    }
+
+    #[test]
+    fn bad_policy_lists_valid_names() {
+        assert_err(
+            &pool_with("    policy: fastest\n"),
+            "pools[0].policy",
+            &["unknown policy `fastest`; expected one of round_robin, least_request, load_aware, prefix_aware"],
+        );
+        for (name, p) in [
+            ("round_robin", Policy::RoundRobin),
+            ("least_request", Policy::LeastRequest),
+            ("load_aware", Policy::LoadAware),
+            ("prefix_aware", Policy::PrefixAware),
+        ] {
+            assert_eq!(
+                parse(&pool_with(&format!("    policy: {name}\n")))
+                    .unwrap()
+                    .pools[0]
+                    .policy,
+                p
+            );
+        }
+        assert_err(
+            &pool_with("    engine_stats: { kind: tgi }\n"),
+            "pools[0].engine_stats.kind",
+            &["unknown engine kind `tgi`; expected one of vllm, sglang"],
+        );
+        assert_err(
+            &pool_with("    prefix: { fallback: random }\n"),
+            "pools[0].prefix.fallback",
+            &["unknown fallback `random`; expected one of least_inflight, qps"],
+        );
+    }
+
+    #[test]
+    fn sessions_require_load_aware() {
+        assert_err(
+            &pool_with("    policy: round_robin\n    sessions: { header: x-session-id }\n"),
+            "pools[0].sessions",
+            &["sessions require policy load_aware (this pool's policy is round_robin)"],
+        );
+        assert_err(
+            &pool_with("    sessions: { header: \"x session\" }\n"),
+            "pools[0].sessions.header",
+            &["`x session` is not a valid HTTP header name"],
+        );
+        assert_err(
+            &pool_with("    sessions: { max_sessions: 0 }\n"),
+            "pools[0].sessions.max_sessions",
+            &["at least 1"],
+        );
+    }
+}

@@ -1,0 +1,589 @@
+//! Pools: the `pools` list, each pool's keys, its `endpoints` (URL, address, API key), `health_check` and `prefill`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_norway::Value;
+
+use super::policy::{EngineStatsConfig, Policy, PrefixConfig, SessionsConfig};
+use super::values::{parse_http_url, resolve, to_usize};
+use super::walk::{Field, Node};
+use super::ConfigError;
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub name: String,
+    /// Model names matched against the request body's "model"; "*" matches anything not matched by another pool.
+    pub models: Vec<String>,
+    pub policy: Policy,
+    pub endpoints: Vec<EndpointConfig>,
+    pub health_check: HealthCheckConfig,
+    pub prefill: PrefillConfig,
+    /// Per-endpoint in-flight request limit (None = unlimited). Reaching it is "pressure" for sessions and a hard
+    /// limit for spills.
+    pub max_in_flight_per_endpoint: Option<u64>,
+    /// Sessions (policy load_aware only); None = off.
+    pub sessions: Option<SessionsConfig>,
+    /// Engine stats scraping; None = off.
+    pub engine_stats: Option<EngineStatsConfig>,
+    /// Prefix index settings (policy prefix_aware).
+    pub prefix: PrefixConfig,
+}
+
+/// `pools`: each pool, then the names and models that must be unique across pools.
+pub(super) fn pools_list(f: &Field<'_>) -> Result<Vec<PoolConfig>, ConfigError> {
+    let seq = match f.value() {
+        None | Some(Value::Null) => return Err(f.err("at least one pool is required")),
+        Some(Value::Sequence(seq)) => seq,
+        Some(other) => return Err(f.type_err("a list of pools", other)),
+    };
+    if seq.is_empty() {
+        return Err(f.err("at least one pool is required"));
+    }
+    let mut pools: Vec<PoolConfig> = Vec::new();
+    for (i, v) in seq.iter().enumerate() {
+        let item = f.item(i, v);
+        if v.is_null() {
+            return Err(item.type_err("a mapping", v));
+        }
+        let pool = PoolConfig::read(item.section()?)?;
+        if let Some(j) = pools.iter().position(|p| p.name == pool.name) {
+            return Err(item.err_in(
+                "name",
+                format!(
+                    "duplicate pool name `{}` (also {}[{j}])",
+                    pool.name,
+                    f.path()
+                ),
+            ));
+        }
+        for (m_idx, model) in pool.models.iter().enumerate() {
+            if let Some(other) = pools.iter().find(|p| p.models.contains(model)) {
+                let reason = if model == "*" {
+                    format!(
+                        "only one pool may use \"*\"; pool `{}` already catches all other models",
+                        other.name
+                    )
+                } else {
+                    format!(
+                        "model `{model}` is already served by pool `{}`; each model belongs to one pool",
+                        other.name
+                    )
+                };
+                return Err(item.err_in(&format!("models[{m_idx}]"), reason));
+            }
+        }
+        pools.push(pool);
+    }
+    Ok(pools)
+}
+
+impl PoolConfig {
+    pub(super) fn read(n: Node<'_>) -> Result<PoolConfig, ConfigError> {
+        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix] =
+            n.keys([
+                "name",
+                "models",
+                "policy",
+                "max_in_flight_per_endpoint",
+                "endpoints",
+                "health_check",
+                "prefill",
+                "sessions",
+                "engine_stats",
+                "prefix",
+            ])?;
+        let name = {
+            let s = name.string()?.trim().to_string();
+            if s.is_empty() {
+                return Err(name.err("must not be empty"));
+            }
+            s
+        };
+        let models = model_list(&models)?;
+        let policy = Policy::read(&policy)?;
+        let max_in_flight_per_endpoint = match max_in_flight_per_endpoint.value() {
+            None | Some(Value::Null) => None,
+            Some(_) => {
+                let f = &max_in_flight_per_endpoint;
+                let n = f.uint()?;
+                if n == 0 {
+                    return Err(f.err("must be at least 1 (remove the key for no limit)"));
+                }
+                Some(n)
+            }
+        };
+        let endpoints = endpoint_list(&endpoints)?;
+        let health_check = HealthCheckConfig::read(health_check.section()?)?;
+        let prefill = PrefillConfig::read(prefill.section()?)?;
+        let sessions = match sessions.optional_section()? {
+            None => None,
+            Some(s) => Some(SessionsConfig::read(s, policy)?),
+        };
+        let engine_stats = match engine_stats.optional_section()? {
+            None => None,
+            Some(e) => Some(EngineStatsConfig::read(e)?),
+        };
+        let prefix = PrefixConfig::read(prefix.section()?)?;
+        Ok(PoolConfig {
+            name,
+            models,
+            policy,
+            endpoints,
+            health_check,
+            prefill,
+            max_in_flight_per_endpoint,
+            sessions,
+            engine_stats,
+            prefix,
+        })
+    }
+}
+
+/// A pool's `models`: `["*"]` when absent.
+fn model_list(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {
+    let seq = match f.value() {
+        None => return Ok(vec!["*".to_string()]),
+        Some(Value::Sequence(seq)) => seq,
+        Some(other) => return Err(f.type_err("a list of model names", other)),
+    };
+    if seq.is_empty() {
+        return Err(f.err("at least one model name is required (use \"*\" to match any model)"));
+    }
+    let mut models: Vec<String> = Vec::new();
+    for (i, v) in seq.iter().enumerate() {
+        let item = f.item(i, v);
+        let m = item.string()?.trim().to_string();
+        if m.is_empty() {
+            return Err(item.err("must not be empty"));
+        }
+        if models.contains(&m) {
+            return Err(item.err(format!("model `{m}` is listed twice")));
+        }
+        models.push(m);
+    }
+    Ok(models)
+}
+
+/// `Debug` shows `api_key` as `Some("***")`, never the key itself.
+#[derive(Clone)]
+pub struct EndpointConfig {
+    /// The URL as written ("http://host:port"); only http is supported.
+    pub url: String,
+    /// "host:port" as written in the URL (port defaulted to 80): the `endpoint` metric label.
+    pub label: String,
+    /// The host part, used as the upstream Host header.
+    pub host: String,
+    /// Resolved at load time (first address; IPv4 preferred).
+    pub addr: SocketAddr,
+    /// Bearer token for the endpoint, read from api_key_env or api_key_file at load time. Never logged.
+    pub api_key: Option<String>,
+}
+
+impl std::fmt::Debug for EndpointConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointConfig")
+            .field("url", &self.url)
+            .field("label", &self.label)
+            .field("host", &self.host)
+            .field("addr", &self.addr)
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// A pool's `endpoints`: at least one, no endpoint twice.
+fn endpoint_list(f: &Field<'_>) -> Result<Vec<EndpointConfig>, ConfigError> {
+    let seq = match f.value() {
+        None | Some(Value::Null) => return Err(f.err("at least one endpoint is required")),
+        Some(Value::Sequence(seq)) => seq,
+        Some(other) => return Err(f.type_err("a list of endpoints", other)),
+    };
+    if seq.is_empty() {
+        return Err(f.err("at least one endpoint is required"));
+    }
+    let mut out: Vec<EndpointConfig> = Vec::new();
+    for (i, v) in seq.iter().enumerate() {
+        let item = f.item(i, v);
+        let ep = EndpointConfig::read(&item)?;
+        if let Some(j) = out
+            .iter()
+            .position(|o| o.label.eq_ignore_ascii_case(&ep.label))
+        {
+            return Err(item.err_in(
+                "url",
+                format!("duplicate endpoint `{}` (also {}[{j}])", ep.label, f.path()),
+            ));
+        }
+        out.push(ep);
+    }
+    Ok(out)
+}
+
+impl EndpointConfig {
+    /// One endpoint: a mapping with `url`, or the URL string alone.
+    pub(super) fn read(f: &Field<'_>) -> Result<EndpointConfig, ConfigError> {
+        match f.required()? {
+            Value::String(_) => EndpointConfig::at_url(f),
+            Value::Mapping(_) => EndpointConfig::read_mapping(f.section()?),
+            other => Err(f.type_err("a mapping with `url` (or a URL string)", other)),
+        }
+    }
+
+    pub(super) fn read_mapping(n: Node<'_>) -> Result<EndpointConfig, ConfigError> {
+        let [url, api_key_env, api_key_file] = n.keys(["url", "api_key_env", "api_key_file"])?;
+        let mut ep = EndpointConfig::at_url(&url)?;
+        ep.api_key = api_key(&n, &api_key_env, &api_key_file)?;
+        Ok(ep)
+    }
+
+    /// The endpoint at the URL in `url` (parsed and resolved), without an API key.
+    fn at_url(url: &Field<'_>) -> Result<EndpointConfig, ConfigError> {
+        let text = url.string()?.trim().to_string();
+        let (host, port) = parse_http_url(&text).map_err(|r| url.err(r))?;
+        let addr = resolve(&host, port).map_err(|r| url.err(r))?;
+        Ok(EndpointConfig {
+            label: format!("{host}:{port}"),
+            url: text,
+            host,
+            addr,
+            api_key: None,
+        })
+    }
+}
+
+/// The endpoint's API key, from the environment variable named in `env` or the file named in `file` (not both).
+fn api_key(
+    endpoint: &Node<'_>,
+    env: &Field<'_>,
+    file: &Field<'_>,
+) -> Result<Option<String>, ConfigError> {
+    let (source, key) = match (env.value(), file.value()) {
+        (None, None) => return Ok(None),
+        (Some(_), Some(_)) => {
+            return Err(endpoint.err("set either `api_key_env` or `api_key_file`, not both"))
+        }
+        (Some(_), None) => (env, api_key_from_env(env)?),
+        (None, Some(_)) => (file, api_key_from_file(file)?),
+    };
+    if key.chars().any(|c| c.is_control() || c == ' ') {
+        return Err(source.err(
+            "the API key contains spaces or control characters and cannot be sent in a header",
+        ));
+    }
+    Ok(Some(key))
+}
+
+fn api_key_from_env(f: &Field<'_>) -> Result<String, ConfigError> {
+    let name = f.string()?.trim();
+    if name.is_empty() {
+        return Err(f.err("must name an environment variable"));
+    }
+    match std::env::var(name) {
+        Ok(val) if !val.trim().is_empty() => Ok(val.trim().to_string()),
+        Ok(_) => Err(f.err(format!("environment variable `{name}` is empty"))),
+        Err(std::env::VarError::NotPresent) => {
+            Err(f.err(format!("environment variable `{name}` is not set")))
+        }
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(f.err(format!("environment variable `{name}` is not valid UTF-8")))
+        }
+    }
+}
+
+fn api_key_from_file(f: &Field<'_>) -> Result<String, ConfigError> {
+    let fname = f.string()?.trim();
+    if fname.is_empty() {
+        return Err(f.err("must name a file"));
+    }
+    match std::fs::read(fname) {
+        Err(err) => Err(f.err(format!("cannot read `{fname}`: {err}"))),
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Err(_) => Err(f.err(format!("`{fname}` is not valid UTF-8"))),
+            Ok(text) if text.trim().is_empty() => Err(f.err(format!("`{fname}` is empty"))),
+            Ok(text) => Ok(text.trim().to_string()),
+        },
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthCheckConfig {
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub healthy_after: usize,
+    pub unhealthy_after: usize,
+}
+
+impl Default for HealthCheckConfig {
+    fn default() -> Self {
+        HealthCheckConfig {
+            path: "/health".to_string(),
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            healthy_after: 2,
+            unhealthy_after: 2,
+        }
+    }
+}
+
+impl HealthCheckConfig {
+    pub(super) fn read(n: Node<'_>) -> Result<HealthCheckConfig, ConfigError> {
+        let [path, interval, timeout, healthy_after, unhealthy_after] = n.keys([
+            "path",
+            "interval",
+            "timeout",
+            "healthy_after",
+            "unhealthy_after",
+        ])?;
+        let d = HealthCheckConfig::default();
+        Ok(HealthCheckConfig {
+            path: path.url_path_or(&d.path)?,
+            interval: interval.duration_or(d.interval)?,
+            timeout: timeout.duration_or(d.timeout)?,
+            healthy_after: to_usize(healthy_after.positive_or(d.healthy_after as u64)?),
+            unhealthy_after: to_usize(unhealthy_after.positive_or(d.unhealthy_after as u64)?),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillConfig {
+    pub bytes_per_token: f64,
+    pub max_tokens: u64,
+}
+
+impl Default for PrefillConfig {
+    fn default() -> Self {
+        PrefillConfig {
+            bytes_per_token: 4.0,
+            max_tokens: 262_144,
+        }
+    }
+}
+
+impl PrefillConfig {
+    pub(super) fn read(n: Node<'_>) -> Result<PrefillConfig, ConfigError> {
+        let [bytes_per_token, max_tokens] = n.keys(["bytes_per_token", "max_tokens"])?;
+        let d = PrefillConfig::default();
+        let bytes_per_token = match bytes_per_token.value() {
+            None => d.bytes_per_token,
+            Some(Value::Number(n)) => {
+                let x = n.as_f64().unwrap_or(f64::NAN);
+                if !(x.is_finite() && x > 0.0) {
+                    return Err(
+                        bytes_per_token.err(format!("must be a number greater than 0, found {x}"))
+                    );
+                }
+                x
+            }
+            Some(other) => return Err(bytes_per_token.type_err("a number", other)),
+        };
+        Ok(PrefillConfig {
+            bytes_per_token,
+            max_tokens: max_tokens.positive_or(d.max_tokens)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::testing::*;
+
+    #[test]
+    fn pool_structure_errors() {
+        assert_err(
+            "listen: \"127.0.0.1:8000\"\n",
+            "pools",
+            &["at least one pool is required"],
+        );
+        assert_err("pools: []\n", "pools", &["at least one pool is required"]);
+        assert_err(
+            "pools:\n  - name: a\n",
+            "pools[0].endpoints",
+            &["at least one endpoint is required"],
+        );
+        assert_err(
+            "pools:\n  - name: a\n    endpoints: []\n",
+            "pools[0].endpoints",
+            &["at least one endpoint is required"],
+        );
+        assert_err(
+            "pools:\n  - endpoints: [\"http://127.0.0.1:1\"]\n",
+            "pools[0].name",
+            &["required key is missing"],
+        );
+        assert_err(
+            "pools:\n  - name: \"\"\n    endpoints: [\"http://127.0.0.1:1\"]\n",
+            "pools[0].name",
+            &["must not be empty"],
+        );
+        assert_err(
+            "pools:\n  -\n",
+            "pools[0]",
+            &["expected a mapping, found nothing"],
+        );
+        assert_err(
+            "pools:\n  - name: a\n    models: [x]\n    endpoints: [\"http://127.0.0.1:1\"]\n  - name: a\n    models: [y]\n    endpoints: [\"http://127.0.0.1:2\"]\n",
+            "pools[1].name",
+            &["duplicate pool name `a` (also pools[0])"],
+        );
+        assert_err(
+            "pools:\n  - name: a\n    endpoints:\n      - http://127.0.0.1:8101\n      - url: http://127.0.0.1:8102\n      - url: http://127.0.0.1:8101/\n",
+            "pools[0].endpoints[2].url",
+            &["duplicate endpoint `127.0.0.1:8101` (also pools[0].endpoints[0])"],
+        );
+        assert_err(
+            "pools:\n  - name: a\n    endpoints: [\"http://localhost\", \"http://LOCALHOST:80\"]\n",
+            "pools[0].endpoints[1].url",
+            &["duplicate endpoint"],
+        );
+    }
+
+    #[test]
+    fn model_routing_conflicts() {
+        assert_err(
+            "pools:\n  - name: a\n    endpoints: [\"http://127.0.0.1:1\"]\n  - name: b\n    endpoints: [\"http://127.0.0.1:2\"]\n",
+            "pools[1].models[0]",
+            &["only one pool may use \"*\"; pool `a` already catches all other models"],
+        );
+        assert_err(
+            "pools:\n  - name: a\n    models: [m, n]\n    endpoints: [\"http://127.0.0.1:1\"]\n  - name: b\n    models: [o, n]\n    endpoints: [\"http://127.0.0.1:2\"]\n",
+            "pools[1].models[1]",
+            &["model `n` is already served by pool `a`"],
+        );
+        assert_err(
+            &pool_with("    models: []\n"),
+            "pools[0].models",
+            &["at least one model name"],
+        );
+        assert_err(
+            &pool_with("    models: [m, m]\n"),
+            "pools[0].models[1]",
+            &["listed twice"],
+        );
+    }
+
+    #[test]
+    fn api_key_env_errors() {
+        assert_err(
+            &endpoint_with("        api_key_env: INFERGATE_TEST_SURELY_UNSET_VAR\n"),
+            "pools[0].endpoints[0].api_key_env",
+            &["environment variable `INFERGATE_TEST_SURELY_UNSET_VAR` is not set"],
+        );
+        std::env::set_var("INFERGATE_TEST_EMPTY_KEY", "  ");
+        assert_err(
+            &endpoint_with("        api_key_env: INFERGATE_TEST_EMPTY_KEY\n"),
+            "pools[0].endpoints[0].api_key_env",
+            &["environment variable `INFERGATE_TEST_EMPTY_KEY` is empty"],
+        );
+    }
+
+    #[test]
+    fn api_key_file_errors() {
+        assert_err(
+            &endpoint_with("        api_key_file: /nonexistent/key\n"),
+            "pools[0].endpoints[0].api_key_file",
+            &["cannot read `/nonexistent/key`"],
+        );
+        let empty = temp_file("empty-key", "\n  \n");
+        assert_err(
+            &endpoint_with(&format!("        api_key_file: {}\n", empty.display())),
+            "pools[0].endpoints[0].api_key_file",
+            &["is empty"],
+        );
+        let spaced = temp_file("spaced-key", "topsecret value\n");
+        let msg = assert_err(
+            &endpoint_with(&format!("        api_key_file: {}\n", spaced.display())),
+            "pools[0].endpoints[0].api_key_file",
+            &["cannot be sent in a header"],
+        );
+        assert!(!msg.contains("topsecret"), "key leaked: {msg}");
+        let good = temp_file("good-key", "k-123\n");
+        let c = parse(&endpoint_with(&format!(
+            "        api_key_file: {}\n",
+            good.display()
+        )))
+        .unwrap();
+        assert_eq!(c.pools[0].endpoints[0].api_key.as_deref(), Some("k-123"));
+        for f in [empty, spaced, good] {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+
+    #[test]
+    fn api_key_env_and_file_together() {
+        std::env::set_var("INFERGATE_TEST_BOTH_KEY", "secret-both");
+        let msg = assert_err(
+            &endpoint_with("        api_key_env: INFERGATE_TEST_BOTH_KEY\n        api_key_file: /etc/hostname\n"),
+            "pools[0].endpoints[0]",
+            &["set either `api_key_env` or `api_key_file`, not both"],
+        );
+        assert!(!msg.contains("secret-both"));
+    }
+
+    #[test]
+    fn endpoint_debug_hides_the_api_key() {
+        std::env::set_var("INFERGATE_TEST_DEBUG_KEY", "debug-secret");
+        let c = parse(&endpoint_with(
+            "        api_key_env: INFERGATE_TEST_DEBUG_KEY\n",
+        ))
+        .unwrap();
+        let ep = &c.pools[0].endpoints[0];
+        assert_eq!(ep.api_key.as_deref(), Some("debug-secret"));
+        let compact = [format!("{ep:?}"), format!("{:?}", c.pools[0])];
+        for shown in &compact {
+            assert!(shown.contains(r#"api_key: Some("***")"#), "{shown}");
+        }
+        for shown in compact
+            .iter()
+            .chain(&[format!("{ep:#?}"), format!("{c:#?}")])
+        {
+            assert!(!shown.contains("debug-secret"), "key leaked: {shown}");
+            assert!(shown.contains(r#""***""#), "{shown}");
+            assert!(shown.contains("127.0.0.1:8101"), "{shown}");
+        }
+        let plain = parse(POOL).unwrap();
+        assert!(format!("{:?}", plain.pools[0].endpoints[0]).contains("api_key: None"));
+    }
+
+    #[test]
+    fn numeric_limits() {
+        let pf = "pools[0].prefill.bytes_per_token";
+        assert_err(
+            &pool_with("    prefill: { bytes_per_token: 0 }\n"),
+            pf,
+            &["greater than 0"],
+        );
+        assert_err(
+            &pool_with("    prefill: { bytes_per_token: -1.5 }\n"),
+            pf,
+            &["greater than 0"],
+        );
+        assert_err(
+            &pool_with("    prefill: { max_tokens: 0 }\n"),
+            "pools[0].prefill.max_tokens",
+            &["at least 1"],
+        );
+        assert_err(
+            &pool_with("    health_check: { healthy_after: 0 }\n"),
+            "pools[0].health_check.healthy_after",
+            &["at least 1"],
+        );
+        assert_err(
+            &pool_with("    health_check: { unhealthy_after: 0 }\n"),
+            "pools[0].health_check.unhealthy_after",
+            &["at least 1"],
+        );
+        assert_err(
+            &pool_with("    max_in_flight_per_endpoint: 0\n"),
+            "pools[0].max_in_flight_per_endpoint",
+            &["at least 1"],
+        );
+        assert_err(
+            &pool_with("    prefix: { block_bytes: 0 }\n"),
+            "pools[0].prefix.block_bytes",
+            &["at least 1"],
+        );
+    }
+}
