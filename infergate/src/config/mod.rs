@@ -14,7 +14,8 @@ mod values;
 mod walk;
 
 pub use policy::{
-    EngineKind, EngineStatsConfig, Policy, PrefixConfig, PrefixFallback, SessionsConfig,
+    EngineKind, EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, PrefixFallback,
+    SessionsConfig,
 };
 use pool::pools_list;
 pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig};
@@ -255,7 +256,7 @@ mod tests {
         let p = &c.pools[0];
         assert_eq!(p.name, "a");
         assert_eq!(p.models, vec!["*".to_string()]);
-        assert_eq!(p.policy, Policy::LoadAware);
+        assert_eq!(p.policy.kind(), Policy::LoadAware);
         assert_eq!(p.max_in_flight_per_endpoint, None);
         assert_eq!(
             p.health_check,
@@ -274,10 +275,10 @@ mod tests {
                 max_tokens: 262_144
             }
         );
-        assert_eq!(p.sessions, None);
+        assert_eq!(p.policy.sessions(), None);
         assert_eq!(p.engine_stats, None);
         assert_eq!(
-            p.prefix,
+            PrefixConfig::default(),
             PrefixConfig {
                 block_bytes: 64,
                 min_match_bytes: 256,
@@ -392,8 +393,8 @@ pools:
             }
         );
         assert_eq!(
-            p.sessions,
-            Some(SessionsConfig {
+            p.policy.sessions(),
+            Some(&SessionsConfig {
                 header: "x-conversation".into(),
                 ttl: Duration::from_secs(600),
                 max_sessions: 5
@@ -409,7 +410,7 @@ pools:
             })
         );
         let r = &c.pools[1];
-        assert_eq!(r.policy, Policy::PrefixAware);
+        assert_eq!(r.policy.kind(), Policy::PrefixAware);
         assert_eq!(
             r.engine_stats,
             Some(EngineStatsConfig {
@@ -420,12 +421,14 @@ pools:
             })
         );
         assert_eq!(
-            r.prefix,
-            PrefixConfig {
-                block_bytes: 32,
-                min_match_bytes: 0,
-                capacity_tokens_per_endpoint: 5,
-                fallback: PrefixFallback::Qps
+            r.policy,
+            PolicyConfig::PrefixAware {
+                prefix: PrefixConfig {
+                    block_bytes: 32,
+                    min_match_bytes: 0,
+                    capacity_tokens_per_endpoint: 5,
+                    fallback: PrefixFallback::Qps
+                }
             }
         );
 
@@ -469,9 +472,9 @@ pools:
         assert_eq!(demo.pools.len(), 1);
         let p = &demo.pools[0];
         assert_eq!(p.name, "default");
-        assert_eq!(p.policy, Policy::LoadAware);
+        assert_eq!(p.policy.kind(), Policy::LoadAware);
         assert_eq!(
-            p.sessions.as_ref().map(|s| s.header.as_str()),
+            p.policy.sessions().map(|s| s.header.as_str()),
             Some("x-session-id")
         );
         assert!(p.engine_stats.is_some());
@@ -601,7 +604,7 @@ pools:
             "pools:\n  - &a\n    name: a\n    models: [m]\n    policy: least_request\n    endpoints: [\"http://127.0.0.1:1\"]\n  - <<: *a\n    name: b\n    models: [n]\n",
         )
         .unwrap();
-        assert_eq!(c.pools[1].policy, Policy::LeastRequest);
+        assert_eq!(c.pools[1].policy.kind(), Policy::LeastRequest);
         assert_eq!(c.pools[1].endpoints[0].label, "127.0.0.1:1");
     }
 }

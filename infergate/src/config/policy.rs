@@ -52,6 +52,49 @@ impl Policy {
     }
 }
 
+/// A pool's policy with the settings that only it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyConfig {
+    RoundRobin,
+    LeastRequest,
+    LoadAware { sessions: Option<SessionsConfig> },
+    PrefixAware { prefix: PrefixConfig },
+}
+
+impl PolicyConfig {
+    /// Combine the keys read from a pool into its policy's variant (sessions were already checked against the
+    /// policy; a `prefix` section of another policy is validated and unused).
+    pub(super) fn new(
+        kind: Policy,
+        sessions: Option<SessionsConfig>,
+        prefix: PrefixConfig,
+    ) -> PolicyConfig {
+        match kind {
+            Policy::RoundRobin => PolicyConfig::RoundRobin,
+            Policy::LeastRequest => PolicyConfig::LeastRequest,
+            Policy::LoadAware => PolicyConfig::LoadAware { sessions },
+            Policy::PrefixAware => PolicyConfig::PrefixAware { prefix },
+        }
+    }
+
+    pub fn kind(&self) -> Policy {
+        match self {
+            PolicyConfig::RoundRobin => Policy::RoundRobin,
+            PolicyConfig::LeastRequest => Policy::LeastRequest,
+            PolicyConfig::LoadAware { .. } => Policy::LoadAware,
+            PolicyConfig::PrefixAware { .. } => Policy::PrefixAware,
+        }
+    }
+
+    /// Session settings, when the policy keeps sessions.
+    pub fn sessions(&self) -> Option<&SessionsConfig> {
+        match self {
+            PolicyConfig::LoadAware { sessions } => sessions.as_ref(),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionsConfig {
     /// Lower-cased header name.
@@ -238,7 +281,10 @@ mod tests {
     #[test]
     fn sessions_and_engine_stats_defaults_when_present() {
         let c = parse(&pool_with("    sessions: {}\n    engine_stats:\n")).unwrap();
-        assert_eq!(c.pools[0].sessions, Some(SessionsConfig::default()));
+        assert_eq!(
+            c.pools[0].policy.sessions(),
+            Some(&SessionsConfig::default())
+        );
         assert_eq!(
             c.pools[0].engine_stats,
             Some(EngineStatsConfig {
@@ -267,7 +313,8 @@ mod tests {
                 parse(&pool_with(&format!("    policy: {name}\n")))
                     .unwrap()
                     .pools[0]
-                    .policy,
+                    .policy
+                    .kind(),
                 p
             );
         }

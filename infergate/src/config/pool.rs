@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
-use super::policy::{EngineStatsConfig, Policy, PrefixConfig, SessionsConfig};
+use super::policy::{EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, SessionsConfig};
 use super::values::{parse_http_url, resolve, to_usize};
 use super::walk::{Field, Node};
 use super::ConfigError;
@@ -15,19 +15,16 @@ pub struct PoolConfig {
     pub name: String,
     /// Model names matched against the request body's "model"; "*" matches anything not matched by another pool.
     pub models: Vec<String>,
-    pub policy: Policy,
+    /// The policy and the settings only it reads (sessions, prefix index).
+    pub policy: PolicyConfig,
     pub endpoints: Vec<EndpointConfig>,
     pub health_check: HealthCheckConfig,
     pub prefill: PrefillConfig,
     /// Per-endpoint in-flight request limit (None = unlimited). Reaching it is "pressure" for sessions and a hard
     /// limit for spills.
     pub max_in_flight_per_endpoint: Option<u64>,
-    /// Sessions (policy load_aware only); None = off.
-    pub sessions: Option<SessionsConfig>,
     /// Engine stats scraping; None = off.
     pub engine_stats: Option<EngineStatsConfig>,
-    /// Prefix index settings (policy prefix_aware).
-    pub prefix: PrefixConfig,
 }
 
 /// `pools`: each pool, then the names and models that must be unique across pools.
@@ -128,14 +125,12 @@ impl PoolConfig {
         Ok(PoolConfig {
             name,
             models,
-            policy,
+            policy: PolicyConfig::new(policy, sessions, prefix),
             endpoints,
             health_check,
             prefill,
             max_in_flight_per_endpoint,
-            sessions,
             engine_stats,
-            prefix,
         })
     }
 }

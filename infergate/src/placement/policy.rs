@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::sessions::SessionCommit;
 use super::{Candidate, Reason};
-use crate::config::{Policy as PolicyKind, PoolConfig};
+use crate::config::{PolicyConfig, PoolConfig};
 
 /// What placement needs to know of one generate request.
 #[derive(Debug, Clone, Copy, Default)]
@@ -105,15 +105,15 @@ pub trait PlacementPolicy: Send + Sync {
 
 /// Build a pool's policy from its config: the one place that maps config to policy types.
 pub fn build(cfg: &PoolConfig) -> Box<dyn PlacementPolicy> {
-    match cfg.policy {
-        PolicyKind::RoundRobin => Box::new(super::round_robin::RoundRobin::default()),
-        PolicyKind::LeastRequest => Box::new(super::least_request::LeastRequest),
-        PolicyKind::LoadAware => Box::new(super::load_aware::LoadAware::new(
-            cfg.sessions.as_ref(),
+    match &cfg.policy {
+        PolicyConfig::RoundRobin => Box::new(super::round_robin::RoundRobin::default()),
+        PolicyConfig::LeastRequest => Box::new(super::least_request::LeastRequest),
+        PolicyConfig::LoadAware { sessions } => Box::new(super::load_aware::LoadAware::new(
+            sessions.as_ref(),
             cfg.prefill.bytes_per_token,
         )),
-        PolicyKind::PrefixAware => Box::new(super::prefix_aware::PrefixAware::new(
-            &cfg.prefix,
+        PolicyConfig::PrefixAware { prefix } => Box::new(super::prefix_aware::PrefixAware::new(
+            prefix,
             cfg.prefill.bytes_per_token,
         )),
     }

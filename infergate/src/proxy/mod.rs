@@ -442,7 +442,7 @@ impl ProxyHttp for Router {
             self.respond_error(session, &e).await?;
             return Ok(true);
         };
-        if let Some(s) = &pool.cfg.sessions {
+        if let Some(s) = pool.cfg.policy.sessions() {
             ctx.session_key = session
                 .req_header()
                 .headers
