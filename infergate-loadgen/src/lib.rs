@@ -1,6 +1,6 @@
 //! loadgen: replays agent-session traffic against any OpenAI-compatible base URL (a router or engines) and
 //! reports TTFT, slow-request decode speed, per-engine work shares and router overhead. The `loadgen` binary is
-//! a thin CLI over [`run`]; see [`cli::HELP`].
+//! a thin CLI over [`run`]; see `loadgen --help` ([`cli::Cli`]).
 //!
 //! Scenarios ([`Scenario`]):
 //! - `agent`: sessions arrive as a Poisson process (or a burst); each sends a bimodal first turn and 3–8 later
@@ -12,7 +12,7 @@
 //!
 //! Layout: `text` (pseudo-English with exact token counts), `workload` (session plans), `client` (one request
 //! and its timings), `stats` (percentiles, CV, engine totals, /proc CPU), `report` (JSON + table), `agent`,
-//! `burst`, `overhead` (the scenarios), `cli` (argument parsing). Talks HTTP only: nothing of the router's
+//! `burst`, `overhead` (the scenarios), `cli` (argument parsing, clap). Talks HTTP only: nothing of the router's
 //! internals is used.
 
 mod agent;
@@ -38,7 +38,7 @@ pub use workload::{Arrival, Range, SecRange, Shape};
 use client::{Live, Outcome};
 
 /// Which traffic to send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
     Agent,
     Burst,

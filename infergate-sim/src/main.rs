@@ -75,8 +75,7 @@ fn from_ms(f: f64) -> Duration {
     override_usage = "engine-sim --port 8101 [--port 8102 ...] [OPTIONS]\n       \
                       engine-sim --ports 8101,8102 [OPTIONS]\n       \
                       engine-sim --engines N --base-port P [OPTIONS]",
-    after_help = AFTER_HELP,
-    max_term_width = 110
+    after_help = AFTER_HELP
 )]
 struct Cli {
     /// Add one engine on PORT (repeatable)
