@@ -45,6 +45,62 @@ fn anthropic_error_body(status: u16, msg: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({"type": "error", "error": {"type": typ, "message": msg}})).unwrap()
 }
 
+/// vLLM's name for an error type: the status's reason phrase in CamelCase plus `Error`, as vLLM's
+/// `create_error_response` names them ("BadRequestError", "NotFoundError", "InternalServerError"; the same rule
+/// gives "TooManyRequestsError" and "ServiceUnavailableError").
+fn vllm_error_type(status: u16) -> String {
+    let phrase = http::reason(status);
+    if phrase == "Status" {
+        return "Error".into();
+    }
+    let mut t: String = phrase.split(' ').collect();
+    if !t.ends_with("Error") {
+        t.push_str("Error");
+    }
+    t
+}
+
+/// The error body of vLLM's OpenAI-compatible server today (`ErrorResponse { error: ErrorInfo }` in
+/// `vllm/entrypoints/openai/engine/protocol.py`, since vLLM 0.10.1; before that the same four fields sat at the
+/// top level beside `"object": "error"`): `{"error": {"message", "type", "param", "code"}}`.
+pub(crate) fn vllm_error_body(status: u16, msg: &str, param: Option<&str>) -> Vec<u8> {
+    let typ = vllm_error_type(status);
+    serde_json::to_vec(
+        &json!({"error": {"message": msg, "type": typ, "param": param, "code": status}}),
+    )
+    .unwrap()
+}
+
+/// vLLM's length check before a request reaches the engine (`_validate_input` in its serving layer): the prompt
+/// must leave room for at least one output token, and an explicit `max_tokens` must fit beside it. Returns the
+/// error message and the `param` it names.
+fn context_length_error(
+    max_model_len: usize,
+    prompt: usize,
+    max_tokens: Option<usize>,
+) -> Option<(String, &'static str)> {
+    if prompt >= max_model_len {
+        return Some((
+            format!(
+                "This model's maximum context length is {max_model_len} tokens. However, your request has \
+                 {prompt} input tokens. Please reduce the length of the input messages."
+            ),
+            "input_tokens",
+        ));
+    }
+    let m = max_tokens?;
+    (prompt.saturating_add(m) > max_model_len).then(|| {
+        (
+            format!(
+                "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context \
+                 length is {max_model_len} tokens and your request has {prompt} input tokens \
+                 ({m} > {max_model_len} - {prompt})."
+            ),
+            "max_tokens",
+        )
+    })
+}
+
 fn error_body(kind: Option<ApiKind>, status: u16, msg: &str) -> Vec<u8> {
     match kind {
         Some(ApiKind::Messages) => anthropic_error_body(status, msg),
@@ -61,8 +117,30 @@ async fn respond(
     ctype: &str,
     body: &[u8],
 ) -> bool {
+    respond_with(io, rb, req, status, ctype, &[], body).await
+}
+
+/// [`respond`] with extra response headers.
+async fn respond_with(
+    io: &mut ConnIo,
+    rb: &InBuf,
+    req: &Request,
+    status: u16,
+    ctype: &str,
+    extra_headers: &[(&str, &str)],
+    body: &[u8],
+) -> bool {
     let keep = req.keep_alive;
-    let mut out = http::head(status, ctype, Some(body.len()), keep, req.http10).into_bytes();
+    let mut head = http::head(status, ctype, Some(body.len()), keep, req.http10);
+    if !extra_headers.is_empty() {
+        // Insert before the blank line that ends the head.
+        head.truncate(head.len() - 2);
+        for (name, value) in extra_headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+    }
+    let mut out = head.into_bytes();
     if req.method != "HEAD" {
         out.extend_from_slice(body);
     }
@@ -98,6 +176,29 @@ async fn respond_error(
         &error_body(kind, status, msg),
     )
     .await
+}
+
+/// An error answer of a generation route: vLLM's body for the OpenAI routes, Anthropic's for `/v1/messages`.
+/// 429 and 503 carry `Retry-After: 1`, so clients and routers may try again (or elsewhere) a second later.
+async fn respond_gen_error(
+    io: &mut ConnIo,
+    rb: &InBuf,
+    req: &Request,
+    kind: ApiKind,
+    status: u16,
+    msg: &str,
+    param: Option<&str>,
+) -> bool {
+    let body = match kind {
+        ApiKind::Messages => anthropic_error_body(status, msg),
+        ApiKind::Chat | ApiKind::Completion => vllm_error_body(status, msg, param),
+    };
+    let extra: &[(&str, &str)] = if matches!(status, 429 | 503) {
+        &[("retry-after", "1")]
+    } else {
+        &[]
+    };
+    respond_with(io, rb, req, status, "application/json", extra, &body).await
 }
 
 fn now_secs() -> u64 {
@@ -457,9 +558,9 @@ async fn generate(
             return respond_error(io, rb, &req, Some(kind), 400, &m).await;
         }
     };
-    let max_tokens = match parsed.max_tokens {
-        None => eng.cfg.default_max_tokens,
-        Some(n) if n >= 1 => n as usize,
+    let requested = match parsed.max_tokens {
+        None => None,
+        Some(n) if n >= 1 => Some(n as usize),
         Some(n) => {
             eng.rejected.fetch_add(1, Ordering::Relaxed);
             let msg = format!("max_tokens must be at least 1, got {n}.");
@@ -467,18 +568,19 @@ async fn generate(
         }
     };
     let prompt_tokens = parsed.prompt.len;
-    if prompt_tokens.saturating_add(max_tokens) > eng.cfg.max_model_len {
+    // Checked on arrival, before the scheduler sees the request: no simulated time passes.
+    if let Some((msg, param)) =
+        context_length_error(eng.cfg.max_model_len, prompt_tokens, requested)
+    {
         eng.rejected.fetch_add(1, Ordering::Relaxed);
-        let msg = format!(
-            "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the \
-             messages, {} in the completion). Please reduce the length of the messages or completion.",
-            eng.cfg.max_model_len,
-            prompt_tokens + max_tokens,
-            prompt_tokens,
-            max_tokens
-        );
-        return respond_error(io, rb, &req, Some(kind), 400, &msg).await;
+        return respond_gen_error(io, rb, &req, kind, 400, &msg, Some(param)).await;
     }
+    // Without max_tokens vLLM generates up to the context length; the simulator stops at its default.
+    let max_tokens = requested.unwrap_or_else(|| {
+        eng.cfg
+            .default_max_tokens
+            .min(eng.cfg.max_model_len - prompt_tokens)
+    });
 
     let (tx, mut rx) = mpsc::unbounded_channel();
     eng.sched.pending.fetch_add(1, Ordering::Relaxed);

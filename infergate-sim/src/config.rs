@@ -29,7 +29,9 @@ pub struct SimConfig {
     pub block_tokens: usize,
     /// Output tokens generated when the request gives no `max_tokens` / `max_completion_tokens`.
     pub default_max_tokens: usize,
-    /// Largest prompt + output length accepted; longer requests get vLLM's 400 error.
+    /// Context length (vLLM `max_model_len`). A prompt of this many tokens or more, or an explicit `max_tokens`
+    /// that does not fit beside the prompt, gets vLLM's 400 at once; without `max_tokens` the output is capped
+    /// to fit.
     pub max_model_len: usize,
     /// Multiplies every simulated duration (1.0 = real time; tests use e.g. 0.1).
     pub time_scale: f64,

@@ -127,7 +127,7 @@ struct Cli {
     #[arg(long, value_name = "N",
           default_value_t = SimConfig::default().default_max_tokens, help_heading = KNOBS)]
     default_max_tokens: usize,
-    /// Longest prompt + output accepted (longer: vLLM's 400)
+    /// Context length: prompt + max_tokens beyond it get vLLM's 400 at once
     #[arg(long, value_name = "N", default_value_t = SimConfig::default().max_model_len, help_heading = KNOBS)]
     max_model_len: usize,
     /// Multiply every simulated duration

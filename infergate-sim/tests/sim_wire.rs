@@ -1031,3 +1031,133 @@ async fn stats_endpoint_and_shutdown() {
     e.shutdown().await;
     assert!(TcpStream::connect(addr).await.is_err());
 }
+
+/// Prompt tokens of a chat body by the engine's own count (`/tokenize`).
+async fn prompt_tokens(c: &reqwest::Client, e: &EngineHandle, body: &Value) -> usize {
+    let v: Value = c
+        .post(format!("{}/tokenize", e.url()))
+        .json(&json!({"messages": body["messages"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["count"].as_u64().unwrap() as usize
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn context_length_is_vllms_400_before_any_prefill() {
+    // Any request that reaches the scheduler takes at least 2 s (one step); a 400 must come long before.
+    let e = spawn_engine(SimConfig {
+        max_model_len: 100,
+        step_overhead: Duration::from_secs(2),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let c = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", e.url());
+    let mut body = chat(&words(60, "c"), 1, true);
+    let p = prompt_tokens(&c, &e, &body).await;
+    assert!((60..90).contains(&p), "{p}");
+
+    // An explicit max_tokens one too many (streaming asked for: the error is still one JSON body).
+    let m = 100 - p + 1;
+    body["max_tokens"] = json!(m);
+    let t0 = Instant::now();
+    let r = c.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.headers().get("retry-after").is_none());
+    assert_eq!(r.headers()["content-type"], "application/json");
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        v,
+        json!({"error": {
+            "message": format!(
+                "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context length \
+                 is 100 tokens and your request has {p} input tokens ({m} > 100 - {p})."
+            ),
+            "type": "BadRequestError",
+            "param": "max_tokens",
+            "code": 400,
+        }})
+    );
+
+    // A prompt that fills the context leaves no room for output, whatever max_tokens says.
+    let long = json!({"messages": [{"role": "user", "content": words(120, "d")}]});
+    let lp = prompt_tokens(&c, &e, &long).await;
+    let r = c.post(&url).json(&long).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["error"]["message"],
+        format!(
+            "This model's maximum context length is 100 tokens. However, your request has {lp} input tokens. \
+             Please reduce the length of the input messages."
+        )
+    );
+    assert_eq!(
+        (
+            &v["error"]["type"],
+            &v["error"]["param"],
+            &v["error"]["code"]
+        ),
+        (
+            &json!("BadRequestError"),
+            &json!("input_tokens"),
+            &json!(400)
+        )
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        t0.elapsed()
+    );
+    let st = e.stats();
+    assert_eq!((st.requests, st.rejected, st.steps), (0, 2, 0), "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn explicit_max_tokens_may_fill_the_context_and_the_default_is_capped() {
+    let e = spawn_engine(SimConfig {
+        max_model_len: 100,
+        default_max_tokens: 50,
+        ..scaled(0.01)
+    })
+    .await
+    .unwrap();
+    let c = reqwest::Client::new();
+    let body = json!({"messages": [{"role": "user", "content": words(70, "f")}]});
+    let p = prompt_tokens(&c, &e, &body).await;
+    assert!(p > 50 && p < 100, "{p}");
+    let v: Value = c
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 100 - p, "{v}");
+
+    // max_completion_tokens is checked like max_tokens: the exact fit is served, one more is refused.
+    let url = format!("{}/v1/chat/completions", e.url());
+    let mut fit = body.clone();
+    fit["max_completion_tokens"] = json!(100 - p);
+    let r = c.post(&url).json(&fit).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 100 - p);
+    fit["max_completion_tokens"] = json!(100 - p + 1);
+    let r = c.post(&url).json(&fit).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "max_tokens");
+}
