@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::http::{self, ConnIo, InBuf, Request};
 use super::metrics;
 use super::scheduler::{SchedRequest, TokenEvent};
-use super::server::{Engine, BIG_BODY};
+use super::server::{Engine, Refusal, BIG_BODY};
 use super::tokenize::{self, output_token, ApiKind, BadRequest, GenRequest};
 
 /// `{"error":{"message","type","param","code"}}` as vLLM's OpenAI server sends it.
@@ -212,6 +212,7 @@ fn now_secs() -> u64 {
 pub(crate) async fn handle(
     eng: &Arc<Engine>,
     req: Request,
+    seq: u64,
     io: &mut ConnIo,
     rb: &mut InBuf,
 ) -> bool {
@@ -335,9 +336,9 @@ pub(crate) async fn handle(
                 Err(BadRequest(m)) => respond_error(io, rb, &req, None, 400, &m).await,
             }
         }
-        "/v1/chat/completions" if post => generate(eng, ApiKind::Chat, req, io, rb).await,
-        "/v1/completions" if post => generate(eng, ApiKind::Completion, req, io, rb).await,
-        "/v1/messages" if post => generate(eng, ApiKind::Messages, req, io, rb).await,
+        "/v1/chat/completions" if post => generate(eng, ApiKind::Chat, req, seq, io, rb).await,
+        "/v1/completions" if post => generate(eng, ApiKind::Completion, req, seq, io, rb).await,
+        "/v1/messages" if post => generate(eng, ApiKind::Messages, req, seq, io, rb).await,
         "/health"
         | "/v1/models"
         | "/version"
@@ -529,14 +530,18 @@ async fn parse(eng: &Engine, kind: ApiKind, body: Vec<u8>) -> Result<GenRequest,
     }
 }
 
-/// A generation call: optional injected delay / failure, parse, schedule, then stream or answer when done.
+/// A generation call: optional injected delay / failure, parse, length check, schedule, then stream
+/// or answer when done. Every refusal is answered at once (no simulated time), counted and marked in the
+/// request's record.
 async fn generate(
     eng: &Arc<Engine>,
     kind: ApiKind,
     mut req: Request,
+    seq: u64,
     io: &mut ConnIo,
     rb: &mut InBuf,
 ) -> bool {
+    eng.received.fetch_add(1, Ordering::Relaxed);
     let slow = eng.control.slow_headers();
     if !slow.is_zero()
         && http::watch(io, rb, tokio::time::sleep(slow))
@@ -546,15 +551,15 @@ async fn generate(
         return false;
     }
     if let Some(status) = eng.control.fail_status() {
-        eng.rejected.fetch_add(1, Ordering::Relaxed);
+        eng.refuse(seq, Refusal::Injected, status);
         let msg = format!("simulated failure (status {status})");
-        return respond_error(io, rb, &req, Some(kind), status, &msg).await;
+        return respond_gen_error(io, rb, &req, kind, status, &msg, None).await;
     }
     let body = std::mem::take(&mut req.body);
     let parsed = match parse(eng, kind, body).await {
         Ok(p) => p,
         Err(BadRequest(m)) => {
-            eng.rejected.fetch_add(1, Ordering::Relaxed);
+            eng.refuse(seq, Refusal::Invalid, 400);
             return respond_error(io, rb, &req, Some(kind), 400, &m).await;
         }
     };
@@ -562,7 +567,7 @@ async fn generate(
         None => None,
         Some(n) if n >= 1 => Some(n as usize),
         Some(n) => {
-            eng.rejected.fetch_add(1, Ordering::Relaxed);
+            eng.refuse(seq, Refusal::Invalid, 400);
             let msg = format!("max_tokens must be at least 1, got {n}.");
             return respond_error(io, rb, &req, Some(kind), 400, &msg).await;
         }
@@ -572,7 +577,7 @@ async fn generate(
     if let Some((msg, param)) =
         context_length_error(eng.cfg.max_model_len, prompt_tokens, requested)
     {
-        eng.rejected.fetch_add(1, Ordering::Relaxed);
+        eng.refuse(seq, Refusal::Invalid, 400);
         return respond_gen_error(io, rb, &req, kind, 400, &msg, Some(param)).await;
     }
     // Without max_tokens vLLM generates up to the context length; the simulator stops at its default.
@@ -594,7 +599,8 @@ async fn generate(
         .is_err()
     {
         eng.sched.pending.fetch_sub(1, Ordering::Relaxed);
-        return respond_error(io, rb, &req, Some(kind), 503, "engine is shutting down").await;
+        let msg = "engine is shutting down";
+        return respond_gen_error(io, rb, &req, kind, 503, msg, None).await;
     }
     eng.gen_requests.fetch_add(1, Ordering::Relaxed);
 
@@ -630,7 +636,7 @@ async fn generate(
         return match done {
             // Client went away: dropping `rx` aborts the request in the scheduler.
             None => false,
-            Some(None) => respond_error(io, rb, &req, Some(kind), 503, "engine stopped").await,
+            Some(None) => respond_gen_error(io, rb, &req, kind, 503, "engine stopped", None).await,
             Some(Some(cached)) => respond_json(io, rb, &req, 200, &reply.full_body(cached)).await,
         };
     }

@@ -16,7 +16,9 @@ Logs go to stderr via env_logger (RUST_LOG=info). SIGINT / SIGTERM stop the proc
 Runtime failure injection: POST /sim/control with JSON, e.g. {\"fail_status\":503}, {\"fail_status\":null},
 {\"health_status\":500}, {\"slow_headers_ms\":2000}, {\"close_mid_stream_after\":3}, {\"extra_waiting\":10},
 {\"extra_running\":4}, {\"drop_idle_connections\":true}, {\"poison_idle_connections\":true},
-{\"refuse_connections_ms\":1500}, {\"reset\":true}. GET /sim/stats returns per-engine totals.";
+{\"refuse_connections_ms\":1500}, {\"reset\":true}. An injected fail_status is answered at once with a JSON error
+body (429 and 503 with Retry-After: 1). GET /sim/stats returns per-engine totals (received, scheduled and refused
+generation requests among them).";
 
 const ENGINES: &str = "Engines (one independent engine per port)";
 const KNOBS: &str = "Engine knobs (same for every engine; durations in milliseconds)";

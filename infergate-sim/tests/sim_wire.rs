@@ -1161,3 +1161,107 @@ async fn explicit_max_tokens_may_fill_the_context_and_the_default_is_capped() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["param"], "max_tokens");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn injected_refusals_are_immediate_counted_and_marked() {
+    let e = spawn_engine(SimConfig {
+        // A scheduled request would take seconds.
+        step_overhead: Duration::from_secs(2),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let c = reqwest::Client::new();
+    let ctl = format!("{}/sim/control", e.url());
+    let url = format!("{}/v1/chat/completions", e.url());
+    for (status, typ, retry) in [
+        (503, "ServiceUnavailableError", Some("1")),
+        (429, "TooManyRequestsError", Some("1")),
+        (500, "InternalServerError", None),
+    ] {
+        let r = c
+            .post(&ctl)
+            .json(&json!({ "fail_status": status }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let t0 = Instant::now();
+        let r = c
+            .post(&url)
+            .json(&chat(&words(1000, "i"), 64, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status);
+        assert_eq!(
+            r.headers().get("retry-after").map(|v| v.to_str().unwrap()),
+            retry
+        );
+        assert_eq!(r.headers()["content-type"], "application/json");
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert_eq!(
+            v,
+            json!({"error": {"message": format!("simulated failure (status {status})"), "type": typ,
+                             "param": null, "code": status}})
+        );
+    }
+    let v: Value = c
+        .get(format!("{}/sim/stats", e.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            &v["received"],
+            &v["requests"],
+            &v["rejected"],
+            &v["refused_injected"]
+        ),
+        (&json!(3), &json!(0), &json!(3), &json!(3)),
+        "{v}"
+    );
+    let recs = e.requests();
+    let gen: Vec<Option<u16>> = recs
+        .iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .map(|r| r.refused)
+        .collect();
+    assert_eq!(gen, [Some(503), Some(429), Some(500)]);
+    assert!(recs
+        .iter()
+        .filter(|r| r.path.starts_with("/sim/"))
+        .all(|r| r.refused.is_none()));
+    let seqs: Vec<u64> = recs.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+
+    // Reset: served again, and not marked.
+    c.post(&ctl)
+        .json(&json!({"reset": true}))
+        .send()
+        .await
+        .unwrap();
+    e.control.set_fail_status(None);
+    let r = c
+        .post(&url)
+        .json(&chat("x", 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let last = e.requests().pop().unwrap();
+    assert_eq!(
+        (last.path.as_str(), last.refused),
+        ("/v1/chat/completions", None)
+    );
+    let st = e.stats();
+    assert_eq!((st.received, st.requests, st.refused_injected), (4, 1, 3));
+}
