@@ -530,7 +530,7 @@ async fn parse(eng: &Engine, kind: ApiKind, body: Vec<u8>) -> Result<GenRequest,
     }
 }
 
-/// A generation call: optional injected delay / failure, parse, length check, schedule, then stream
+/// A generation call: optional injected delay / failure, parse, length and queue checks, schedule, then stream
 /// or answer when done. Every refusal is answered at once (no simulated time), counted and marked in the
 /// request's record.
 async fn generate(
@@ -587,8 +587,15 @@ async fn generate(
             .min(eng.cfg.max_model_len - prompt_tokens)
     });
 
+    if !eng.sched.try_reserve(eng.cfg.max_waiting) {
+        eng.refuse(seq, Refusal::QueueFull, 429);
+        let msg = format!(
+            "The engine's waiting queue is full ({} requests waiting). Please retry later.",
+            eng.cfg.max_waiting.unwrap_or(0)
+        );
+        return respond_gen_error(io, rb, &req, kind, 429, &msg, None).await;
+    }
     let (tx, mut rx) = mpsc::unbounded_channel();
-    eng.sched.pending.fetch_add(1, Ordering::Relaxed);
     if eng
         .sched_tx
         .send(SchedRequest {
@@ -598,7 +605,7 @@ async fn generate(
         })
         .is_err()
     {
-        eng.sched.pending.fetch_sub(1, Ordering::Relaxed);
+        eng.sched.unreserve();
         let msg = "engine is shutting down";
         return respond_gen_error(io, rb, &req, kind, 503, msg, None).await;
     }

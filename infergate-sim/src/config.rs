@@ -46,6 +46,10 @@ pub struct SimConfig {
     pub max_recorded_requests: usize,
     /// Largest accepted request body in bytes; larger gets 413.
     pub max_body_bytes: usize,
+    /// A generation request that arrives while this many requests already wait (admission queue plus requests
+    /// not yet taken by the scheduler) is refused at once with 429 and `Retry-After: 1`. `None`: no limit,
+    /// like vLLM today (vLLM PR #49330 proposes `--max-waiting-queue-length` with the same 429).
+    pub max_waiting: Option<usize>,
 }
 
 impl Default for SimConfig {
@@ -67,6 +71,7 @@ impl Default for SimConfig {
             keep_alive_timeout: None,
             max_recorded_requests: 100_000,
             max_body_bytes: 64 << 20,
+            max_waiting: None,
         }
     }
 }

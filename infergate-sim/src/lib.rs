@@ -54,7 +54,7 @@ pub struct RecordedRequest {
     /// Arrival number on this engine (1, 2, ...; every path counts).
     pub seq: u64,
     /// For a generation request the engine answered with an error instead of scheduling it (injected
-    /// `fail_status`, invalid or too long request): that status. None otherwise.
+    /// `fail_status`, full waiting queue, invalid or too long request): that status. None otherwise.
     pub refused: Option<u16>,
 }
 
@@ -78,11 +78,13 @@ pub struct EngineTotals {
     pub received: u64,
     /// Generation requests handed to the scheduler.
     pub requests: u64,
-    /// Generation requests answered with an error instead of being scheduled (injected failures, 400s); each
-    /// is also marked in [`RecordedRequest::refused`].
+    /// Generation requests answered with an error instead of being scheduled (injected failures, full waiting
+    /// queue, 400s); each is also marked in [`RecordedRequest::refused`].
     pub rejected: u64,
     /// Of `rejected`: answered with the injected `fail_status`.
     pub refused_injected: u64,
+    /// Of `rejected`: answered 429 because `max_waiting` requests were already waiting.
+    pub refused_queue_full: u64,
     pub finished: u64,
     /// Requests aborted because the client went away.
     pub aborted: u64,
@@ -211,6 +213,7 @@ pub async fn spawn_engine_on(addr: SocketAddr, cfg: SimConfig) -> io::Result<Eng
         gen_requests: AtomicU64::new(0),
         rejected: AtomicU64::new(0),
         refused_injected: AtomicU64::new(0),
+        refused_queue_full: AtomicU64::new(0),
         next_record: AtomicU64::new(1),
         next_id: AtomicU64::new(1),
     });

@@ -61,6 +61,13 @@ fn positive(v: &str) -> Result<f64, String> {
     }
 }
 
+fn at_least_one(v: &str) -> Result<usize, String> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("expected a whole number >= 1 (leave the flag out for no limit)".into()),
+    }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -154,6 +161,9 @@ struct Cli {
     #[arg(long, value_name = "N",
           default_value_t = SimConfig::default().max_body_bytes, help_heading = KNOBS)]
     max_body_bytes: usize,
+    /// Refuse a generation request with 429 (Retry-After: 1) when N requests already wait [default: no limit]
+    #[arg(long, value_name = "N", value_parser = at_least_one, help_heading = KNOBS)]
+    max_waiting: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -223,6 +233,7 @@ where
         keep_alive_timeout: cli.keep_alive_timeout_ms.map(from_ms),
         max_recorded_requests: cli.max_recorded_requests,
         max_body_bytes: cli.max_body_bytes,
+        max_waiting: cli.max_waiting,
     };
     Ok(Args {
         host: cli.host,
@@ -389,6 +400,12 @@ mod tests {
         );
         assert_eq!(c.max_recorded_requests, MAX_RECORDED_REQUESTS);
         assert_eq!(parse("--port 1").unwrap().cfg.keep_alive_timeout, None);
+        assert_eq!(parse("--port 1").unwrap().cfg.max_waiting, None);
+        assert_eq!(
+            parse("--port 1 --max-waiting 3").unwrap().cfg.max_waiting,
+            Some(3)
+        );
+        assert!(parse("--port 1 --max-waiting 0").is_err());
         let help = Cli::command().render_help().to_string();
         assert!(help.contains("POST /sim/control"), "{help}");
         assert!(help.contains("[default: 8192]"), "{help}");

@@ -30,6 +30,7 @@ pub(crate) struct Engine {
     pub gen_requests: AtomicU64,
     pub rejected: AtomicU64,
     pub refused_injected: AtomicU64,
+    pub refused_queue_full: AtomicU64,
     pub next_id: AtomicU64,
     pub next_record: AtomicU64,
 }
@@ -39,6 +40,8 @@ pub(crate) struct Engine {
 pub(crate) enum Refusal {
     /// The injected `fail_status`.
     Injected,
+    /// `max_waiting` requests were already waiting.
+    QueueFull,
     /// Invalid or too long.
     Invalid,
 }
@@ -53,6 +56,7 @@ impl Engine {
             requests: self.gen_requests.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
             refused_injected: self.refused_injected.load(Ordering::Relaxed),
+            refused_queue_full: self.refused_queue_full.load(Ordering::Relaxed),
             finished: c.finished,
             aborted: c.aborted,
             prompt_tokens: c.prompt_tokens,
@@ -76,6 +80,7 @@ impl Engine {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         let by_cause = match why {
             Refusal::Injected => Some(&self.refused_injected),
+            Refusal::QueueFull => Some(&self.refused_queue_full),
             Refusal::Invalid => None,
         };
         if let Some(n) = by_cause {

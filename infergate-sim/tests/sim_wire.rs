@@ -1163,6 +1163,130 @@ async fn explicit_max_tokens_may_fill_the_context_and_the_default_is_capped() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn full_waiting_queue_answers_429_at_once() {
+    let e = spawn_engine(SimConfig {
+        max_num_seqs: 1,
+        max_waiting: Some(2),
+        ..scaled(0.1)
+    })
+    .await
+    .unwrap();
+    let c = reqwest::Client::new();
+    let chat_url = format!("{}/v1/chat/completions", e.url());
+    // One endless stream holds the only running slot; two more requests wait behind it.
+    let holder = c
+        .post(&chat_url)
+        .json(&chat("hold", 100_000, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(holder.status(), 200);
+    wait_until("the holder to run", Duration::from_secs(5), || {
+        e.stats().running == 1
+    })
+    .await;
+    let mut waiters = Vec::new();
+    for i in 0..2 {
+        let (c, url) = (c.clone(), chat_url.clone());
+        waiters.push(tokio::spawn(async move {
+            c.post(&url)
+                .json(&chat(&format!("wait {i}"), 1, false))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    wait_until("two requests waiting", Duration::from_secs(5), || {
+        e.stats().waiting == 2
+    })
+    .await;
+
+    // The third arrival on every generation route: 429 at once, with Retry-After and an error body.
+    let t0 = Instant::now();
+    let r = c
+        .post(&chat_url)
+        .json(&chat("x", 1, true))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], 429);
+    assert_eq!(v["error"]["type"], "TooManyRequestsError");
+    assert!(v["error"]["param"].is_null());
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("waiting queue is full"),
+        "{v}"
+    );
+    let r = c
+        .post(format!("{}/v1/completions", e.url()))
+        .json(&json!({"prompt": "x", "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let r = c
+        .post(format!("{}/v1/messages", e.url()))
+        .json(
+            &json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (&v["type"], &v["error"]["type"]),
+        (&json!("error"), &json!("rate_limit_error"))
+    );
+
+    let st = e.stats();
+    assert_eq!(
+        (
+            st.received,
+            st.requests,
+            st.rejected,
+            st.refused_queue_full,
+            st.refused_injected
+        ),
+        (6, 3, 3, 3, 0),
+        "{st:?}"
+    );
+    assert_eq!(st.waiting, 2, "refused requests never queue");
+    let refused: Vec<Option<u16>> = e
+        .requests()
+        .iter()
+        .filter(|r| r.path.starts_with("/v1/"))
+        .map(|r| r.refused)
+        .collect();
+    assert_eq!(refused, [None, None, None, Some(429), Some(429), Some(429)]);
+
+    // Once the holder goes away the queue drains and requests are served again.
+    drop(holder);
+    for w in waiters {
+        assert_eq!(w.await.unwrap(), 200);
+    }
+    let r = c
+        .post(&chat_url)
+        .json(&chat("again", 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn injected_refusals_are_immediate_counted_and_marked() {
     let e = spawn_engine(SimConfig {
         // A scheduled request would take seconds.
@@ -1224,9 +1348,10 @@ async fn injected_refusals_are_immediate_counted_and_marked() {
             &v["received"],
             &v["requests"],
             &v["rejected"],
-            &v["refused_injected"]
+            &v["refused_injected"],
+            &v["refused_queue_full"]
         ),
-        (&json!(3), &json!(0), &json!(3), &json!(3)),
+        (&json!(3), &json!(0), &json!(3), &json!(3), &json!(0)),
         "{v}"
     );
     let recs = e.requests();
