@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
 
+use super::client::FieldOrder;
 use super::workload::{Arrival, Range, SecRange, Shape};
 use super::{Config, Scenario};
 
@@ -99,6 +100,10 @@ pub struct Cli {
     /// Also write the report as JSON
     #[arg(long, value_name = "FILE", help_heading = COMMON)]
     pub json: Option<PathBuf>,
+    /// Key order of request bodies: messages-first is what openai-python 1.x sends (messages, model, ...);
+    /// model-first is what infergate's tools sent before
+    #[arg(long, value_enum, default_value_t = Config::default().field_order, help_heading = COMMON)]
+    pub field_order: FieldOrder,
     /// Name of the run in the report
     #[arg(long, value_name = "TEXT", default_value = "", hide_default_value = true, help_heading = COMMON)]
     pub label: String,
@@ -249,6 +254,7 @@ impl Cli {
             session_header: (!self.no_session_header).then_some(self.session_header),
             system_prompt_tokens: self.system_prompt_tokens,
             stream: !self.no_stream,
+            field_order: self.field_order,
             time_scale: self.time_scale,
             max_seconds: self.max_seconds,
             request_timeout: self.request_timeout,
@@ -377,6 +383,10 @@ mod tests {
                 d.request_timeout
             )
         );
+        assert_eq!(c.field_order, FieldOrder::MessagesFirst);
+        let c = parse("--url http://x --field-order model-first").unwrap();
+        assert_eq!(c.field_order, FieldOrder::ModelFirst);
+        assert!(parse("--url http://x --field-order random").is_err());
         let c = parse("--url http://x --no-session-header --session-header s").unwrap();
         assert_eq!(c.session_header.as_deref(), Some("s"));
         let c = parse("--url http://x --session-header s --no-session-header").unwrap();

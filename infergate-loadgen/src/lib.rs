@@ -32,6 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use client::FieldOrder;
 pub use report::Report;
 pub use workload::{Arrival, Range, SecRange, Shape};
 
@@ -76,6 +77,8 @@ pub struct Config {
     /// Tokens of a system prompt shared by every session (0: none).
     pub system_prompt_tokens: u64,
     pub stream: bool,
+    /// Key order of every request body (default: openai-python's, `messages` first).
+    pub field_order: FieldOrder,
     /// Multiplies think times and arrival gaps (match the engines' `--time-scale`).
     pub time_scale: f64,
     /// Hard limit on the whole run (wall-clock seconds).
@@ -119,6 +122,7 @@ impl Default for Config {
             session_header: Some("x-session-id".into()),
             system_prompt_tokens: 0,
             stream: true,
+            field_order: FieldOrder::default(),
             time_scale: 1.0,
             max_seconds: 600.0,
             request_timeout: 600.0,
@@ -198,6 +202,7 @@ pub async fn run(cfg: &Config) -> Result<Report, String> {
     report.label = cfg.label.clone();
     report.seed = cfg.seed;
     report.time_scale = cfg.time_scale;
+    report.field_order = cfg.field_order.name().into();
     if let Some(path) = &cfg.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
