@@ -358,9 +358,10 @@ for n in $FLEETS; do
       if ! start_router "$router" "$policy"; then record_failure "$REASON"; stop_all; continue; fi
       stats_args=()
       for u in "${SIM_URLS[@]}"; do stats_args+=(--engine-stats-url "$u"); done
-      if ! "$BIN/loadgen" --scenario agent --url "$ROUTER_URL" "${stats_args[@]}" --sessions "$sessions" \
-        --rate "$rate" --time-scale "$TIME_SCALE" --output-tokens "$OUTPUT_TOKENS" --seed "$seed" \
-        --max-seconds "$AGENT_MAX_SECONDS" --request-timeout "$AGENT_MAX_SECONDS" --label "$LABEL" \
+      # --field-order messages-first: bodies as openai-python 1.x (the most deployed client) sends them.
+      if ! "$BIN/loadgen" --scenario agent --field-order messages-first --url "$ROUTER_URL" "${stats_args[@]}" \
+        --sessions "$sessions" --rate "$rate" --time-scale "$TIME_SCALE" --output-tokens "$OUTPUT_TOKENS" \
+        --seed "$seed" --max-seconds "$AGENT_MAX_SECONDS" --request-timeout "$AGENT_MAX_SECONDS" --label "$LABEL" \
         --json "$OUT/$NAME.json" >"$RUN_DIR/loadgen.txt" 2>"$RUN_DIR/loadgen.err"; then
         record_failure "loadgen failed: $(tail -n 1 "$RUN_DIR/loadgen.err")"
       else
@@ -384,9 +385,9 @@ for fb in least_inflight qps; do
     log "burst: infergate prefix_aware fallback $fb, seed $s"
     if ! start_sim 2 "$TIME_SCALE"; then record_failure "engine-sim: $REASON"; stop_all; continue; fi
     if ! start_router infergate "prefix_aware:$fb"; then record_failure "$REASON"; stop_all; continue; fi
-    if ! "$BIN/loadgen" --scenario burst --url "$ROUTER_URL" --engine-stats-url "${SIM_URLS[0]}" \
-      --engine-stats-url "${SIM_URLS[1]}" --time-scale "$TIME_SCALE" --seed "$s" --max-seconds 120 \
-      --output-tokens 16-64 --label "$LABEL" --json "$OUT/$NAME.json" \
+    if ! "$BIN/loadgen" --scenario burst --field-order messages-first --url "$ROUTER_URL" \
+      --engine-stats-url "${SIM_URLS[0]}" --engine-stats-url "${SIM_URLS[1]}" --time-scale "$TIME_SCALE" \
+      --seed "$s" --max-seconds 120 --output-tokens 16-64 --label "$LABEL" --json "$OUT/$NAME.json" \
       >"$RUN_DIR/loadgen.txt" 2>"$RUN_DIR/loadgen.err"; then
       record_failure "loadgen failed: $(tail -n 1 "$RUN_DIR/loadgen.err")"
     else
@@ -418,9 +419,10 @@ for entry in "${OVERHEAD[@]+"${OVERHEAD[@]}"}"; do
   log "overhead: $router $policy"
   if ! start_sim 1 0; then record_failure "engine-sim: $REASON"; stop_all; continue; fi
   if ! start_router "$router" "$policy"; then record_failure "$REASON"; stop_all; continue; fi
-  if ! "$BIN/loadgen" --scenario overhead --url "$ROUTER_URL" --direct-url "${SIM_URLS[0]}" --router-pid "$ROUTER_PID" \
-    --concurrency "$OVERHEAD_CONCURRENCY" --requests "$OVERHEAD_REQUESTS" --rounds 2 --max-seconds 120 \
-    --label "$LABEL" --json "$OUT/$NAME.json" >"$RUN_DIR/loadgen.txt" 2>"$RUN_DIR/loadgen.err"; then
+  if ! "$BIN/loadgen" --scenario overhead --field-order messages-first --url "$ROUTER_URL" \
+    --direct-url "${SIM_URLS[0]}" --router-pid "$ROUTER_PID" --concurrency "$OVERHEAD_CONCURRENCY" \
+    --requests "$OVERHEAD_REQUESTS" --rounds 2 --max-seconds 120 --label "$LABEL" --json "$OUT/$NAME.json" \
+    >"$RUN_DIR/loadgen.txt" 2>"$RUN_DIR/loadgen.err"; then
     record_failure "loadgen failed: $(tail -n 1 "$RUN_DIR/loadgen.err")"
   else
     grep -E "^(direct|router|added)" "$RUN_DIR/loadgen.txt" | sed 's/^/    /' >&2 || true

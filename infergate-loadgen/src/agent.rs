@@ -60,6 +60,7 @@ pub(super) async fn play_session(
             stream: cfg.stream,
             ignore_eos: true,
             temperature: 0.0,
+            field_order: cfg.field_order,
         }
         .to_vec();
         let call = Call {

@@ -23,6 +23,7 @@ fn body(cfg: &Config, messages: &[Msg], max_tokens: u64) -> Vec<u8> {
         stream: true,
         ignore_eos: true,
         temperature: 0.0,
+        field_order: cfg.field_order,
     }
     .to_vec()
 }

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use serde::Serialize;
+use serde::ser::SerializeStruct;
+use serde::{Serialize, Serializer};
 use serde_json::Value;
 
 /// Live counters for the progress line (shared by every task of a run).
@@ -34,8 +35,30 @@ pub struct Msg {
     pub content: String,
 }
 
-/// A `/v1/chat/completions` body, serialised without copying the conversation.
-#[derive(Serialize)]
+/// The order of the keys in a chat body. JSON servers must not care, but a router that reads bodies as they
+/// stream in may (which key comes first decides what it has seen when).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FieldOrder {
+    // What openai-python 1.x sends: `messages`, `model`, `max_tokens`, `stream`, `temperature` (the order of its
+    // `chat.completions.create` body), then `ignore_eos`, which it can only send through `extra_body`, merged
+    // after the named parameters.
+    #[default]
+    MessagesFirst,
+    // What infergate's tools sent before: `model`, `messages`, `max_tokens`, `stream`, `ignore_eos`,
+    // `temperature`.
+    ModelFirst,
+}
+
+impl FieldOrder {
+    pub fn name(self) -> &'static str {
+        match self {
+            FieldOrder::MessagesFirst => "messages-first",
+            FieldOrder::ModelFirst => "model-first",
+        }
+    }
+}
+
+/// A `/v1/chat/completions` body, serialised in `field_order` without copying the conversation.
 pub struct ChatBody<'a> {
     pub model: &'a str,
     pub messages: &'a [Msg],
@@ -44,6 +67,33 @@ pub struct ChatBody<'a> {
     /// Some OpenAI-compatible servers stop early on EOS; the benchmark wants exactly `max_tokens`.
     pub ignore_eos: bool,
     pub temperature: f64,
+    /// Key order of the serialised body.
+    pub field_order: FieldOrder,
+}
+
+impl Serialize for ChatBody<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut b = s.serialize_struct("ChatBody", 6)?;
+        match self.field_order {
+            FieldOrder::MessagesFirst => {
+                b.serialize_field("messages", self.messages)?;
+                b.serialize_field("model", self.model)?;
+                b.serialize_field("max_tokens", &self.max_tokens)?;
+                b.serialize_field("stream", &self.stream)?;
+                b.serialize_field("temperature", &self.temperature)?;
+                b.serialize_field("ignore_eos", &self.ignore_eos)?;
+            }
+            FieldOrder::ModelFirst => {
+                b.serialize_field("model", self.model)?;
+                b.serialize_field("messages", self.messages)?;
+                b.serialize_field("max_tokens", &self.max_tokens)?;
+                b.serialize_field("stream", &self.stream)?;
+                b.serialize_field("ignore_eos", &self.ignore_eos)?;
+                b.serialize_field("temperature", &self.temperature)?;
+            }
+        }
+        b.end()
+    }
 }
 
 impl ChatBody<'_> {
@@ -377,6 +427,85 @@ mod tests {
             (Some(9), Some(4))
         );
         assert!(event_end(b"data: {}\n").is_none());
+    }
+
+    #[test]
+    fn chat_body_key_order() {
+        let messages = [
+            Msg {
+                role: "system",
+                content: "be brief".into(),
+            },
+            Msg {
+                role: "user",
+                content: "hello there".into(),
+            },
+        ];
+        let body = |field_order| {
+            ChatBody {
+                model: "sim-model",
+                messages: &messages,
+                max_tokens: 7,
+                stream: true,
+                ignore_eos: true,
+                temperature: 0.0,
+                field_order,
+            }
+            .to_vec()
+        };
+        // Byte offset of each top-level key (none of them occurs inside the messages).
+        let offsets = |b: &[u8], keys: &[&str]| -> Vec<usize> {
+            let text = std::str::from_utf8(b).unwrap();
+            keys.iter()
+                .map(|k| {
+                    let pat = format!("\"{k}\":");
+                    assert_eq!(text.matches(&pat).count(), 1, "{k} in {text}");
+                    text.find(&pat).unwrap()
+                })
+                .collect()
+        };
+        let increasing = |v: &[usize]| v.windows(2).all(|w| w[0] < w[1]);
+
+        let first = body(FieldOrder::MessagesFirst);
+        assert!(first.starts_with(b"{\"messages\":[{\"role\":\"system\""));
+        let keys = [
+            "messages",
+            "model",
+            "max_tokens",
+            "stream",
+            "temperature",
+            "ignore_eos",
+        ];
+        assert!(
+            increasing(&offsets(&first, &keys)),
+            "{:?}",
+            String::from_utf8_lossy(&first)
+        );
+
+        let old = body(FieldOrder::ModelFirst);
+        assert!(old.starts_with(b"{\"model\":\"sim-model\",\"messages\":["));
+        let keys = [
+            "model",
+            "messages",
+            "max_tokens",
+            "stream",
+            "ignore_eos",
+            "temperature",
+        ];
+        assert!(
+            increasing(&offsets(&old, &keys)),
+            "{:?}",
+            String::from_utf8_lossy(&old)
+        );
+
+        // Same content, same length: only the order differs.
+        assert_eq!(first.len(), old.len());
+        let (a, b): (Value, Value) = (
+            serde_json::from_slice(&first).unwrap(),
+            serde_json::from_slice(&old).unwrap(),
+        );
+        assert_eq!(a, b);
+        assert_eq!(FieldOrder::default(), FieldOrder::MessagesFirst);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! loadgen: replays agent-session traffic against any OpenAI-compatible base URL (a router or engines) and
 //! reports TTFT, slow-request decode speed, per-engine work shares and router overhead. The `loadgen` binary is
-//! a thin CLI over [`run`]; see [`cli::HELP`].
+//! a thin CLI over [`run`]; see `loadgen --help` ([`cli::Cli`]).
 //!
 //! Scenarios ([`Scenario`]):
 //! - `agent`: sessions arrive as a Poisson process (or a burst); each sends a bimodal first turn and 3–8 later
@@ -12,7 +12,7 @@
 //!
 //! Layout: `text` (pseudo-English with exact token counts), `workload` (session plans), `client` (one request
 //! and its timings), `stats` (percentiles, CV, engine totals, /proc CPU), `report` (JSON + table), `agent`,
-//! `burst`, `overhead` (the scenarios), `cli` (argument parsing). Talks HTTP only: nothing of the router's
+//! `burst`, `overhead` (the scenarios), `cli` (argument parsing, clap). Talks HTTP only: nothing of the router's
 //! internals is used.
 
 mod agent;
@@ -32,13 +32,14 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use client::FieldOrder;
 pub use report::Report;
 pub use workload::{Arrival, Range, SecRange, Shape};
 
 use client::{Live, Outcome};
 
 /// Which traffic to send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
     Agent,
     Burst,
@@ -76,6 +77,8 @@ pub struct Config {
     /// Tokens of a system prompt shared by every session (0: none).
     pub system_prompt_tokens: u64,
     pub stream: bool,
+    /// Key order of every request body (default: openai-python's, `messages` first).
+    pub field_order: FieldOrder,
     /// Multiplies think times and arrival gaps (match the engines' `--time-scale`).
     pub time_scale: f64,
     /// Hard limit on the whole run (wall-clock seconds).
@@ -119,6 +122,7 @@ impl Default for Config {
             session_header: Some("x-session-id".into()),
             system_prompt_tokens: 0,
             stream: true,
+            field_order: FieldOrder::default(),
             time_scale: 1.0,
             max_seconds: 600.0,
             request_timeout: 600.0,
@@ -198,6 +202,7 @@ pub async fn run(cfg: &Config) -> Result<Report, String> {
     report.label = cfg.label.clone();
     report.seed = cfg.seed;
     report.time_scale = cfg.time_scale;
+    report.field_order = cfg.field_order.name().into();
     if let Some(path) = &cfg.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;

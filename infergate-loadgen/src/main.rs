@@ -1,5 +1,5 @@
 //! loadgen: replays agent-session traffic against an OpenAI-compatible base URL and prints a report (see
-//! `--help` and `infergate::loadgen`).
+//! `--help` and the `infergate_loadgen` library).
 
 use std::process::ExitCode;
 
@@ -8,16 +8,10 @@ use infergate_loadgen::{cli, run};
 #[tokio::main]
 async fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cfg = match cli::parse_args(std::env::args().skip(1)) {
-        Ok(Some(c)) => c,
-        Ok(None) => {
-            print!("{}", cli::HELP);
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("loadgen: {e}");
-            return ExitCode::from(2);
-        }
+    let cfg = match cli::parse_args(std::env::args_os()) {
+        Ok(c) => c,
+        // Help: stdout, status 0; a usage error: stderr, status 2.
+        Err(e) => e.exit(),
     };
     match run(&cfg).await {
         Ok(report) => {

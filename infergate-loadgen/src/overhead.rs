@@ -101,6 +101,7 @@ pub(super) async fn run(cfg: &Config) -> Result<Report, String> {
             stream: false,
             ignore_eos: true,
             temperature: 0.0,
+            field_order: cfg.field_order,
         }
         .to_vec(),
     );

@@ -77,6 +77,8 @@ pub struct Report {
     pub targets: Vec<String>,
     pub seed: u64,
     pub time_scale: f64,
+    /// Key order of the request bodies (`messages-first` or `model-first`).
+    pub field_order: String,
     pub started_unix: u64,
     pub wall_seconds: f64,
     /// The run hit `--max-seconds` before all its work finished.

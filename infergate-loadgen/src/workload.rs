@@ -1,6 +1,7 @@
 //! Session plans: when each agent session arrives, how long its first prompt is, and what each later turn
 //! appends after how much think time. Everything is drawn from the run seed, so a plan is reproducible.
 
+use std::fmt;
 use std::time::Duration;
 
 /// An inclusive range of integers given on the command line as `MIN-MAX` (or one value).
@@ -24,6 +25,17 @@ impl Range {
     }
 }
 
+/// `MIN-MAX`, or one value when both are equal (what the command line accepts).
+impl fmt::Display for Range {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.min)
+        } else {
+            write!(f, "{}-{}", self.min, self.max)
+        }
+    }
+}
+
 /// A range of seconds, `MIN-MAX`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SecRange {
@@ -37,6 +49,16 @@ impl SecRange {
             self.min
         } else {
             self.min + rng.f64() * (self.max - self.min)
+        }
+    }
+}
+
+impl fmt::Display for SecRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.min)
+        } else {
+            write!(f, "{}-{}", self.min, self.max)
         }
     }
 }

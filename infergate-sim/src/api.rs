@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::http::{self, ConnIo, InBuf, Request};
 use super::metrics;
 use super::scheduler::{SchedRequest, TokenEvent};
-use super::server::{Engine, BIG_BODY};
+use super::server::{Engine, Refusal, BIG_BODY};
 use super::tokenize::{self, output_token, ApiKind, BadRequest, GenRequest};
 
 /// `{"error":{"message","type","param","code"}}` as vLLM's OpenAI server sends it.
@@ -45,6 +45,62 @@ fn anthropic_error_body(status: u16, msg: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({"type": "error", "error": {"type": typ, "message": msg}})).unwrap()
 }
 
+/// vLLM's name for an error type: the status's reason phrase in CamelCase plus `Error`, as vLLM's
+/// `create_error_response` names them ("BadRequestError", "NotFoundError", "InternalServerError"; the same rule
+/// gives "TooManyRequestsError" and "ServiceUnavailableError").
+fn vllm_error_type(status: u16) -> String {
+    let phrase = http::reason(status);
+    if phrase == "Status" {
+        return "Error".into();
+    }
+    let mut t: String = phrase.split(' ').collect();
+    if !t.ends_with("Error") {
+        t.push_str("Error");
+    }
+    t
+}
+
+/// The error body of vLLM's OpenAI-compatible server today (`ErrorResponse { error: ErrorInfo }` in
+/// `vllm/entrypoints/openai/engine/protocol.py`, since vLLM 0.10.1; before that the same four fields sat at the
+/// top level beside `"object": "error"`): `{"error": {"message", "type", "param", "code"}}`.
+pub(crate) fn vllm_error_body(status: u16, msg: &str, param: Option<&str>) -> Vec<u8> {
+    let typ = vllm_error_type(status);
+    serde_json::to_vec(
+        &json!({"error": {"message": msg, "type": typ, "param": param, "code": status}}),
+    )
+    .unwrap()
+}
+
+/// vLLM's length check before a request reaches the engine (`_validate_input` in its serving layer): the prompt
+/// must leave room for at least one output token, and an explicit `max_tokens` must fit beside it. Returns the
+/// error message and the `param` it names.
+fn context_length_error(
+    max_model_len: usize,
+    prompt: usize,
+    max_tokens: Option<usize>,
+) -> Option<(String, &'static str)> {
+    if prompt >= max_model_len {
+        return Some((
+            format!(
+                "This model's maximum context length is {max_model_len} tokens. However, your request has \
+                 {prompt} input tokens. Please reduce the length of the input messages."
+            ),
+            "input_tokens",
+        ));
+    }
+    let m = max_tokens?;
+    (prompt.saturating_add(m) > max_model_len).then(|| {
+        (
+            format!(
+                "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context \
+                 length is {max_model_len} tokens and your request has {prompt} input tokens \
+                 ({m} > {max_model_len} - {prompt})."
+            ),
+            "max_tokens",
+        )
+    })
+}
+
 fn error_body(kind: Option<ApiKind>, status: u16, msg: &str) -> Vec<u8> {
     match kind {
         Some(ApiKind::Messages) => anthropic_error_body(status, msg),
@@ -61,8 +117,30 @@ async fn respond(
     ctype: &str,
     body: &[u8],
 ) -> bool {
+    respond_with(io, rb, req, status, ctype, &[], body).await
+}
+
+/// [`respond`] with extra response headers.
+async fn respond_with(
+    io: &mut ConnIo,
+    rb: &InBuf,
+    req: &Request,
+    status: u16,
+    ctype: &str,
+    extra_headers: &[(&str, &str)],
+    body: &[u8],
+) -> bool {
     let keep = req.keep_alive;
-    let mut out = http::head(status, ctype, Some(body.len()), keep, req.http10).into_bytes();
+    let mut head = http::head(status, ctype, Some(body.len()), keep, req.http10);
+    if !extra_headers.is_empty() {
+        // Insert before the blank line that ends the head.
+        head.truncate(head.len() - 2);
+        for (name, value) in extra_headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+    }
+    let mut out = head.into_bytes();
     if req.method != "HEAD" {
         out.extend_from_slice(body);
     }
@@ -100,6 +178,29 @@ async fn respond_error(
     .await
 }
 
+/// An error answer of a generation route: vLLM's body for the OpenAI routes, Anthropic's for `/v1/messages`.
+/// 429 and 503 carry `Retry-After: 1`, so clients and routers may try again (or elsewhere) a second later.
+async fn respond_gen_error(
+    io: &mut ConnIo,
+    rb: &InBuf,
+    req: &Request,
+    kind: ApiKind,
+    status: u16,
+    msg: &str,
+    param: Option<&str>,
+) -> bool {
+    let body = match kind {
+        ApiKind::Messages => anthropic_error_body(status, msg),
+        ApiKind::Chat | ApiKind::Completion => vllm_error_body(status, msg, param),
+    };
+    let extra: &[(&str, &str)] = if matches!(status, 429 | 503) {
+        &[("retry-after", "1")]
+    } else {
+        &[]
+    };
+    respond_with(io, rb, req, status, "application/json", extra, &body).await
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -111,6 +212,7 @@ fn now_secs() -> u64 {
 pub(crate) async fn handle(
     eng: &Arc<Engine>,
     req: Request,
+    seq: u64,
     io: &mut ConnIo,
     rb: &mut InBuf,
 ) -> bool {
@@ -248,9 +350,9 @@ pub(crate) async fn handle(
                 Err(BadRequest(m)) => respond_error(io, rb, &req, None, 400, &m).await,
             }
         }
-        "/v1/chat/completions" if post => generate(eng, ApiKind::Chat, req, io, rb).await,
-        "/v1/completions" if post => generate(eng, ApiKind::Completion, req, io, rb).await,
-        "/v1/messages" if post => generate(eng, ApiKind::Messages, req, io, rb).await,
+        "/v1/chat/completions" if post => generate(eng, ApiKind::Chat, req, seq, io, rb).await,
+        "/v1/completions" if post => generate(eng, ApiKind::Completion, req, seq, io, rb).await,
+        "/v1/messages" if post => generate(eng, ApiKind::Messages, req, seq, io, rb).await,
         "/health"
         | "/v1/models"
         | "/version"
@@ -443,14 +545,18 @@ async fn parse(eng: &Engine, kind: ApiKind, body: Vec<u8>) -> Result<GenRequest,
     }
 }
 
-/// A generation call: optional injected delay / failure, parse, schedule, then stream or answer when done.
+/// A generation call: optional injected delay / failure, parse, length and queue checks, schedule, then stream
+/// or answer when done. Every refusal is answered at once (no simulated time), counted and marked in the
+/// request's record.
 async fn generate(
     eng: &Arc<Engine>,
     kind: ApiKind,
     mut req: Request,
+    seq: u64,
     io: &mut ConnIo,
     rb: &mut InBuf,
 ) -> bool {
+    eng.received.fetch_add(1, Ordering::Relaxed);
     let slow = eng.control.slow_headers();
     if !slow.is_zero()
         && http::watch(io, rb, tokio::time::sleep(slow))
@@ -460,43 +566,51 @@ async fn generate(
         return false;
     }
     if let Some(status) = eng.control.fail_status() {
-        eng.rejected.fetch_add(1, Ordering::Relaxed);
+        eng.refuse(seq, Refusal::Injected, status);
         let msg = format!("simulated failure (status {status})");
-        return respond_error(io, rb, &req, Some(kind), status, &msg).await;
+        return respond_gen_error(io, rb, &req, kind, status, &msg, None).await;
     }
     let body = std::mem::take(&mut req.body);
     let parsed = match parse(eng, kind, body).await {
         Ok(p) => p,
         Err(BadRequest(m)) => {
-            eng.rejected.fetch_add(1, Ordering::Relaxed);
+            eng.refuse(seq, Refusal::Invalid, 400);
             return respond_error(io, rb, &req, Some(kind), 400, &m).await;
         }
     };
-    let max_tokens = match parsed.max_tokens {
-        None => eng.cfg.default_max_tokens,
-        Some(n) if n >= 1 => n as usize,
+    let requested = match parsed.max_tokens {
+        None => None,
+        Some(n) if n >= 1 => Some(n as usize),
         Some(n) => {
-            eng.rejected.fetch_add(1, Ordering::Relaxed);
+            eng.refuse(seq, Refusal::Invalid, 400);
             let msg = format!("max_tokens must be at least 1, got {n}.");
             return respond_error(io, rb, &req, Some(kind), 400, &msg).await;
         }
     };
     let prompt_tokens = parsed.prompt.len;
-    if prompt_tokens.saturating_add(max_tokens) > eng.cfg.max_model_len {
-        eng.rejected.fetch_add(1, Ordering::Relaxed);
-        let msg = format!(
-            "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the \
-             messages, {} in the completion). Please reduce the length of the messages or completion.",
-            eng.cfg.max_model_len,
-            prompt_tokens + max_tokens,
-            prompt_tokens,
-            max_tokens
-        );
-        return respond_error(io, rb, &req, Some(kind), 400, &msg).await;
+    // Checked on arrival, before the scheduler sees the request: no simulated time passes.
+    if let Some((msg, param)) =
+        context_length_error(eng.cfg.max_model_len, prompt_tokens, requested)
+    {
+        eng.refuse(seq, Refusal::Invalid, 400);
+        return respond_gen_error(io, rb, &req, kind, 400, &msg, Some(param)).await;
     }
+    // Without max_tokens vLLM generates up to the context length; the simulator stops at its default.
+    let max_tokens = requested.unwrap_or_else(|| {
+        eng.cfg
+            .default_max_tokens
+            .min(eng.cfg.max_model_len - prompt_tokens)
+    });
 
+    if !eng.sched.try_reserve(eng.cfg.max_waiting) {
+        eng.refuse(seq, Refusal::QueueFull, 429);
+        let msg = format!(
+            "The engine's waiting queue is full ({} requests waiting). Please retry later.",
+            eng.cfg.max_waiting.unwrap_or(0)
+        );
+        return respond_gen_error(io, rb, &req, kind, 429, &msg, None).await;
+    }
     let (tx, mut rx) = mpsc::unbounded_channel();
-    eng.sched.pending.fetch_add(1, Ordering::Relaxed);
     if eng
         .sched_tx
         .send(SchedRequest {
@@ -506,8 +620,9 @@ async fn generate(
         })
         .is_err()
     {
-        eng.sched.pending.fetch_sub(1, Ordering::Relaxed);
-        return respond_error(io, rb, &req, Some(kind), 503, "engine is shutting down").await;
+        eng.sched.unreserve();
+        let msg = "engine is shutting down";
+        return respond_gen_error(io, rb, &req, kind, 503, msg, None).await;
     }
     eng.gen_requests.fetch_add(1, Ordering::Relaxed);
 
@@ -543,7 +658,7 @@ async fn generate(
         return match done {
             // Client went away: dropping `rx` aborts the request in the scheduler.
             None => false,
-            Some(None) => respond_error(io, rb, &req, Some(kind), 503, "engine stopped").await,
+            Some(None) => respond_gen_error(io, rb, &req, kind, 503, "engine stopped", None).await,
             Some(Some(cached)) => respond_json(io, rb, &req, 200, &reply.full_body(cached)).await,
         };
     }

@@ -29,7 +29,9 @@ pub struct SimConfig {
     pub block_tokens: usize,
     /// Output tokens generated when the request gives no `max_tokens` / `max_completion_tokens`.
     pub default_max_tokens: usize,
-    /// Largest prompt + output length accepted; longer requests get vLLM's 400 error.
+    /// Context length (vLLM `max_model_len`). A prompt of this many tokens or more, or an explicit `max_tokens`
+    /// that does not fit beside the prompt, gets vLLM's 400 at once; without `max_tokens` the output is capped
+    /// to fit.
     pub max_model_len: usize,
     /// Multiplies every simulated duration (1.0 = real time; tests use e.g. 0.1).
     pub time_scale: f64,
@@ -44,6 +46,10 @@ pub struct SimConfig {
     pub max_recorded_requests: usize,
     /// Largest accepted request body in bytes; larger gets 413.
     pub max_body_bytes: usize,
+    /// A generation request that arrives while this many requests already wait (admission queue plus requests
+    /// not yet taken by the scheduler) is refused at once with 429 and `Retry-After: 1`. `None`: no limit,
+    /// like vLLM today (vLLM PR #49330 proposes `--max-waiting-queue-length` with the same 429).
+    pub max_waiting: Option<usize>,
 }
 
 impl Default for SimConfig {
@@ -65,6 +71,7 @@ impl Default for SimConfig {
             keep_alive_timeout: None,
             max_recorded_requests: 100_000,
             max_body_bytes: 64 << 20,
+            max_waiting: None,
         }
     }
 }

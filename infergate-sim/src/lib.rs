@@ -51,6 +51,11 @@ pub struct RecordedRequest {
     pub body_fnv64: u64,
     /// When the request head had been read.
     pub received_at: Instant,
+    /// Arrival number on this engine (1, 2, ...; every path counts).
+    pub seq: u64,
+    /// For a generation request the engine answered with an error instead of scheduling it (injected
+    /// `fail_status`, full waiting queue, invalid or too long request): that status. None otherwise.
+    pub refused: Option<u16>,
 }
 
 impl RecordedRequest {
@@ -69,10 +74,17 @@ pub struct EngineTotals {
     pub model: String,
     /// Every HTTP request received (any path).
     pub http_requests: u64,
+    /// Generation requests received (every POST to a generation route, whatever came of it).
+    pub received: u64,
     /// Generation requests handed to the scheduler.
     pub requests: u64,
-    /// Generation requests answered with an error before scheduling (injected failures, 400s).
+    /// Generation requests answered with an error instead of being scheduled (injected failures, full waiting
+    /// queue, 400s); each is also marked in [`RecordedRequest::refused`].
     pub rejected: u64,
+    /// Of `rejected`: answered with the injected `fail_status`.
+    pub refused_injected: u64,
+    /// Of `rejected`: answered 429 because `max_waiting` requests were already waiting.
+    pub refused_queue_full: u64,
     pub finished: u64,
     /// Requests aborted because the client went away.
     pub aborted: u64,
@@ -197,8 +209,12 @@ pub async fn spawn_engine_on(addr: SocketAddr, cfg: SimConfig) -> io::Result<Eng
         sched: sched.clone(),
         recorded: Mutex::new(VecDeque::new()),
         http_requests: AtomicU64::new(0),
+        received: AtomicU64::new(0),
         gen_requests: AtomicU64::new(0),
         rejected: AtomicU64::new(0),
+        refused_injected: AtomicU64::new(0),
+        refused_queue_full: AtomicU64::new(0),
+        next_record: AtomicU64::new(1),
         next_id: AtomicU64::new(1),
     });
     let scheduler = tokio::spawn(scheduler::run(cfg, sched_rx, sched));

@@ -1,152 +1,246 @@
 //! engine-sim: serves one or more simulated vLLM engines (each with its own scheduler and prefix cache) on
 //! several ports of one process. See `--help`.
 
+use std::collections::HashSet;
+use std::ffi::OsString;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::error::ErrorKind;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use infergate_sim::{spawn_engine_on, SimConfig};
 
-const HELP: &str = "\
-engine-sim: simulated vLLM engines (OpenAI-compatible HTTP, vLLM V1 scheduler timing)
-
-USAGE:
-    engine-sim --port 8101 [--port 8102 ...] [OPTIONS]
-    engine-sim --ports 8101,8102 [OPTIONS]
-    engine-sim --engines N --base-port P [OPTIONS]
-
-ENGINES (one independent engine per port):
-    --port PORT                    add one engine on PORT (repeatable)
-    --ports P1,P2,...              add engines on these ports
-    --engines N --base-port P      add N engines on ports P, P+1, ... P+N-1
-    --host ADDR                    listen address (default 127.0.0.1)
-
-ENGINE KNOBS (same for every engine; durations in milliseconds):
-    --model NAME                   served model name (default sim-model)
-    --step-token-budget N          tokens per scheduler step, max_num_batched_tokens (default 8192)
-    --max-num-seqs N               most running requests (default 64)
-    --step-overhead-ms MS          fixed cost per step (default 18)
-    --prefill-tokens-per-sec F     prefill throughput (default 44000)
-    --decode-step-cost-per-seq-ms MS
-                                   extra step cost per decoding sequence (default 0.25)
-    --kv-capacity-tokens N         prefix cache / KV capacity in tokens (default 2000000)
-    --block-tokens N               KV block size in tokens (default 16)
-    --default-max-tokens N         output tokens when a request sets none (default 16)
-    --max-model-len N              longest prompt + output accepted (default 10000000)
-    --time-scale F                 multiply every simulated duration (default 1.0)
-    --metric-prefix P              metric name prefix (default \"vllm:\")
-    --engine-label-count N         split each series over N engine=\"i\" labels (default 1)
-    --keep-alive-timeout-ms MS     close idle keep-alive connections after MS (default: never; vLLM uses 5000)
-    --max-recorded-requests N      requests kept for inspection (default 10000 in the binary)
-    --max-body-bytes N             largest request body (default 67108864)
-
-    -h, --help                     this help
-
+const AFTER_HELP: &str = "\
 Logs go to stderr via env_logger (RUST_LOG=info). SIGINT / SIGTERM stop the process.
 Runtime failure injection: POST /sim/control with JSON, e.g. {\"fail_status\":503}, {\"fail_status\":null},
 {\"health_status\":500}, {\"slow_headers_ms\":2000}, {\"close_mid_stream_after\":3}, {\"extra_waiting\":10},
 {\"extra_running\":4}, {\"drop_idle_connections\":true}, {\"poison_idle_connections\":true},
-{\"refuse_connections_ms\":1500}, {\"reset\":true}. GET /sim/stats returns per-engine totals;
-GET /sim/requests the recorded requests (method, path, headers, body_len, body_fnv64 in hex), oldest first.
-";
+{\"refuse_connections_ms\":1500}, {\"reset\":true}. An injected fail_status is answered at once with a JSON error
+body (429 and 503 with Retry-After: 1). GET /sim/stats returns per-engine totals (received, scheduled and refused
+generation requests among them); GET /sim/requests the recorded requests (method, path, headers, body_len,
+body_fnv64 in hex), oldest first.";
 
+const ENGINES: &str = "Engines (one independent engine per port)";
+const KNOBS: &str = "Engine knobs (same for every engine; durations in milliseconds)";
+
+/// Requests kept for inspection by default in the binary (the library default is larger).
+const MAX_RECORDED_REQUESTS: usize = 10_000;
+
+/// The argument of one `--ports`: a comma-separated list (empty items are ignored).
+#[derive(Debug, Clone)]
+struct PortList(Vec<u16>);
+
+fn port_list(v: &str) -> Result<PortList, String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse().map_err(|_| format!("'{p}' is not a port")))
+        .collect::<Result<_, _>>()
+        .map(PortList)
+}
+
+/// A number of milliseconds >= 0 (fractions allowed).
+fn millis(v: &str) -> Result<f64, String> {
+    match v.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 0.0 => Ok(f),
+        _ => Err("expected a number of milliseconds >= 0".into()),
+    }
+}
+
+fn non_negative(v: &str) -> Result<f64, String> {
+    match v.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 0.0 => Ok(f),
+        _ => Err("expected a number >= 0".into()),
+    }
+}
+
+fn positive(v: &str) -> Result<f64, String> {
+    match v.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 => Ok(f),
+        _ => Err("expected a number > 0".into()),
+    }
+}
+
+fn at_least_one(v: &str) -> Result<usize, String> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("expected a whole number >= 1 (leave the flag out for no limit)".into()),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn from_ms(f: f64) -> Duration {
+    Duration::from_secs_f64(f / 1000.0)
+}
+
+/// The command line. Engine knobs default to `SimConfig::default()`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "engine-sim",
+    about = "engine-sim: simulated vLLM engines (OpenAI-compatible HTTP, vLLM V1 scheduler timing)",
+    override_usage = "engine-sim --port 8101 [--port 8102 ...] [OPTIONS]\n       \
+                      engine-sim --ports 8101,8102 [OPTIONS]\n       \
+                      engine-sim --engines N --base-port P [OPTIONS]",
+    after_help = AFTER_HELP
+)]
+struct Cli {
+    /// Add one engine on PORT (repeatable)
+    #[arg(long, value_name = "PORT", help_heading = ENGINES)]
+    port: Vec<u16>,
+    /// Add engines on these ports (repeatable)
+    #[arg(long, value_name = "P1,P2,...", value_parser = port_list, help_heading = ENGINES)]
+    ports: Vec<PortList>,
+    /// Add N engines on ports P, P+1, ... P+N-1 (with --base-port)
+    #[arg(long, value_name = "N", requires = "base_port", help_heading = ENGINES)]
+    engines: Option<u16>,
+    /// First port of --engines
+    #[arg(long, value_name = "P", requires = "engines", help_heading = ENGINES)]
+    base_port: Option<u16>,
+    /// Listen address
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1", help_heading = ENGINES)]
+    host: IpAddr,
+
+    /// Served model name
+    #[arg(long, value_name = "NAME", default_value_t = SimConfig::default().model, help_heading = KNOBS)]
+    model: String,
+    /// Tokens per scheduler step (vLLM max_num_batched_tokens)
+    #[arg(long, value_name = "N",
+          default_value_t = SimConfig::default().step_token_budget, help_heading = KNOBS)]
+    step_token_budget: usize,
+    /// Most running requests (vLLM max_num_seqs)
+    #[arg(long, value_name = "N", default_value_t = SimConfig::default().max_num_seqs, help_heading = KNOBS)]
+    max_num_seqs: usize,
+    /// Fixed cost per step
+    #[arg(long, value_name = "MS", value_parser = millis, allow_negative_numbers = true,
+          default_value_t = ms(SimConfig::default().step_overhead), help_heading = KNOBS)]
+    step_overhead_ms: f64,
+    /// Prefill throughput, tokens per second
+    #[arg(long, value_name = "F", value_parser = positive, allow_negative_numbers = true,
+          default_value_t = SimConfig::default().prefill_tokens_per_sec, help_heading = KNOBS)]
+    prefill_tokens_per_sec: f64,
+    /// Extra step cost per decoding sequence
+    #[arg(long, value_name = "MS", value_parser = millis, allow_negative_numbers = true,
+          default_value_t = ms(SimConfig::default().decode_step_cost_per_seq), help_heading = KNOBS)]
+    decode_step_cost_per_seq_ms: f64,
+    /// Prefix cache / KV capacity in tokens
+    #[arg(long, value_name = "N",
+          default_value_t = SimConfig::default().kv_capacity_tokens, help_heading = KNOBS)]
+    kv_capacity_tokens: usize,
+    /// KV block size in tokens
+    #[arg(long, value_name = "N", default_value_t = SimConfig::default().block_tokens, help_heading = KNOBS)]
+    block_tokens: usize,
+    /// Output tokens when a request sets none
+    #[arg(long, value_name = "N",
+          default_value_t = SimConfig::default().default_max_tokens, help_heading = KNOBS)]
+    default_max_tokens: usize,
+    /// Context length: prompt + max_tokens beyond it get vLLM's 400 at once
+    #[arg(long, value_name = "N", default_value_t = SimConfig::default().max_model_len, help_heading = KNOBS)]
+    max_model_len: usize,
+    /// Multiply every simulated duration
+    #[arg(long, value_name = "F", value_parser = non_negative, allow_negative_numbers = true,
+          default_value_t = SimConfig::default().time_scale, help_heading = KNOBS)]
+    time_scale: f64,
+    /// Metric name prefix
+    #[arg(long, value_name = "P", default_value_t = SimConfig::default().metric_prefix, help_heading = KNOBS)]
+    metric_prefix: String,
+    /// Split each series over N engine="i" labels
+    #[arg(long, value_name = "N",
+          default_value_t = SimConfig::default().engine_label_count, help_heading = KNOBS)]
+    engine_label_count: usize,
+    /// Close idle keep-alive connections after MS [default: never; vLLM uses 5000]
+    #[arg(long, value_name = "MS", value_parser = millis, allow_negative_numbers = true,
+          help_heading = KNOBS)]
+    keep_alive_timeout_ms: Option<f64>,
+    /// Requests kept for inspection
+    #[arg(long, value_name = "N", default_value_t = MAX_RECORDED_REQUESTS, help_heading = KNOBS)]
+    max_recorded_requests: usize,
+    /// Largest request body in bytes
+    #[arg(long, value_name = "N",
+          default_value_t = SimConfig::default().max_body_bytes, help_heading = KNOBS)]
+    max_body_bytes: usize,
+    /// Refuse a generation request with 429 (Retry-After: 1) when N requests already wait [default: no limit]
+    #[arg(long, value_name = "N", value_parser = at_least_one, help_heading = KNOBS)]
+    max_waiting: Option<usize>,
+}
+
+#[derive(Debug)]
 struct Args {
     host: IpAddr,
     ports: Vec<u16>,
     cfg: SimConfig,
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut host: IpAddr = [127, 0, 0, 1].into();
-    let mut ports = Vec::new();
-    let mut engines: Option<u16> = None;
-    let mut base_port: Option<u16> = None;
-    let mut cfg = SimConfig {
-        max_recorded_requests: 10_000,
-        ..SimConfig::default()
-    };
-    fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
-        v.parse()
-            .map_err(|_| format!("{flag}: invalid value '{v}'"))
+/// The ports of `--port` and `--ports` in command-line order, then those of `--engines` / `--base-port`.
+fn ports_in_order(cli: &Cli, m: &ArgMatches) -> Result<Vec<u16>, String> {
+    let mut given: Vec<(usize, &[u16])> = Vec::new();
+    if let Some(idx) = m.indices_of("port") {
+        given.extend(idx.zip(cli.port.chunks(1)));
     }
-    fn ms(flag: &str, v: &str) -> Result<Duration, String> {
-        let f: f64 = num(flag, v)?;
-        if !(f.is_finite() && f >= 0.0) {
-            return Err(format!("{flag}: must be a number of milliseconds >= 0"));
-        }
-        Ok(Duration::from_secs_f64(f / 1000.0))
+    if let Some(idx) = m.indices_of("ports") {
+        given.extend(idx.zip(cli.ports.iter().map(|l| l.0.as_slice())));
     }
-    while let Some(arg) = it.next() {
-        if arg == "-h" || arg == "--help" {
-            return Ok(None);
+    given.sort_by_key(|(i, _)| *i);
+    let mut ports: Vec<u16> = given
+        .into_iter()
+        .flat_map(|(_, p)| p.iter().copied())
+        .collect();
+    if let (Some(n), Some(p)) = (cli.engines, cli.base_port) {
+        for i in 0..n {
+            ports.push(
+                p.checked_add(i)
+                    .ok_or("--engines/--base-port: port above 65535")?,
+            );
         }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| it.next())
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "--port" => ports.push(num(&flag, &value()?)?),
-            "--ports" => {
-                for p in value()?.split(',').filter(|p| !p.trim().is_empty()) {
-                    ports.push(num(&flag, p.trim())?);
-                }
-            }
-            "--engines" => engines = Some(num(&flag, &value()?)?),
-            "--base-port" => base_port = Some(num(&flag, &value()?)?),
-            "--host" => host = num(&flag, &value()?)?,
-            "--model" => cfg.model = value()?,
-            "--step-token-budget" => cfg.step_token_budget = num(&flag, &value()?)?,
-            "--max-num-seqs" => cfg.max_num_seqs = num(&flag, &value()?)?,
-            "--step-overhead-ms" => cfg.step_overhead = ms(&flag, &value()?)?,
-            "--prefill-tokens-per-sec" => cfg.prefill_tokens_per_sec = num(&flag, &value()?)?,
-            "--decode-step-cost-per-seq-ms" => cfg.decode_step_cost_per_seq = ms(&flag, &value()?)?,
-            "--kv-capacity-tokens" => cfg.kv_capacity_tokens = num(&flag, &value()?)?,
-            "--block-tokens" => cfg.block_tokens = num(&flag, &value()?)?,
-            "--default-max-tokens" => cfg.default_max_tokens = num(&flag, &value()?)?,
-            "--max-model-len" => cfg.max_model_len = num(&flag, &value()?)?,
-            "--time-scale" => cfg.time_scale = num(&flag, &value()?)?,
-            "--metric-prefix" => cfg.metric_prefix = value()?,
-            "--engine-label-count" => cfg.engine_label_count = num(&flag, &value()?)?,
-            "--keep-alive-timeout-ms" => cfg.keep_alive_timeout = Some(ms(&flag, &value()?)?),
-            "--max-recorded-requests" => cfg.max_recorded_requests = num(&flag, &value()?)?,
-            "--max-body-bytes" => cfg.max_body_bytes = num(&flag, &value()?)?,
-            other => return Err(format!("unknown argument '{other}' (see --help)")),
-        }
-    }
-    match (engines, base_port) {
-        (Some(n), Some(p)) => {
-            for i in 0..n {
-                ports.push(
-                    p.checked_add(i)
-                        .ok_or("--engines/--base-port: port above 65535")?,
-                );
-            }
-        }
-        (None, None) => {}
-        _ => return Err("--engines and --base-port go together".into()),
     }
     if ports.is_empty() {
-        return Err(
-            "no engine: give --port, --ports or --engines with --base-port (see --help)".into(),
-        );
+        return Err("no engine: give --port, --ports or --engines with --base-port".into());
     }
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     if let Some(dup) = ports.iter().find(|p| !seen.insert(**p)) {
         return Err(format!("port {dup} given twice"));
     }
-    if !(cfg.time_scale.is_finite() && cfg.time_scale >= 0.0) {
-        return Err("--time-scale must be >= 0".into());
-    }
-    if !(cfg.prefill_tokens_per_sec.is_finite() && cfg.prefill_tokens_per_sec > 0.0) {
-        return Err("--prefill-tokens-per-sec must be > 0".into());
-    }
-    Ok(Some(Args { host, ports, cfg }))
+    Ok(ports)
+}
+
+/// Parses a command line (program name first). `--help` comes back as an error of kind `DisplayHelp`, which
+/// `clap::Error::exit` prints to stdout with status 0.
+fn parse_args<I, T>(args: I) -> Result<Args, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let mut cmd = Cli::command();
+    let m = cmd.try_get_matches_from_mut(args)?;
+    let cli = Cli::from_arg_matches(&m)?;
+    let ports = ports_in_order(&cli, &m).map_err(|e| cmd.error(ErrorKind::ValueValidation, e))?;
+    let cfg = SimConfig {
+        model: cli.model,
+        step_token_budget: cli.step_token_budget,
+        max_num_seqs: cli.max_num_seqs,
+        step_overhead: from_ms(cli.step_overhead_ms),
+        prefill_tokens_per_sec: cli.prefill_tokens_per_sec,
+        decode_step_cost_per_seq: from_ms(cli.decode_step_cost_per_seq_ms),
+        kv_capacity_tokens: cli.kv_capacity_tokens,
+        block_tokens: cli.block_tokens,
+        default_max_tokens: cli.default_max_tokens,
+        max_model_len: cli.max_model_len,
+        time_scale: cli.time_scale,
+        metric_prefix: cli.metric_prefix,
+        engine_label_count: cli.engine_label_count,
+        keep_alive_timeout: cli.keep_alive_timeout_ms.map(from_ms),
+        max_recorded_requests: cli.max_recorded_requests,
+        max_body_bytes: cli.max_body_bytes,
+        max_waiting: cli.max_waiting,
+    };
+    Ok(Args {
+        host: cli.host,
+        ports,
+        cfg,
+    })
 }
 
 async fn wait_for_signal() {
@@ -174,16 +268,10 @@ async fn wait_for_signal() {
 #[tokio::main]
 async fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            print!("{HELP}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("engine-sim: {e}");
-            return ExitCode::from(2);
-        }
+    let args = match parse_args(std::env::args_os()) {
+        Ok(a) => a,
+        // Help: stdout, status 0; a usage error: stderr, status 2.
+        Err(e) => e.exit(),
     };
     let mut engines = Vec::new();
     for port in &args.ports {
@@ -219,31 +307,114 @@ async fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn parse(s: &str) -> Result<Option<Args>, String> {
-        parse_args(s.split_whitespace().map(str::to_string))
+    fn parse(s: &str) -> Result<Args, clap::Error> {
+        parse_args(std::iter::once("engine-sim").chain(s.split_whitespace()))
     }
 
     #[test]
     fn port_forms() {
-        let a = parse("--port 8101 --port=8102 --ports 8103,8104")
-            .unwrap()
-            .unwrap();
+        let a = parse("--port 8101 --port=8102 --ports 8103,8104").unwrap();
         assert_eq!(a.ports, vec![8101, 8102, 8103, 8104]);
-        let a = parse("--engines 3 --base-port 9000 --time-scale 0.5 --metric-prefix vllm_")
-            .unwrap()
-            .unwrap();
+        // Command-line order across --port and --ports; empty list items are ignored.
+        let a = parse("--ports 8103,,8104, --port 8101 --ports=8105").unwrap();
+        assert_eq!(a.ports, vec![8103, 8104, 8101, 8105]);
+        let a =
+            parse("--engines 3 --base-port 9000 --time-scale 0.5 --metric-prefix vllm_").unwrap();
         assert_eq!(a.ports, vec![9000, 9001, 9002]);
         assert_eq!(a.cfg.time_scale, 0.5);
         assert_eq!(a.cfg.metric_prefix, "vllm_");
-        assert!(parse("--help").unwrap().is_none());
+        assert_eq!(parse("--help").unwrap_err().kind(), ErrorKind::DisplayHelp);
         assert!(parse("").is_err());
         assert!(parse("--port 1 --port 1").is_err());
         assert!(parse("--engines 2").is_err());
+        assert!(parse("--base-port 2").is_err());
+        assert!(parse("--engines 2 --base-port 65535").is_err());
         assert!(parse("--port 1 --bogus 2").is_err());
-        let a = parse("--port 1 --step-overhead-ms 5 --decode-step-cost-per-seq-ms 0.5")
-            .unwrap()
-            .unwrap();
+        assert!(parse("--port 1 --ports 2,x").is_err());
+        assert!(parse("--port 1 --time-scale -1").is_err());
+        assert!(parse("--port 1 --prefill-tokens-per-sec 0").is_err());
+        assert!(parse("--port 1 --step-overhead-ms nan").is_err());
+        let a = parse("--port 1 --step-overhead-ms 5 --decode-step-cost-per-seq-ms 0.5").unwrap();
         assert_eq!(a.cfg.step_overhead, Duration::from_millis(5));
         assert_eq!(a.cfg.decode_step_cost_per_seq, Duration::from_micros(500));
+        assert_eq!(a.host, IpAddr::from([127, 0, 0, 1]));
+    }
+
+    #[test]
+    fn defaults_are_the_library_defaults() {
+        let a = parse("--port 1 --host 0.0.0.0 --keep-alive-timeout-ms 5000").unwrap();
+        let d = SimConfig::default();
+        let c = &a.cfg;
+        assert_eq!(a.host, IpAddr::from([0, 0, 0, 0]));
+        assert_eq!(c.keep_alive_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(
+            (
+                c.model.as_str(),
+                c.step_token_budget,
+                c.max_num_seqs,
+                c.step_overhead
+            ),
+            (
+                d.model.as_str(),
+                d.step_token_budget,
+                d.max_num_seqs,
+                d.step_overhead
+            )
+        );
+        assert_eq!(
+            (
+                c.prefill_tokens_per_sec,
+                c.decode_step_cost_per_seq,
+                c.kv_capacity_tokens
+            ),
+            (
+                d.prefill_tokens_per_sec,
+                d.decode_step_cost_per_seq,
+                d.kv_capacity_tokens
+            )
+        );
+        assert_eq!(
+            (
+                c.block_tokens,
+                c.default_max_tokens,
+                c.max_model_len,
+                c.time_scale
+            ),
+            (
+                d.block_tokens,
+                d.default_max_tokens,
+                d.max_model_len,
+                d.time_scale
+            )
+        );
+        assert_eq!(
+            (
+                c.metric_prefix.as_str(),
+                c.engine_label_count,
+                c.max_body_bytes
+            ),
+            (
+                d.metric_prefix.as_str(),
+                d.engine_label_count,
+                d.max_body_bytes
+            )
+        );
+        assert_eq!(c.max_recorded_requests, MAX_RECORDED_REQUESTS);
+        assert_eq!(parse("--port 1").unwrap().cfg.keep_alive_timeout, None);
+        assert_eq!(parse("--port 1").unwrap().cfg.max_waiting, None);
+        assert_eq!(
+            parse("--port 1 --max-waiting 3").unwrap().cfg.max_waiting,
+            Some(3)
+        );
+        assert!(parse("--port 1 --max-waiting 0").is_err());
+        let help = Cli::command().render_help().to_string();
+        assert!(help.contains("POST /sim/control"), "{help}");
+        assert!(help.contains("[default: 8192]"), "{help}");
+        assert!(help.contains("[default: 0.25]"), "{help}");
+    }
+
+    #[test]
+    fn command_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

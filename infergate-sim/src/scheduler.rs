@@ -70,6 +70,32 @@ impl SchedShared {
         c.waiting += self.pending.load(Ordering::Relaxed);
         c
     }
+
+    /// Counts a request about to be sent to the scheduler as pending, unless `limit` requests already wait
+    /// (published waiting + pending); then returns false. Checked and counted under the counters lock, which
+    /// `taken` holds too, so a request is always in one of the two counts and concurrent arrivals cannot
+    /// overshoot the limit.
+    pub fn try_reserve(&self, limit: Option<usize>) -> bool {
+        let c = self.counters.lock().unwrap();
+        if limit.is_some_and(|l| c.waiting + self.pending.load(Ordering::Relaxed) >= l) {
+            return false;
+        }
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Undoes `try_reserve` for a request that was not sent.
+    pub fn unreserve(&self) {
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The scheduler took a pending request off the channel into its queue: it counts as waiting until the
+    /// next publish replaces the counters with the queue's own.
+    fn taken(&self) {
+        let mut c = self.counters.lock().unwrap();
+        c.waiting += 1;
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 struct Seq {
@@ -283,7 +309,7 @@ pub async fn run(
     let publish = |core: &Core| *shared.counters.lock().unwrap() = core.counters.clone();
     loop {
         while let Ok(r) = rx.try_recv() {
-            shared.pending.fetch_sub(1, Ordering::Relaxed);
+            shared.taken();
             core.enqueue(r);
         }
         core.reap();
@@ -292,7 +318,7 @@ pub async fn run(
             last_deadline = None;
             match rx.recv().await {
                 Some(r) => {
-                    shared.pending.fetch_sub(1, Ordering::Relaxed);
+                    shared.taken();
                     core.enqueue(r);
                     continue;
                 }
@@ -323,6 +349,21 @@ pub async fn run(
 mod tests {
     use super::*;
     use crate::tokenize::BlockHasher;
+
+    #[test]
+    fn reserve_respects_the_waiting_limit() {
+        let s = SchedShared::default();
+        assert!(s.try_reserve(Some(2)) && s.try_reserve(Some(2)));
+        assert!(!s.try_reserve(Some(2)));
+        // Moved from the channel into the queue: still counted until the next publish.
+        s.taken();
+        assert!(!s.try_reserve(Some(2)));
+        assert_eq!(s.snapshot().waiting, 2);
+        s.unreserve();
+        assert!(s.try_reserve(Some(2)));
+        assert!(s.try_reserve(None), "no limit");
+        assert_eq!(s.snapshot().waiting, 3);
+    }
 
     fn prompt(len: usize, seed: u64, bt: usize) -> PromptTokens {
         let mut h = BlockHasher::new(bt);

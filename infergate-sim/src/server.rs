@@ -26,9 +26,24 @@ pub(crate) struct Engine {
     pub sched: Arc<SchedShared>,
     pub recorded: Mutex<VecDeque<RecordedRequest>>,
     pub http_requests: AtomicU64,
+    pub received: AtomicU64,
     pub gen_requests: AtomicU64,
     pub rejected: AtomicU64,
+    pub refused_injected: AtomicU64,
+    pub refused_queue_full: AtomicU64,
     pub next_id: AtomicU64,
+    pub next_record: AtomicU64,
+}
+
+/// Why a generation request was answered with an error instead of being scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The injected `fail_status`.
+    Injected,
+    /// `max_waiting` requests were already waiting.
+    QueueFull,
+    /// Invalid or too long.
+    Invalid,
 }
 
 impl Engine {
@@ -37,8 +52,11 @@ impl Engine {
         EngineTotals {
             model: self.cfg.model.clone(),
             http_requests: self.http_requests.load(Ordering::Relaxed),
+            received: self.received.load(Ordering::Relaxed),
             requests: self.gen_requests.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
+            refused_injected: self.refused_injected.load(Ordering::Relaxed),
+            refused_queue_full: self.refused_queue_full.load(Ordering::Relaxed),
             finished: c.finished,
             aborted: c.aborted,
             prompt_tokens: c.prompt_tokens,
@@ -57,8 +75,34 @@ impl Engine {
         }
     }
 
-    async fn record(&self, req: &mut http::Request) {
+    /// Counts a generation request answered with `status` instead of being scheduled, and marks its record.
+    pub fn refuse(&self, seq: u64, why: Refusal, status: u16) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        let by_cause = match why {
+            Refusal::Injected => Some(&self.refused_injected),
+            Refusal::QueueFull => Some(&self.refused_queue_full),
+            Refusal::Invalid => None,
+        };
+        if let Some(n) = by_cause {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+        // Refusals come right after arrival, so the record is near the back (unless already dropped).
+        if let Some(r) = self
+            .recorded
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .rev()
+            .find(|r| r.seq == seq)
+        {
+            r.refused = Some(status);
+        }
+    }
+
+    /// Records the request; returns its arrival number.
+    async fn record(&self, req: &mut http::Request) -> u64 {
         self.http_requests.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next_record.fetch_add(1, Ordering::Relaxed);
         let body_fnv64 = if req.body.len() > BIG_BODY {
             let body = std::mem::take(&mut req.body);
             let (h, body) = tokio::task::spawn_blocking(move || (fnv64(&body), body))
@@ -76,12 +120,15 @@ impl Engine {
             body_len: req.body.len(),
             body_fnv64,
             received_at: req.received_at,
+            seq,
+            refused: None,
         };
         let mut g = self.recorded.lock().unwrap();
         if g.len() >= self.cfg.max_recorded_requests {
             g.pop_front();
         }
         g.push_back(r);
+        seq
     }
 }
 
@@ -171,7 +218,7 @@ async fn serve_conn(eng: Arc<Engine>, conn: Arc<ConnShared>) {
                 return;
             }
         };
-        eng.record(&mut req).await;
+        let seq = eng.record(&mut req).await;
         log::debug!(
             "engine-sim {}: {} {} ({} body bytes)",
             eng.control.net.addr,
@@ -179,7 +226,7 @@ async fn serve_conn(eng: Arc<Engine>, conn: Arc<ConnShared>) {
             req.path,
             req.body.len()
         );
-        let keep = api::handle(&eng, req, &mut io, &mut rb).await;
+        let keep = api::handle(&eng, req, seq, &mut io, &mut rb).await;
         if !keep {
             conn.close();
             return;
