@@ -10,42 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-/// Outlier-detection settings (per pool).
-#[derive(Debug, Clone, PartialEq)]
-pub struct OutlierConfig {
-    /// Consecutive failures that eject an endpoint (0 = never eject).
-    pub consecutive_failures: u32,
-    /// First ejection; each further ejection without a success in between doubles it...
-    pub base_ejection: Duration,
-    /// ...up to this.
-    pub max_ejection: Duration,
-    /// At most this share of a pool's endpoints is ejected at once (at least one, when the pool has two or more).
-    pub max_ejected_percent: u32,
-    /// How long a 429 or 503 keeps an endpoint out of placement while others can take the work.
-    pub saturation_cooldown: Duration,
-}
-
-impl Default for OutlierConfig {
-    fn default() -> Self {
-        OutlierConfig {
-            consecutive_failures: 3,
-            base_ejection: Duration::from_secs(2),
-            max_ejection: Duration::from_secs(60),
-            max_ejected_percent: 50,
-            saturation_cooldown: Duration::from_secs(1),
-        }
-    }
-}
-
-impl OutlierConfig {
-    /// How many of `endpoints` may be ejected at once.
-    pub fn max_ejected(&self, endpoints: usize) -> usize {
-        if endpoints < 2 || self.consecutive_failures == 0 {
-            return 0;
-        }
-        (endpoints * self.max_ejected_percent as usize / 100).max(1)
-    }
-}
+pub use crate::config::OutlierConfig;
 
 #[derive(Debug, Default)]
 struct State {
@@ -199,12 +164,8 @@ mod tests {
     }
 
     #[test]
-    fn backoff_is_capped_and_share_cap_keeps_one_endpoint() {
+    fn backoff_is_capped() {
         let c = cfg();
-        assert_eq!(c.max_ejected(1), 0);
-        assert_eq!(c.max_ejected(2), 1);
-        assert_eq!(c.max_ejected(3), 1);
-        assert_eq!(c.max_ejected(4), 2);
         let o = Outlier::default();
         let mut t = Instant::now();
         let mut last = Duration::ZERO;

@@ -359,7 +359,7 @@ impl Pool {
             membership,
             lb: Arc::new(lb),
             policy: policy::build(cfg),
-            outlier: OutlierConfig::default(),
+            outlier: cfg.outlier.clone(),
             discovered_models: RwLock::new(Vec::new()),
         });
         pool.set_endpoints(&cfg.endpoints, None);

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+mod outlier;
 mod policy;
 mod pool;
 mod server;
@@ -13,6 +14,7 @@ mod testing;
 mod values;
 mod walk;
 
+pub use outlier::OutlierConfig;
 pub use policy::{
     EngineKind, EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, PrefixFallback,
     SessionsConfig,
@@ -41,6 +43,11 @@ pub struct Config {
     pub max_retries: usize,
     /// Largest accepted request body in bytes (default 32 MiB); larger gets 413.
     pub max_body_bytes: usize,
+    /// Request body bytes held for routing by all requests together (default 512 MiB); past it a request waits
+    /// `body_budget_wait` for room, then gets 503 with Retry-After.
+    pub body_budget_bytes: usize,
+    /// How long a request waits for room in the body budget (default 2s).
+    pub body_budget_wait: Duration,
     pub pools: Vec<PoolConfig>,
 }
 
@@ -52,6 +59,8 @@ pub struct Timeouts {
     pub response_header: Duration,
     /// Longest gap between two response body chunks (default 60s).
     pub stream_idle: Duration,
+    /// The whole request body must arrive within this (default 60s); 408 otherwise.
+    pub request_body: Duration,
 }
 
 /// A configuration error: `{file}: {key path}: {reason}`.
@@ -130,6 +139,7 @@ impl Default for Timeouts {
             connect: Duration::from_secs(2),
             response_header: Duration::from_secs(120),
             stream_idle: Duration::from_secs(60),
+            request_body: Duration::from_secs(60),
         }
     }
 }
@@ -137,6 +147,8 @@ impl Default for Timeouts {
 const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
 const DEFAULT_MAX_RETRIES: usize = 2;
 const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+const DEFAULT_BODY_BUDGET_BYTES: usize = 512 << 20;
+const DEFAULT_BODY_BUDGET_WAIT: Duration = Duration::from_secs(2);
 
 /// Every section's reader and where its keys belong, in words (in the order "`x` belongs in ..." lists them). The
 /// known keys of a section are the ones its reader asks for ([`walk::discover`]).
@@ -155,19 +167,22 @@ const SECTIONS: &[(&str, Reader)] = &[
     }),
     ("engine_stats", |n| EngineStatsConfig::read(n).map(drop)),
     ("prefix", |n| PrefixConfig::read(n).map(drop)),
+    ("outlier_detection", |n| OutlierConfig::read(n).map(drop)),
 ];
 
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, pools] = n
-            .keys([
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools] =
+            n.keys([
                 "listen",
                 "metrics_listen",
                 "server",
                 "timeouts",
                 "max_retries",
                 "max_body_bytes",
+                "body_budget_bytes",
+                "body_budget_wait",
                 "pools",
             ])?;
         let listen = listen_list(&listen)?;
@@ -192,6 +207,8 @@ impl Config {
             timeouts: Timeouts::read(timeouts.section()?)?,
             max_retries: to_usize(max_retries.uint_or(DEFAULT_MAX_RETRIES as u64)?),
             max_body_bytes: max_body_bytes.byte_size_or(DEFAULT_MAX_BODY_BYTES)?,
+            body_budget_bytes: body_budget_bytes.byte_size_or(DEFAULT_BODY_BUDGET_BYTES)?,
+            body_budget_wait: body_budget_wait.duration_or(DEFAULT_BODY_BUDGET_WAIT)?,
             pools: pools_list(&pools)?,
         })
     }
@@ -199,13 +216,14 @@ impl Config {
 
 impl Timeouts {
     fn read(n: Node<'_>) -> Result<Timeouts, ConfigError> {
-        let [connect, response_header, stream_idle] =
-            n.keys(["connect", "response_header", "stream_idle"])?;
+        let [connect, response_header, stream_idle, request_body] =
+            n.keys(["connect", "response_header", "stream_idle", "request_body"])?;
         let d = Timeouts::default();
         Ok(Timeouts {
             connect: connect.duration_or(d.connect)?,
             response_header: response_header.duration_or(d.response_header)?,
             stream_idle: stream_idle.duration_or(d.stream_idle)?,
+            request_body: request_body.duration_or(d.request_body)?,
         })
     }
 }
@@ -352,6 +370,7 @@ pools:
                 connect: Duration::from_millis(500),
                 response_header: Duration::from_secs(30),
                 stream_idle: Duration::from_secs(60),
+                request_body: Duration::from_secs(60),
             }
         );
         assert_eq!(c.max_retries, 0);

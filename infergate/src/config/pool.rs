@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+use super::outlier::OutlierConfig;
 use super::policy::{EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, SessionsConfig};
 use super::values::{parse_http_url, resolve, to_usize};
 use super::walk::{Field, Node};
@@ -17,6 +18,8 @@ pub struct PoolConfig {
     pub models: Vec<String>,
     /// The policy and the settings only it reads (sessions, prefix index).
     pub policy: PolicyConfig,
+    /// When failures take an endpoint out of placement (`outlier_detection`).
+    pub outlier: OutlierConfig,
     pub endpoints: Vec<EndpointConfig>,
     pub health_check: HealthCheckConfig,
     pub prefill: PrefillConfig,
@@ -77,7 +80,7 @@ pub(super) fn pools_list(f: &Field<'_>) -> Result<Vec<PoolConfig>, ConfigError> 
 
 impl PoolConfig {
     pub(super) fn read(n: Node<'_>) -> Result<PoolConfig, ConfigError> {
-        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix] =
+        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix, outlier_detection] =
             n.keys([
                 "name",
                 "models",
@@ -89,6 +92,7 @@ impl PoolConfig {
                 "sessions",
                 "engine_stats",
                 "prefix",
+                "outlier_detection",
             ])?;
         let name = {
             let s = name.string()?.trim().to_string();
@@ -122,6 +126,7 @@ impl PoolConfig {
             Some(e) => Some(EngineStatsConfig::read(e)?),
         };
         let prefix = PrefixConfig::read(prefix.section()?)?;
+        let outlier = OutlierConfig::read(outlier_detection.section()?)?;
         Ok(PoolConfig {
             name,
             models,
@@ -131,6 +136,7 @@ impl PoolConfig {
             prefill,
             max_in_flight_per_endpoint,
             engine_stats,
+            outlier,
         })
     }
 }

@@ -16,13 +16,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::errors::ApiError;
 
-/// Default process-wide budget of body bytes held for routing.
-pub const MAX_BUFFERED_BODY_BYTES: u64 = 512 << 20;
-/// Default time for a whole request body to arrive.
-pub const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default wait for room in the body budget before 503.
-pub const BODY_BUDGET_WAIT: Duration = Duration::from_secs(2);
-
 /// Budget accounting unit: permits are KiB so that a 1 GiB budget fits a semaphore comfortably.
 const UNIT: u64 = 1024;
 

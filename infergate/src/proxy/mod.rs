@@ -122,15 +122,15 @@ impl Deref for Router {
 
 impl Router {
     pub fn new(state: RouterState) -> Router {
-        let body_budget = BodyBudget::new(body::MAX_BUFFERED_BODY_BYTES);
+        let body_budget = BodyBudget::new(state.cfg.body_budget_bytes as u64);
         Router { state, body_budget }
     }
 
     fn body_limits(&self) -> BodyLimits {
         BodyLimits {
             max_bytes: self.cfg.max_body_bytes,
-            deadline: body::REQUEST_BODY_TIMEOUT,
-            budget_wait: body::BODY_BUDGET_WAIT,
+            deadline: self.cfg.timeouts.request_body,
+            budget_wait: self.cfg.body_budget_wait,
         }
     }
 
