@@ -357,6 +357,17 @@ impl Router {
     }
 }
 
+/// When a non-streaming request's tokens are released: its response starts only when generation ends, so at the
+/// estimated prefill end; before a speed is learned, just before the janitor would (an ordinary long generation
+/// is no overdue request, and must not be logged as one).
+fn non_streaming_release(
+    estimated_prefill: Option<Duration>,
+    t: &crate::config::Timeouts,
+) -> Duration {
+    let janitor_age = t.response_header + t.stream_idle;
+    estimated_prefill.unwrap_or(janitor_age.saturating_sub(janitor_age / 10))
+}
+
 /// The validated `Content-Length`: None for chunked bodies; several identical headers count as one.
 fn content_length(req: &RequestHeader) -> std::result::Result<Option<u64>, ApiError> {
     let mut value = None;
@@ -510,14 +521,9 @@ impl ProxyHttp for Router {
             .ledger
             .hold(ep.load.clone(), tokens, self.release_hook(&ep));
         if tokens > 0 && !ctx.is_stream() {
-            // A non-streaming response starts only when generation ends: release at the estimated prefill end.
-            // Before a speed is learned, release just before the janitor would: an ordinary long generation is
-            // no overdue request.
-            let t = &self.cfg.timeouts;
-            let until = ep.prefill_speed.estimate(tokens).unwrap_or(
-                (t.response_header + t.stream_idle).saturating_sub(Duration::from_secs(1)),
-            );
-            hold.release_at(now + until);
+            let after =
+                non_streaming_release(ep.prefill_speed.estimate(tokens), &self.cfg.timeouts);
+            hold.release_at(now + after);
         }
         ctx.hold = Some(hold);
         ctx.dispatched_at = Some(now);
@@ -776,6 +782,21 @@ mod tests {
             content_length(&req(&[("content-length", "12"), ("content-length", "13")])).is_err()
         );
         assert!(content_length(&req(&[("content-length", "x")])).is_err());
+    }
+
+    #[test]
+    fn non_streaming_holds_release_before_the_janitor_looks() {
+        let t = crate::config::Timeouts::default();
+        let janitor_age = t.response_header + t.stream_idle;
+        assert!(non_streaming_release(None, &t) < janitor_age);
+        let short = crate::config::Timeouts {
+            response_header: Duration::from_millis(300),
+            stream_idle: Duration::from_millis(300),
+            ..t
+        };
+        assert!(non_streaming_release(None, &short) < Duration::from_millis(600));
+        let d = Duration::from_millis(1500);
+        assert_eq!(non_streaming_release(Some(d), &t), d);
     }
 
     #[test]
