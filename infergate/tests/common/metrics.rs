@@ -1,0 +1,50 @@
+//! The router's `/metrics` in the Prometheus text exposition, and the samples in it.
+
+use super::router::TestRouter;
+
+impl TestRouter {
+    pub fn metrics_url(&self) -> String {
+        format!("http://{}/metrics", self.metrics_addr)
+    }
+
+    /// One scrape of `/metrics`.
+    pub async fn metrics_text(&self) -> String {
+        reqwest::get(self.metrics_url())
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// One scrape, summed over the samples of `name` matching `labels` (see `metric_sum`).
+    pub async fn metric_sum(&self, name: &str, labels: &[&str]) -> f64 {
+        metric_sum(&self.metrics_text().await, name, labels)
+    }
+}
+
+/// A scrape of `url` (a `/metrics` URL); None while nothing answers there.
+pub async fn try_metrics(url: &str) -> Option<String> {
+    reqwest::get(url).await.ok()?.text().await.ok()
+}
+
+/// A metric's value from the text exposition: the sample whose name matches and whose labels include all of
+/// `labels` (`k="v"` fragments). None when absent.
+pub fn metric_value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .find(|l| labels.iter().all(|f| l.contains(f)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Sum of every sample of `name` matching `labels`.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| labels.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
