@@ -92,12 +92,8 @@ async fn released_on_upstream_5xx_and_the_status_passes_through() {
 async fn connect_error_retries_elsewhere_and_counts_the_estimate_once() {
     let eng = engines(2, SimConfig::default()).await;
     // Slow health checks so the refusing endpoint still looks healthy when the requests arrive.
-    let router = start_router(&slow_health_checks(&pool_yaml(
-        "load_aware",
-        &urls(&eng),
-        "",
-    )))
-    .await;
+    let yaml = slow_health_checks(&pool_yaml("load_aware", &urls(&eng), ""));
+    let router = start_router(&yaml).await;
     router.all_healthy().await;
     eng[0].control.refuse_connections(true).unwrap();
     let body = chat_body(8_000, false, 2);
@@ -119,12 +115,8 @@ async fn connect_error_retries_elsewhere_and_counts_the_estimate_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_error_with_no_other_endpoint_is_a_json_502() {
     let eng = engines(1, SimConfig::default()).await;
-    let router = start_router(&slow_health_checks(&pool_yaml(
-        "load_aware",
-        &urls(&eng),
-        "",
-    )))
-    .await;
+    let yaml = slow_health_checks(&pool_yaml("load_aware", &urls(&eng), ""));
+    let router = start_router(&yaml).await;
     router.ready().await;
     eng[0].control.refuse_connections(true).unwrap();
     let resp = send_chat(&router.url(), chat_body(1000, false, 2)).await;
@@ -269,14 +261,7 @@ async fn thousand_concurrent_streams_end_with_every_gauge_at_zero() {
     router.wait_idle().await;
     assert_eq!(router.state.ledger.outstanding(), 0);
     let m = router.metrics_text().await;
-    assert_eq!(
-        metric_sum(&m, "infergate_endpoint_prefill_tokens", &[]),
-        0.0
-    );
-    assert_eq!(
-        metric_sum(&m, "infergate_endpoint_requests_in_flight", &[]),
-        0.0
-    );
+    assert_load_gauges_at_zero(&m);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

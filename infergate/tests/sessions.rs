@@ -93,14 +93,7 @@ async fn a_session_sticks_then_moves_only_under_real_pressure() {
         metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]),
         expected as f64
     );
-    assert_eq!(
-        metric_sum(&m, "infergate_endpoint_prefill_tokens", &[]),
-        0.0
-    );
-    assert_eq!(
-        metric_sum(&m, "infergate_endpoint_requests_in_flight", &[]),
-        0.0
-    );
+    assert_load_gauges_at_zero(&m);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

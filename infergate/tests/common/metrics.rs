@@ -48,3 +48,16 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Every endpoint's exported load gauges (prefill tokens, requests in flight) sum to zero.
+#[track_caller]
+pub fn assert_load_gauges_at_zero(text: &str) {
+    assert_eq!(
+        metric_sum(text, "infergate_endpoint_prefill_tokens", &[]),
+        0.0
+    );
+    assert_eq!(
+        metric_sum(text, "infergate_endpoint_requests_in_flight", &[]),
+        0.0
+    );
+}
