@@ -97,14 +97,9 @@ async fn a_generation_slower_than_the_timeout_reaches_exactly_one_engine() {
     let received: usize = eng.iter().map(generate_requests).sum();
     assert_eq!(received, 1, "a timed-out generation is never sent again");
     // The answer goes out before Pingora's logging hook counts it: poll briefly.
-    let mut m = String::new();
-    for _ in 0..100 {
-        m = router.metrics_text().await;
-        if metric_sum(&m, "infergate_requests_total", &["code=\"504\""]) > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let m = router
+        .metrics_when(|m| metric_sum(m, "infergate_requests_total", &["code=\"504\""]) > 0.0)
+        .await;
     assert_eq!(metric_sum(&m, "infergate_retries_total", &[]), 0.0);
     assert_eq!(
         metric_sum(&m, "infergate_requests_total", &["code=\"504\""]),

@@ -1,5 +1,7 @@
 //! The router's `/metrics` in the Prometheus text exposition, and the samples in it.
 
+use std::time::Duration;
+
 use super::router::TestRouter;
 
 impl TestRouter {
@@ -15,6 +17,21 @@ impl TestRouter {
             .text()
             .await
             .expect("metrics text")
+    }
+
+    /// Scrape until `counted(text)` holds, at most 100 times 20 ms apart, and return the last scrape (which the
+    /// caller asserts on). For counters of an answer just received: Pingora writes the answer before its
+    /// logging hook counts it.
+    pub async fn metrics_when(&self, counted: impl Fn(&str) -> bool) -> String {
+        let mut m = String::new();
+        for _ in 0..100 {
+            m = self.metrics_text().await;
+            if counted(&m) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        m
     }
 
     /// One scrape, summed over the samples of `name` matching `labels` (see `metric_sum`).
