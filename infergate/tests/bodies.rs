@@ -114,18 +114,8 @@ async fn expect_100_continue_is_answered_before_the_body() {
         String::from_utf8_lossy(&buf[..n])
     );
     s.write_all(text.as_bytes()).await.unwrap();
-    let mut resp = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        let mut b = [0u8; 4096];
-        while let Ok(n) = s.read(&mut b).await {
-            if n == 0 {
-                break;
-            }
-            resp.extend_from_slice(&b[..n]);
-            if String::from_utf8_lossy(&resp).contains("\"choices\"") {
-                break;
-            }
-        }
+    let resp = read_raw_until(&mut s, Duration::from_secs(10), |r| {
+        String::from_utf8_lossy(r).contains("\"choices\"")
     })
     .await;
     let resp = String::from_utf8_lossy(&resp);

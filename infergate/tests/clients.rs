@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use infergate::config::Config;
 use infergate_sim::SimConfig;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_are_all_answered_in_order() {
@@ -27,23 +27,8 @@ async fn pipelined_requests_are_all_answered_in_order() {
     s.write_all(format!("{one}{one}GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
         .await
         .unwrap();
-    let mut got = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let mut b = [0u8; 8192];
-        while let Ok(n) = s.read(&mut b).await {
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&b[..n]);
-            if String::from_utf8_lossy(&got)
-                .matches("HTTP/1.1 200")
-                .count()
-                == 3
-                && got.ends_with(b"]}")
-            {
-                break;
-            }
-        }
+    let got = read_raw_until(&mut s, Duration::from_secs(5), |got| {
+        String::from_utf8_lossy(got).matches("HTTP/1.1 200").count() == 3 && got.ends_with(b"]}")
     })
     .await;
     let text = String::from_utf8_lossy(&got);

@@ -109,3 +109,28 @@ pub async fn get_json(base: &str, path: &str) -> serde_json::Value {
         .await
         .expect("a JSON body")
 }
+
+/// Read what the router sends on a raw connection until `done(bytes so far)` holds, it closes, a read fails or
+/// `limit` passes; the bytes that arrived.
+pub async fn read_raw_until(
+    s: &mut tokio::net::TcpStream,
+    limit: std::time::Duration,
+    done: impl Fn(&[u8]) -> bool,
+) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(limit, async {
+        let mut b = [0u8; 8192];
+        while let Ok(n) = s.read(&mut b).await {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&b[..n]);
+            if done(&got) {
+                break;
+            }
+        }
+    })
+    .await;
+    got
+}
