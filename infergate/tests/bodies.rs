@@ -6,7 +6,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use futures_util::StreamExt;
 use infergate_sim::{self as sim, SimConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -32,70 +31,12 @@ fn body(model: &str, bytes: usize, model_last: bool) -> String {
     }
 }
 
-fn two_pools(e1: &str, e2: &str) -> String {
-    format!(
-        "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\n\
-         timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
-         pools:\n\
-         \x20 - name: p1\n    models: [m1]\n    policy: load_aware\n    endpoints: [{{url: \"{e1}\"}}]\n\
-         \x20   health_check: {{ path: /health, interval: 200ms, timeout: 500ms }}\n\
-         \x20 - name: p2\n    models: [m2]\n    policy: load_aware\n    endpoints: [{{url: \"{e2}\"}}]\n\
-         \x20   health_check: {{ path: /health, interval: 200ms, timeout: 500ms }}\n"
-    )
-}
-
-async fn ready(router: &TestRouter) {
-    router
-        .wait_for("every endpoint healthy", Duration::from_secs(10), |r| {
-            r.state
-                .pools
-                .pools
-                .iter()
-                .all(|p| p.endpoints().iter().all(|e| e.health.is_healthy()))
-        })
-        .await;
-}
-
-/// POST and drain; returns the status.
-async fn post(url: &str, body: reqwest::Body) -> u16 {
-    let resp = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .expect("response");
-    let status = resp.status().as_u16();
-    let mut s = resp.bytes_stream();
-    while let Some(c) = s.next().await {
-        c.expect("body chunk");
-    }
-    status
-}
-
-/// The same bytes as a chunked upload (no Content-Length), 64 KiB a chunk.
-fn chunked(text: &str) -> reqwest::Body {
-    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = text
-        .as_bytes()
-        .chunks(64 * 1024)
-        .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
-        .collect();
-    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
-}
-
-fn last_generate(e: &sim::EngineHandle) -> Option<sim::RecordedRequest> {
-    e.requests()
-        .into_iter()
-        .rev()
-        .find(|r| r.method == "POST" && r.path.starts_with("/v1/"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_anywhere_in_bodies_of_any_size_reaches_its_pool_intact() {
-    let e1 = sim::spawn_engine(fast()).await.unwrap();
-    let e2 = sim::spawn_engine(fast()).await.unwrap();
-    let router = start_router(&two_pools(&e1.url(), &e2.url())).await;
-    ready(&router).await;
+    let e1 = engine(fast()).await;
+    let e2 = engine(fast()).await;
+    let router = start_router(&two_pools_yaml(&e1.url(), &e2.url())).await;
+    router.all_healthy().await;
     let cases = [
         (70 << 10, false, false),
         (70 << 10, true, false),
@@ -110,12 +51,12 @@ async fn model_anywhere_in_bodies_of_any_size_reaches_its_pool_intact() {
         let (model, engine) = if i % 2 == 0 { ("m1", &e1) } else { ("m2", &e2) };
         let text = body(model, size, model_last);
         let sent = if is_chunked {
-            chunked(&text)
+            chunked(&text, 64 * 1024)
         } else {
             reqwest::Body::from(text.clone())
         };
         let what = format!("{size} bytes, model last {model_last}, chunked {is_chunked}");
-        assert_eq!(post(&router.url(), sent).await, 200, "{what}");
+        assert_eq!(post_chat_intact(&router.url(), sent).await, 200, "{what}");
         let got = last_generate(engine).expect("the pool's engine got it");
         assert_eq!(got.body_len, text.len(), "{what}: length");
         assert_eq!(got.body_fnv64, sim::fnv64(text.as_bytes()), "{what}: bytes");
@@ -129,21 +70,14 @@ async fn model_anywhere_in_bodies_of_any_size_reaches_its_pool_intact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_attempt_is_retried_elsewhere_with_the_whole_body() {
-    let bad = sim::spawn_engine(fast()).await.unwrap();
-    let good = sim::spawn_engine(fast()).await.unwrap();
+    let bad = engine(fast()).await;
+    let good = engine(fast()).await;
     bad.control.set_fail_status(Some(503));
     // round_robin starts at the first endpoint: the first attempt goes to the refusing engine.
     let router = start_router(&pool_yaml("round_robin", &[bad.url(), good.url()], "")).await;
-    router
-        .wait_for("both healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.health.is_healthy())
-        })
-        .await;
+    router.all_healthy().await;
     let text = body("sim-model", 1 << 20, true);
-    assert_eq!(post(&router.url(), text.clone().into()).await, 200);
+    assert_eq!(post_chat_intact(&router.url(), text.clone()).await, 200);
     assert!(
         bad.stats().rejected >= 1,
         "the first attempt reached the refusing engine"
@@ -151,20 +85,15 @@ async fn a_refused_attempt_is_retried_elsewhere_with_the_whole_body() {
     let got = last_generate(&good).expect("retried on the other engine");
     assert_eq!(got.body_len, text.len());
     assert_eq!(got.body_fnv64, sim::fnv64(text.as_bytes()));
-    let m = router.metrics_text().await;
-    assert_eq!(metric_sum(&m, "infergate_retries_total", &[]), 1.0);
+    assert_eq!(router.metric_sum("infergate_retries_total", &[]).await, 1.0);
     router.wait_idle().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expect_100_continue_is_answered_before_the_body() {
-    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let eng = engine(SimConfig::default()).await;
     let router = start_router(&pool_yaml("load_aware", &[eng.url()], "")).await;
-    router
-        .wait_for("healthy", Duration::from_secs(10), |r| {
-            r.state.pools.any_healthy()
-        })
-        .await;
+    router.ready().await;
     let text = chat_body(200_000, false, 2);
     let mut s = tokio::net::TcpStream::connect(router.addr).await.unwrap();
     let head = format!(
@@ -185,18 +114,8 @@ async fn expect_100_continue_is_answered_before_the_body() {
         String::from_utf8_lossy(&buf[..n])
     );
     s.write_all(text.as_bytes()).await.unwrap();
-    let mut resp = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        let mut b = [0u8; 4096];
-        while let Ok(n) = s.read(&mut b).await {
-            if n == 0 {
-                break;
-            }
-            resp.extend_from_slice(&b[..n]);
-            if String::from_utf8_lossy(&resp).contains("\"choices\"") {
-                break;
-            }
-        }
+    let resp = read_raw_until(&mut s, Duration::from_secs(10), |r| {
+        String::from_utf8_lossy(r).contains("\"choices\"")
     })
     .await;
     let resp = String::from_utf8_lossy(&resp);
@@ -208,13 +127,9 @@ async fn expect_100_continue_is_answered_before_the_body() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_chunking_answers_400_as_json() {
-    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let eng = engine(SimConfig::default()).await;
     let router = start_router(&pool_yaml("load_aware", &[eng.url()], "")).await;
-    router
-        .wait_for("healthy", Duration::from_secs(10), |r| {
-            r.state.pools.any_healthy()
-        })
-        .await;
+    router.ready().await;
     let mut s = tokio::net::TcpStream::connect(router.addr).await.unwrap();
     s.write_all(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXXXX\r\n0\r\n\r\n",

@@ -8,18 +8,14 @@ use std::time::Duration;
 
 use common::*;
 use infergate::config::Config;
-use infergate_sim::{self as sim, SimConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use infergate_sim::SimConfig;
+use tokio::io::AsyncWriteExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_are_all_answered_in_order() {
-    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let eng = engine(SimConfig::default()).await;
     let router = start_router(&pool_yaml("load_aware", &[eng.url()], "")).await;
-    router
-        .wait_for("healthy", Duration::from_secs(10), |r| {
-            r.state.pools.any_healthy()
-        })
-        .await;
+    router.ready().await;
     let body =
         r#"{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
     let one = format!(
@@ -31,23 +27,8 @@ async fn pipelined_requests_are_all_answered_in_order() {
     s.write_all(format!("{one}{one}GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
         .await
         .unwrap();
-    let mut got = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let mut b = [0u8; 8192];
-        while let Ok(n) = s.read(&mut b).await {
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&b[..n]);
-            if String::from_utf8_lossy(&got)
-                .matches("HTTP/1.1 200")
-                .count()
-                == 3
-                && got.ends_with(b"]}")
-            {
-                break;
-            }
-        }
+    let got = read_raw_until(&mut s, Duration::from_secs(5), |got| {
+        String::from_utf8_lossy(got).matches("HTTP/1.1 200").count() == 3 && got.ends_with(b"]}")
     })
     .await;
     let text = String::from_utf8_lossy(&got);
@@ -60,39 +41,23 @@ async fn pipelined_requests_are_all_answered_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_final_failed_attempt_is_counted_against_its_endpoint() {
-    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let eng = engine(SimConfig::default()).await;
     let router = start_router(&pool_yaml("load_aware", &[eng.url()], "")).await;
-    router
-        .wait_for("healthy", Duration::from_secs(10), |r| {
-            r.state.pools.any_healthy()
-        })
-        .await;
+    router.ready().await;
     eng.control.refuse_connections(true).unwrap();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(chat_body(500, false, 2))
-        .send()
-        .await
-        .unwrap();
+    let resp = send_chat(&router.url(), chat_body(500, false, 2)).await;
     assert_eq!(resp.status(), 502);
     let label = format!("endpoint=\"{}\"", eng.url().trim_start_matches("http://"));
     // The answer goes out before Pingora's logging hook counts it: poll briefly.
-    let mut counted = None;
-    for _ in 0..100 {
-        let m = router.metrics_text().await;
-        counted = metric_value(&m, "infergate_requests_total", &[&label, "code=\"502\""]);
-        if counted.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(counted, Some(1.0));
+    let counted = |m: &str| metric_value(m, "infergate_requests_total", &[&label, "code=\"502\""]);
+    let m = router.metrics_when(|m| counted(m).is_some()).await;
+    assert_eq!(counted(&m), Some(1.0));
     eng.control.refuse_connections(false).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_rotates_a_key_keeps_the_endpoint() {
-    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let eng = engine(SimConfig::default()).await;
     let dir = std::env::temp_dir().join(format!("infergate-keys-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let key = dir.join("engine.key");
@@ -106,23 +71,14 @@ async fn a_reload_that_rotates_a_key_keeps_the_endpoint() {
         ),
     );
     let router = start_router(&yaml).await;
-    router
-        .wait_for("healthy", Duration::from_secs(10), |r| {
-            r.state.pools.any_healthy()
-        })
-        .await;
+    router.ready().await;
     let before = router.state.pools.pools[0].endpoints()[0].clone();
     assert_eq!(before.api_key().as_deref(), Some("first-key"));
     // A long request in flight across the reload.
-    let url = router.url();
-    let slow = tokio::spawn(async move {
-        client()
-            .post(format!("{url}/v1/chat/completions"))
-            .body(chat_body(400, false, 200))
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    });
+    let slow = post_json(&client(), &router.url(), CHAT)
+        .body(chat_body(400, false, 200))
+        .send();
+    let slow = tokio::spawn(async move { slow.await.map(|r| r.status().as_u16()) });
     router
         .wait_for("one request in flight", Duration::from_secs(5), |r| {
             r.endpoint_load(0).1 == 1
@@ -149,19 +105,9 @@ async fn a_reload_that_rotates_a_key_keeps_the_endpoint() {
         "the in-flight request still counts"
     );
     assert_eq!(slow.await.unwrap().unwrap(), 200);
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(chat_body(300, false, 2))
-        .send()
-        .await
-        .unwrap();
+    let resp = send_chat(&router.url(), chat_body(300, false, 2)).await;
     assert_eq!(resp.status(), 200);
-    let last = eng
-        .requests()
-        .into_iter()
-        .rev()
-        .find(|r| r.method == "POST")
-        .unwrap();
+    let last = last_generate(&eng).unwrap();
     assert_eq!(last.header("authorization"), Some("Bearer second-key"));
     router.wait_idle().await;
     let _ = std::fs::remove_dir_all(dir);

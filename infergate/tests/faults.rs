@@ -6,78 +6,21 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use futures_util::StreamExt;
-use infergate_sim::{self as sim, SimConfig};
-
-async fn engines(n: usize) -> Vec<sim::EngineHandle> {
-    let mut v = Vec::new();
-    for _ in 0..n {
-        v.push(
-            sim::spawn_engine(SimConfig::default())
-                .await
-                .expect("engine"),
-        );
-    }
-    v
-}
-
-fn urls(e: &[sim::EngineHandle]) -> Vec<String> {
-    e.iter().map(|e| e.url()).collect()
-}
-
-async fn all_healthy(router: &TestRouter) {
-    router
-        .wait_for("every endpoint healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.health.is_healthy())
-        })
-        .await;
-}
-
-fn generate_requests(e: &sim::EngineHandle) -> usize {
-    e.requests()
-        .iter()
-        .filter(|r| r.method == "POST" && r.path.starts_with("/v1/"))
-        .count()
-}
-
-async fn chat(router: &TestRouter, body: String, session: Option<&str>) -> u16 {
-    let mut req = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .header("content-type", "application/json")
-        .body(body);
-    if let Some(s) = session {
-        req = req.header("x-session-id", s);
-    }
-    let resp = req.send().await.expect("response");
-    let status = resp.status().as_u16();
-    let mut s = resp.bytes_stream();
-    while s.next().await.is_some() {}
-    status
-}
+use infergate_sim::SimConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_answering_503_is_not_a_blackhole() {
-    let eng = engines(3).await;
+    let eng = engines(3, SimConfig::default()).await;
     eng[0].control.set_fail_status(Some(503));
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    all_healthy(&router).await;
+    router.all_healthy().await;
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..4 {
         let url = router.url();
         tasks.spawn(async move {
             let mut statuses = Vec::new();
             for i in 0..15 {
-                let resp = client()
-                    .post(format!("{url}/v1/chat/completions"))
-                    .body(chat_body(300 + w * 10 + i, false, 2))
-                    .send()
-                    .await
-                    .expect("response");
-                statuses.push(resp.status().as_u16());
-                let _ = resp.bytes().await;
+                statuses.push(post_chat(&url, chat_body(300 + w * 10 + i, false, 2)).await);
             }
             statuses
         });
@@ -101,13 +44,13 @@ async fn an_engine_answering_503_is_not_a_blackhole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_answering_500_is_ejected_after_three_failures() {
-    let eng = engines(3).await;
+    let eng = engines(3, SimConfig::default()).await;
     eng[0].control.set_fail_status(Some(500));
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    all_healthy(&router).await;
+    router.all_healthy().await;
     let mut failed = 0;
     for i in 0..40 {
-        if chat(&router, chat_body(300 + i, false, 2), None).await != 200 {
+        if post_chat(&router.url(), chat_body(300 + i, false, 2)).await != 200 {
             failed += 1;
         }
     }
@@ -129,33 +72,34 @@ async fn an_engine_answering_500_is_ejected_after_three_failures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_slower_than_the_timeout_reaches_exactly_one_engine() {
-    let eng = engines(3).await;
+    let eng = engines(3, SimConfig::default()).await;
     let yaml = pool_yaml("load_aware", &urls(&eng), "").replace(
         "response_header: 30s, stream_idle: 30s",
         "response_header: 1s, stream_idle: 1s",
     );
     let router = start_router(&yaml).await;
-    all_healthy(&router).await;
+    router.all_healthy().await;
     // Warm pooled connections to every engine, then make every engine slow to answer.
     for i in 0..6 {
-        assert_eq!(chat(&router, chat_body(100 + i, false, 1), None).await, 200);
+        assert_eq!(
+            post_chat(&router.url(), chat_body(100 + i, false, 1)).await,
+            200
+        );
     }
     for e in &eng {
         e.clear_requests();
         e.control.set_slow_headers(Duration::from_millis(2500));
     }
-    assert_eq!(chat(&router, chat_body(5000, false, 4), None).await, 504);
+    assert_eq!(
+        post_chat(&router.url(), chat_body(5000, false, 4)).await,
+        504
+    );
     let received: usize = eng.iter().map(generate_requests).sum();
     assert_eq!(received, 1, "a timed-out generation is never sent again");
     // The answer goes out before Pingora's logging hook counts it: poll briefly.
-    let mut m = String::new();
-    for _ in 0..100 {
-        m = router.metrics_text().await;
-        if metric_sum(&m, "infergate_requests_total", &["code=\"504\""]) > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let m = router
+        .metrics_when(|m| metric_sum(m, "infergate_requests_total", &["code=\"504\""]) > 0.0)
+        .await;
     assert_eq!(metric_sum(&m, "infergate_retries_total", &[]), 0.0);
     assert_eq!(
         metric_sum(&m, "infergate_requests_total", &["code=\"504\""]),
@@ -169,18 +113,17 @@ async fn a_generation_slower_than_the_timeout_reaches_exactly_one_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_giving_up_before_headers_reaches_one_engine() {
-    let eng = engines(2).await;
+    let eng = engines(2, SimConfig::default()).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    all_healthy(&router).await;
+    router.all_healthy().await;
     for i in 0..4 {
-        chat(&router, chat_body(100 + i, false, 1), None).await;
+        post_chat(&router.url(), chat_body(100 + i, false, 1)).await;
     }
     for e in &eng {
         e.clear_requests();
         e.control.set_slow_headers(Duration::from_millis(1500));
     }
-    let r = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
+    let r = post_json(&client(), &router.url(), CHAT)
         .body(chat_body(2000, false, 4))
         .timeout(Duration::from_millis(300))
         .send()
@@ -194,12 +137,11 @@ async fn a_client_giving_up_before_headers_reaches_one_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_pooled_connection_is_retried_on_the_same_engine_and_the_session_stays() {
-    let eng = engines(2).await;
-    let sessions = "    sessions: { header: x-session-id, ttl: 1h, max_sessions: 100 }\n";
-    let router = start_router(&pool_yaml("load_aware", &urls(&eng), sessions)).await;
-    all_healthy(&router).await;
+    let eng = engines(2, SimConfig::default()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), &sessions_yaml(100))).await;
+    router.all_healthy().await;
     assert_eq!(
-        chat(&router, chat_body(3000, true, 2), Some("s1")).await,
+        post_chat_in_session(&router.url(), "s1", chat_body(3000, true, 2)).await,
         200
     );
     let bound = if generate_requests(&eng[0]) == 1 {
@@ -213,7 +155,7 @@ async fn a_stale_pooled_connection_is_retried_on_the_same_engine_and_the_session
         .sum();
     assert!(poisoned >= 1, "an idle pooled connection to poison");
     assert_eq!(
-        chat(&router, chat_body(3500, true, 2), Some("s1")).await,
+        post_chat_in_session(&router.url(), "s1", chat_body(3500, true, 2)).await,
         200
     );
     assert_eq!(
@@ -222,9 +164,10 @@ async fn a_stale_pooled_connection_is_retried_on_the_same_engine_and_the_session
         "the turn stayed on its engine"
     );
     assert_eq!(generate_requests(&eng[1 - bound]), 0);
-    let m = router.metrics_text().await;
     assert_eq!(
-        metric_sum(&m, "infergate_placements_total", &["reason=\"sticky\""]),
+        router
+            .metric_sum("infergate_placements_total", &["reason=\"sticky\""])
+            .await,
         1.0
     );
     router.wait_idle().await;
@@ -232,18 +175,18 @@ async fn a_stale_pooled_connection_is_retried_on_the_same_engine_and_the_session
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_4xx_teaches_nothing() {
-    let eng = vec![sim::spawn_engine(SimConfig {
-        max_model_len: 1000,
-        ..SimConfig::default()
-    })
-    .await
-    .unwrap()];
-    let sessions = "    sessions: { header: x-session-id, ttl: 1h, max_sessions: 100 }\n";
-    let router = start_router(&pool_yaml("load_aware", &urls(&eng), sessions)).await;
-    all_healthy(&router).await;
+    let eng = vec![
+        engine(SimConfig {
+            max_model_len: 1000,
+            ..SimConfig::default()
+        })
+        .await,
+    ];
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), &sessions_yaml(100))).await;
+    router.all_healthy().await;
     // Far over the engine's context: it answers 400 at once.
     assert_eq!(
-        chat(&router, chat_body(60_000, true, 2), Some("s")).await,
+        post_chat_in_session(&router.url(), "s", chat_body(60_000, true, 2)).await,
         400
     );
     router.wait_idle().await;
@@ -253,9 +196,10 @@ async fn a_4xx_teaches_nothing() {
         "no prefill speed learned from a 400"
     );
     assert_eq!(router.state.pools.pools[0].policy.session_count(), Some(0));
-    let m = router.metrics_text().await;
     assert_eq!(
-        metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]),
+        router
+            .metric_sum("infergate_prefill_tokens_estimated_total", &[])
+            .await,
         0.0
     );
 }

@@ -7,8 +7,7 @@ use std::time::Duration;
 use common::*;
 use infergate_sim::{self as sim, SimConfig};
 
-const PREFIX: &str = "    prefix: { block_bytes: 64, min_match_bytes: 256, capacity_tokens_per_endpoint: 100000, fallback: least_inflight }\n    \
-                      engine_stats: { path: /metrics, interval: 100ms }\n";
+const PREFIX: &str = "    prefix: { block_bytes: 64, min_match_bytes: 256, capacity_tokens_per_endpoint: 100000, fallback: least_inflight }\n";
 
 fn body(system: &str, user: &str, max_tokens: u32) -> String {
     serde_json::json!({
@@ -18,32 +17,7 @@ fn body(system: &str, user: &str, max_tokens: u32) -> String {
     .to_string()
 }
 
-async fn two_engines() -> Vec<sim::EngineHandle> {
-    let mut v = Vec::new();
-    for _ in 0..2 {
-        v.push(
-            sim::spawn_engine(SimConfig {
-                time_scale: 0.2,
-                ..SimConfig::default()
-            })
-            .await
-            .unwrap(),
-        );
-    }
-    v
-}
-
-async fn all_healthy(router: &TestRouter) {
-    router
-        .wait_for("all healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.health.is_healthy())
-        })
-        .await;
-}
-
+/// How many requests `e` received tagged `x-test: {tag}...`.
 fn tagged(e: &sim::EngineHandle, tag: &str) -> usize {
     e.requests()
         .iter()
@@ -57,27 +31,20 @@ fn tagged(e: &sim::EngineHandle, tag: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_system_prompt_does_not_pin_all_traffic_to_one_endpoint() {
-    let eng = two_engines().await;
-    let urls: Vec<String> = eng.iter().map(|e| e.url()).collect();
-    let router = start_router(&pool_yaml("prefix_aware", &urls, PREFIX)).await;
-    all_healthy(&router).await;
+    let eng = engines(2, time_scaled(0.2)).await;
+    let extra = format!("{PREFIX}{ENGINE_STATS}");
+    let router = start_router(&pool_yaml("prefix_aware", &urls(&eng), &extra)).await;
+    router.all_healthy().await;
     let system =
         "You are a helpful assistant that answers questions about the codebase. ".repeat(20);
     let c = client();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..16 {
-        let (c, url, b) = (
-            c.clone(),
-            format!("{}/v1/chat/completions", router.url()),
-            body(&system, &format!("question {i}"), 40),
-        );
+        let req = post_json(&c, &router.url(), CHAT)
+            .header("x-test", format!("shared-{i}"))
+            .body(body(&system, &format!("question {i}"), 40));
         tasks.spawn(async move {
-            let r = c
-                .post(url)
-                .header("x-test", format!("shared-{i}"))
-                .body(b)
-                .send()
-                .await?;
+            let r = req.send().await?;
             r.bytes().await.map(|_| ())
         });
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -105,25 +72,23 @@ async fn a_shared_system_prompt_does_not_pin_all_traffic_to_one_endpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_turn_sessions_keep_prefix_affinity_while_load_is_even() {
-    let eng = two_engines().await;
-    let urls: Vec<String> = eng.iter().map(|e| e.url()).collect();
-    let router = start_router(&pool_yaml("prefix_aware", &urls, PREFIX)).await;
-    all_healthy(&router).await;
+    let eng = engines(2, time_scaled(0.2)).await;
+    let extra = format!("{PREFIX}{ENGINE_STATS}");
+    let router = start_router(&pool_yaml("prefix_aware", &urls(&eng), &extra)).await;
+    router.all_healthy().await;
     let c = client();
     for s in 0..4 {
         let mut history =
             format!("session {s} opening context: ") + &"details of the task at hand; ".repeat(30);
         for turn in 0..4 {
             history.push_str(&format!(" turn {turn} more words"));
-            let r = c
-                .post(format!("{}/v1/chat/completions", router.url()))
+            let r = post_json(&c, &router.url(), CHAT)
                 .header("x-test", format!("s{s}"))
                 .body(body("agent", &history, 2))
                 .send()
                 .await
                 .unwrap();
-            assert_eq!(r.status(), 200);
-            let _ = r.bytes().await;
+            assert_eq!(finish(r).await, 200);
         }
         let per_engine: Vec<usize> = eng.iter().map(|e| tagged(e, &format!("s{s}"))).collect();
         assert!(
@@ -131,29 +96,29 @@ async fn multi_turn_sessions_keep_prefix_affinity_while_load_is_even() {
             "session {s} lost its affinity: {per_engine:?}"
         );
     }
-    let m = router.metrics_text().await;
     assert_eq!(
-        metric_sum(&m, "infergate_placements_total", &["reason=\"prefix_hit\""]),
+        router
+            .metric_sum("infergate_placements_total", &["reason=\"prefix_hit\""])
+            .await,
         12.0
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mis_prefixed_engine_is_missing_not_idle() {
-    let good = sim::spawn_engine(SimConfig::default()).await.unwrap();
-    let bad = sim::spawn_engine(SimConfig {
+    let good = engine(SimConfig::default()).await;
+    let bad = engine(SimConfig {
         metric_prefix: "vllm_".into(),
         ..SimConfig::default()
     })
-    .await
-    .unwrap();
+    .await;
     let router = start_router(&pool_yaml(
         "load_aware",
         &[good.url(), bad.url()],
-        PREFIX.lines().nth(1).unwrap_or(""),
+        ENGINE_STATS,
     ))
     .await;
-    all_healthy(&router).await;
+    router.all_healthy().await;
     let (g, b) = (good.addr.to_string(), bad.addr.to_string());
     router
         .wait_for("stats states settle", Duration::from_secs(10), |r| {

@@ -8,55 +8,13 @@ use common::*;
 use futures_util::StreamExt;
 use infergate_sim::{self as sim, SimConfig};
 
-/// Engines whose prefill of a ~100 KB prompt takes long enough to observe (about a second).
-fn slow_prefill() -> SimConfig {
-    SimConfig {
-        prefill_tokens_per_sec: 25_000.0,
-        ..SimConfig::default()
-    }
-}
-
-async fn engines(n: usize, cfg: SimConfig) -> Vec<sim::EngineHandle> {
-    let mut v = Vec::new();
-    for _ in 0..n {
-        v.push(sim::spawn_engine(cfg.clone()).await.expect("engine starts"));
-    }
-    v
-}
-
-fn urls(e: &[sim::EngineHandle]) -> Vec<String> {
-    e.iter().map(|e| e.url()).collect()
-}
-
-async fn ready(router: &TestRouter) {
-    router
-        .wait_for("an endpoint healthy", Duration::from_secs(10), |r| {
-            r.state.pools.any_healthy()
-        })
-        .await;
-}
-
-fn generate_requests(e: &sim::EngineHandle) -> usize {
-    e.requests()
-        .iter()
-        .filter(|r| r.path.starts_with("/v1/"))
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_are_held_after_headers_and_released_at_the_first_byte() {
     let eng = engines(1, slow_prefill()).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    ready(&router).await;
-    let body = chat_body(100_000, true, 4);
+    router.ready().await;
     let expected = 100_000u64.div_ceil(4); // bytes / 4; the JSON wrapper adds a little
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .expect("response headers");
+    let resp = send_chat(&router.url(), chat_body(100_000, true, 4)).await;
     assert_eq!(resp.status(), 200);
     // Headers are here, the engine is still prefilling: the estimate must still be held.
     let (prefill, requests) = router.endpoint_load(0);
@@ -86,13 +44,8 @@ async fn tokens_are_held_after_headers_and_released_at_the_first_byte() {
 async fn released_when_the_client_closes_without_reading() {
     let eng = engines(1, slow_prefill()).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    ready(&router).await;
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(chat_body(100_000, true, 64))
-        .send()
-        .await
-        .unwrap();
+    router.ready().await;
+    let resp = send_chat(&router.url(), chat_body(100_000, true, 64)).await;
     assert!(router.endpoint_load(0).0 > 0);
     drop(resp);
     router.wait_idle().await;
@@ -103,11 +56,9 @@ async fn released_when_the_client_cancels_before_headers() {
     let eng = engines(1, SimConfig::default()).await;
     eng[0].control.set_slow_headers(Duration::from_secs(3));
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    ready(&router).await;
-    let req = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(chat_body(20_000, true, 4))
-        .send();
+    router.ready().await;
+    let url = router.url();
+    let req = send_chat(&url, chat_body(20_000, true, 4));
     assert!(tokio::time::timeout(Duration::from_millis(300), req)
         .await
         .is_err());
@@ -119,15 +70,11 @@ async fn released_on_upstream_5xx_and_the_status_passes_through() {
     let eng = engines(1, SimConfig::default()).await;
     eng[0].control.set_fail_status(Some(500));
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    ready(&router).await;
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(chat_body(10_000, true, 4))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 500);
-    let _ = resp.bytes().await;
+    router.ready().await;
+    assert_eq!(
+        post_chat(&router.url(), chat_body(10_000, true, 4)).await,
+        500
+    );
     router.wait_idle().await;
     let m = router.metrics_text().await;
     assert_eq!(
@@ -145,35 +92,21 @@ async fn released_on_upstream_5xx_and_the_status_passes_through() {
 async fn connect_error_retries_elsewhere_and_counts_the_estimate_once() {
     let eng = engines(2, SimConfig::default()).await;
     // Slow health checks so the refusing endpoint still looks healthy when the requests arrive.
-    let yaml =
-        pool_yaml("round_robin", &urls(&eng), "").replace("interval: 200ms", "interval: 60s");
-    let router = start_router(&yaml.replace("round_robin", "load_aware")).await;
-    router
-        .wait_for("both healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.health.is_healthy())
-        })
-        .await;
+    let yaml = slow_health_checks(&pool_yaml("load_aware", &urls(&eng), ""));
+    let router = start_router(&yaml).await;
+    router.all_healthy().await;
     eng[0].control.refuse_connections(true).unwrap();
     let body = chat_body(8_000, false, 2);
     for _ in 0..4 {
-        let resp = client()
-            .post(format!("{}/v1/chat/completions", router.url()))
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        let _ = resp.bytes().await;
+        assert_eq!(post_chat(&router.url(), body.clone()).await, 200);
     }
     router.wait_idle().await;
     assert_eq!(generate_requests(&eng[1]), 4);
-    let m = router.metrics_text().await;
     let per_request = infergate::placement::estimate_tokens(body.len() as u64, 4.0, 262_144) as f64;
     assert_eq!(
-        metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]),
+        router
+            .metric_sum("infergate_prefill_tokens_estimated_total", &[])
+            .await,
         4.0 * per_request
     );
     eng[0].control.refuse_connections(false).unwrap();
@@ -182,16 +115,11 @@ async fn connect_error_retries_elsewhere_and_counts_the_estimate_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_error_with_no_other_endpoint_is_a_json_502() {
     let eng = engines(1, SimConfig::default()).await;
-    let yaml = pool_yaml("load_aware", &urls(&eng), "").replace("interval: 200ms", "interval: 60s");
+    let yaml = slow_health_checks(&pool_yaml("load_aware", &urls(&eng), ""));
     let router = start_router(&yaml).await;
-    ready(&router).await;
+    router.ready().await;
     eng[0].control.refuse_connections(true).unwrap();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(chat_body(1000, false, 2))
-        .send()
-        .await
-        .unwrap();
+    let resp = send_chat(&router.url(), chat_body(1000, false, 2)).await;
     assert_eq!(resp.status(), 502);
     let v: serde_json::Value = resp.json().await.expect("JSON error body");
     assert!(v["error"]["message"].is_string() && v["error"]["type"].is_string());
@@ -204,27 +132,12 @@ async fn stale_pooled_connection_is_retried_and_counted_once() {
     let _ = env_logger::builder().is_test(true).try_init();
     let eng = engines(2, SimConfig::default()).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    router
-        .wait_for("both healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.health.is_healthy())
-        })
-        .await;
+    router.all_healthy().await;
     let body = chat_body(4_000, false, 2);
     let c = client();
     let send = |c: reqwest::Client| {
-        let (url, body) = (
-            format!("{}/v1/chat/completions", router.url()),
-            body.clone(),
-        );
-        async move {
-            let r = c.post(url).body(body).send().await.unwrap();
-            let status = r.status();
-            let _ = r.bytes().await;
-            status
-        }
+        let (url, body) = (router.url(), body.clone());
+        async move { finish(post_json(&c, &url, CHAT).body(body).send().await.unwrap()).await }
     };
     // Warm pooled connections to both engines.
     let warm: Vec<_> = (0..8).map(|_| send(c.clone())).collect();
@@ -256,25 +169,18 @@ async fn stale_pooled_connection_is_retried_and_counted_once() {
 async fn round_robin_and_empty_bodies_hold_no_tokens() {
     let eng = engines(2, slow_prefill()).await;
     let router = start_router(&pool_yaml("round_robin", &urls(&eng), "")).await;
-    ready(&router).await;
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(chat_body(100_000, true, 4))
-        .send()
-        .await
-        .unwrap();
+    router.ready().await;
+    let resp = send_chat(&router.url(), chat_body(100_000, true, 4)).await;
     let t = router.totals();
     assert_eq!(t, (0, 1), "round_robin counts the request but no tokens");
     drop(resp);
     router.wait_idle().await;
 
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    ready(&router).await;
+    router.ready().await;
     eng[0].control.set_slow_headers(Duration::from_millis(500));
     eng[1].control.set_slow_headers(Duration::from_millis(500));
-    let c = client();
-    let url = format!("{}/v1/chat/completions", router.url());
-    let empty = tokio::spawn(async move { c.post(url).send().await });
+    let empty = tokio::spawn(post_json(&client(), &router.url(), CHAT).send());
     router
         .wait_for("request in flight", Duration::from_secs(5), |r| {
             r.totals().1 == 1
@@ -289,13 +195,8 @@ async fn round_robin_and_empty_bodies_hold_no_tokens() {
 async fn janitor_releases_overdue_tokens_once() {
     let eng = engines(1, slow_prefill()).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    ready(&router).await;
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(chat_body(100_000, true, 4))
-        .send()
-        .await
-        .unwrap();
+    router.ready().await;
+    let resp = send_chat(&router.url(), chat_body(100_000, true, 4)).await;
     assert!(router.endpoint_load(0).0 > 0);
     // Everything older than zero is overdue: the janitor path releases it.
     let released = router
@@ -310,36 +211,28 @@ async fn janitor_releases_overdue_tokens_once() {
     );
     let _ = resp.bytes().await; // the first byte must not release a second time
     router.wait_idle().await;
-    let m = router.metrics_text().await;
     assert_eq!(
-        metric_sum(&m, "infergate_prefill_janitor_released_total", &[]),
+        router
+            .metric_sum("infergate_prefill_janitor_released_total", &[])
+            .await,
         1.0
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_concurrent_streams_end_with_every_gauge_at_zero() {
-    let eng = engines(
-        2,
-        SimConfig {
-            time_scale: 0.05,
-            ..SimConfig::default()
-        },
-    )
-    .await;
+    let eng = engines(2, time_scaled(0.05)).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    ready(&router).await;
+    router.ready().await;
     let c = reqwest::Client::builder()
         .pool_max_idle_per_host(1000)
         .build()
         .unwrap();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..1000 {
-        let c = c.clone();
-        let url = format!("{}/v1/chat/completions", router.url());
-        let body = chat_body(200 + (i % 7) * 300, true, 3);
+        let req = post_json(&c, &router.url(), CHAT).body(chat_body(200 + (i % 7) * 300, true, 3));
         tasks.spawn(async move {
-            let resp = c.post(url).body(body).send().await?;
+            let resp = req.send().await?;
             let status = resp.status();
             let mut s = resp.bytes_stream();
             // A tenth of the clients walk away after the first chunk.
@@ -368,23 +261,15 @@ async fn thousand_concurrent_streams_end_with_every_gauge_at_zero() {
     router.wait_idle().await;
     assert_eq!(router.state.ledger.outstanding(), 0);
     let m = router.metrics_text().await;
-    assert_eq!(
-        metric_sum(&m, "infergate_endpoint_prefill_tokens", &[]),
-        0.0
-    );
-    assert_eq!(
-        metric_sum(&m, "infergate_endpoint_requests_in_flight", &[]),
-        0.0
-    );
+    assert_load_gauges_at_zero(&m);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_tokens_holds_nothing_and_counts_no_placement() {
     let eng = engines(1, SimConfig::default()).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    ready(&router).await;
-    let resp = client()
-        .post(format!("{}/v1/messages/count_tokens", router.url()))
+    router.ready().await;
+    let resp = post_json(&client(), &router.url(), COUNT_TOKENS)
         .body(chat_body(50_000, false, 1))
         .send()
         .await
@@ -404,45 +289,23 @@ async fn count_tokens_holds_nothing_and_counts_no_placement() {
         1.0
     );
     // A "*" pool lists the models its engines report.
-    let v: serde_json::Value = client()
-        .get(format!("{}/v1/models", router.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = get_json(&router.url(), "/v1/models").await;
     assert_eq!(v["data"][0]["id"], "sim-model");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_bodies_arrive_byte_for_byte() {
-    let eng = engines(
-        1,
-        SimConfig {
-            time_scale: 0.01,
-            ..SimConfig::default()
-        },
-    )
-    .await;
+    let eng = engines(1, time_scaled(0.01)).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
-    ready(&router).await;
+    router.ready().await;
     for size in [100 * 1024, 4 * 1024 * 1024] {
         let body = chat_body(size, false, 1);
-        let resp = client()
-            .post(format!("{}/v1/chat/completions", router.url()))
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200, "size {size}");
-        let _ = resp.bytes().await;
-        let got = eng[0]
-            .requests()
-            .into_iter()
-            .rev()
-            .find(|r| r.path == "/v1/chat/completions")
-            .unwrap();
+        assert_eq!(
+            post_chat(&router.url(), body.clone()).await,
+            200,
+            "size {size}"
+        );
+        let got = last_generate(&eng[0]).unwrap();
         assert_eq!(got.body_len, body.len());
         assert_eq!(
             got.body_fnv64,
@@ -452,35 +315,20 @@ async fn large_bodies_arrive_byte_for_byte() {
     }
     // A chunked upload (no Content-Length) of 1 MiB: intact, and its estimate grew as it streamed.
     let body = chat_body(1024 * 1024, false, 1);
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = body
-        .as_bytes()
-        .chunks(16 * 1024)
-        .map(|c| Ok(c.to_vec()))
-        .collect();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let _ = resp.bytes().await;
-    let got = eng[0]
-        .requests()
-        .into_iter()
-        .rev()
-        .find(|r| r.path == "/v1/chat/completions")
-        .unwrap();
+    assert_eq!(
+        post_chat(&router.url(), chunked(&body, 16 * 1024)).await,
+        200
+    );
+    let got = last_generate(&eng[0]).unwrap();
     assert_eq!(
         (got.body_len, got.body_fnv64),
         (body.len(), sim::fnv64(body.as_bytes()))
     );
     router.wait_idle().await;
-    let m = router.metrics_text().await;
     let whole = infergate::placement::estimate_tokens(body.len() as u64, 4.0, 262_144) as f64;
-    let total = metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]);
+    let total = router
+        .metric_sum("infergate_prefill_tokens_estimated_total", &[])
+        .await;
     assert!(
         total >= whole,
         "chunked estimate grew to the whole body: {total} < {whole}"
@@ -496,32 +344,20 @@ async fn router_answers_errors_models_and_health_in_openai_style() {
         free_port()
     );
     let router = start_router(&yaml).await;
-    ready(&router).await;
-    let c = client();
+    router.ready().await;
     // Unknown model: 404.
-    let r = c
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(r#"{"model":"nope","messages":[]}"#)
-        .send()
-        .await
-        .unwrap();
+    let r = send_chat(&router.url(), r#"{"model":"nope","messages":[]}"#).await;
     assert_eq!(r.status(), 404);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "model_not_found");
     // A pool with no healthy endpoint: 503 with Retry-After.
-    let r = c
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(r#"{"model":"big-model","messages":[]}"#)
-        .send()
-        .await
-        .unwrap();
+    let r = send_chat(&router.url(), r#"{"model":"big-model","messages":[]}"#).await;
     assert_eq!(r.status(), 503);
     assert!(r.headers().get("retry-after").is_some());
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "no_healthy_endpoint");
     // Body over the limit: 413.
-    let r = c
-        .post(format!("{}/v1/chat/completions", router.url()))
+    let r = post_json(&client(), &router.url(), CHAT)
         .header("content-length", (64u64 << 20).to_string())
         .body(vec![b' '; 10])
         .send()
@@ -530,14 +366,7 @@ async fn router_answers_errors_models_and_health_in_openai_style() {
         assert_eq!(r.status(), 413);
     }
     // The union of models, and health.
-    let v: serde_json::Value = c
-        .get(format!("{}/v1/models", router.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = get_json(&router.url(), "/v1/models").await;
     let ids: Vec<&str> = v["data"]
         .as_array()
         .unwrap()
@@ -546,7 +375,8 @@ async fn router_answers_errors_models_and_health_in_openai_style() {
         .collect();
     assert_eq!(ids, vec!["big-model", "sim-model"]);
     assert_eq!(
-        c.get(format!("{}/health", router.url()))
+        client()
+            .get(format!("{}/health", router.url()))
             .send()
             .await
             .unwrap()
@@ -571,17 +401,12 @@ async fn api_key_is_sent_upstream_and_health_gates_traffic() {
     );
     eng[1].control.set_health_status(503);
     let router = start_router(&yaml).await;
-    ready(&router).await;
-    let c = client();
+    router.ready().await;
     for _ in 0..6 {
-        let r = c
-            .post(format!("{}/v1/chat/completions", router.url()))
-            .body(chat_body(1000, false, 1))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        let _ = r.bytes().await;
+        assert_eq!(
+            post_chat(&router.url(), chat_body(1000, false, 1)).await,
+            200
+        );
     }
     assert_eq!(
         generate_requests(&eng[1]),
@@ -591,12 +416,7 @@ async fn api_key_is_sent_upstream_and_health_gates_traffic() {
     let auth: Vec<String> = eng[0]
         .requests()
         .iter()
-        .filter_map(|r| {
-            r.headers
-                .iter()
-                .find(|(k, _)| k == "authorization")
-                .map(|(_, v)| v.clone())
-        })
+        .filter_map(|r| r.header("authorization").map(str::to_owned))
         .collect();
     assert!(
         auth.iter().any(|a| a == "Bearer sk-test-123"),
@@ -609,33 +429,20 @@ async fn api_key_is_sent_upstream_and_health_gates_traffic() {
             r.state.pools.pools[0].endpoints()[1].health.is_healthy()
         })
         .await;
-    let m = router.metrics_text().await;
-    assert_eq!(metric_sum(&m, "infergate_endpoint_healthy", &[]), 2.0);
+    assert_eq!(
+        router.metric_sum("infergate_endpoint_healthy", &[]).await,
+        2.0
+    );
     let _ = std::fs::remove_file(key_file);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn departed_endpoint_series_are_deleted() {
     let eng = engines(2, SimConfig::default()).await;
-    let yaml = pool_yaml("load_aware", &urls(&eng), "");
-    let router = start_router(&yaml).await;
-    router
-        .wait_for("both healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.health.is_healthy())
-        })
-        .await;
-    let c = client();
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    router.all_healthy().await;
     for _ in 0..8 {
-        let r = c
-            .post(format!("{}/v1/chat/completions", router.url()))
-            .body(chat_body(1000, false, 1))
-            .send()
-            .await
-            .unwrap();
-        let _ = r.bytes().await;
+        post_chat(&router.url(), chat_body(1000, false, 1)).await;
     }
     let gone = eng[1].addr.to_string();
     let m = router.metrics_text().await;
@@ -661,18 +468,10 @@ async fn chunked_body_over_the_limit_is_a_json_413_and_releases_everything() {
     let yaml = pool_yaml("load_aware", &urls(&eng), "")
         .replace("pools:", "max_body_bytes: 256KiB\npools:");
     let router = start_router(&yaml).await;
-    ready(&router).await;
+    router.ready().await;
     let body = chat_body(1024 * 1024, false, 1);
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = body
-        .as_bytes()
-        .chunks(16 * 1024)
-        .map(|c| Ok(c.to_vec()))
-        .collect();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
+    let resp = post_json(&client(), &router.url(), CHAT)
+        .body(chunked(&body, 16 * 1024))
         .send()
         .await;
     // The router answers 413 as soon as the stream passes the limit; the client may still be uploading.

@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::free_port;
+use common::{free_port, try_metrics};
 
 fn conf(listen: u16, metrics: u16, ports: &[u16]) -> String {
     let eps: String = ports
@@ -21,13 +21,9 @@ fn conf(listen: u16, metrics: u16, ports: &[u16]) -> String {
     )
 }
 
+/// A scrape of the router's metrics on `port`; None while it does not answer.
 async fn metrics(port: u16) -> Option<String> {
-    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()
+    try_metrics(&format!("http://127.0.0.1:{port}/metrics")).await
 }
 
 async fn wait_metrics(port: u16, what: &str, f: impl Fn(&str) -> bool) {

@@ -7,10 +7,6 @@ use std::time::Duration;
 
 use common::*;
 use infergate::placement::estimate_tokens;
-use infergate_sim::{self as sim, SimConfig};
-
-const STATS: &str = "    sessions: { header: x-session-id, ttl: 1h, max_sessions: 1000 }\n    \
-                     engine_stats: { path: /metrics, interval: 100ms }\n";
 
 fn conversation(turns: usize) -> String {
     let mut messages =
@@ -24,70 +20,30 @@ fn conversation(turns: usize) -> String {
         .to_string()
 }
 
-async fn send_turn(router: &TestRouter, session: &str, body: &str) -> u16 {
-    let r = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .header("x-session-id", session)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let _ = r.bytes().await;
-    status
-}
-
-fn served_by(engines: &[sim::EngineHandle]) -> Vec<usize> {
-    engines
-        .iter()
-        .map(|e| {
-            e.requests()
-                .iter()
-                .filter(|r| r.path == "/v1/chat/completions")
-                .count()
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_sticks_then_moves_only_under_real_pressure() {
-    let mut eng = Vec::new();
-    for _ in 0..3 {
-        eng.push(
-            sim::spawn_engine(SimConfig {
-                time_scale: 0.1,
-                ..SimConfig::default()
-            })
-            .await
-            .unwrap(),
-        );
-    }
-    let urls: Vec<String> = eng.iter().map(|e| e.url()).collect();
-    let router = start_router(&pool_yaml("load_aware", &urls, STATS)).await;
-    router
-        .wait_for("all healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.health.is_healthy())
-        })
-        .await;
+    let eng = engines(3, time_scaled(0.1)).await;
+    let stats = format!("{}{ENGINE_STATS}", sessions_yaml(1000));
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), &stats)).await;
+    router.all_healthy().await;
 
     // Five turns of one growing conversation: one endpoint serves them all while the others idle.
     let bodies: Vec<String> = (1..=6).map(conversation).collect();
     for b in &bodies[..5] {
-        assert_eq!(send_turn(&router, "agent-1", b).await, 200);
+        assert_eq!(
+            post_chat_in_session(&router.url(), "agent-1", b.clone()).await,
+            200
+        );
     }
-    let counts = served_by(&eng);
+    let counts: Vec<usize> = eng.iter().map(chat_requests).collect();
     let bound = counts
         .iter()
         .position(|&c| c == 5)
         .unwrap_or_else(|| panic!("not sticky: {counts:?}"));
 
     // A count_tokens call with the session header creates or resizes nothing.
-    let r = client()
-        .post(format!("{}/v1/messages/count_tokens", router.url()))
-        .header("x-session-id", "agent-2")
+    let r = post_json(&client(), &router.url(), COUNT_TOKENS)
+        .header(SESSION_HEADER, "agent-2")
         .body(bodies[5].clone())
         .send()
         .await
@@ -103,8 +59,11 @@ async fn a_session_sticks_then_moves_only_under_real_pressure() {
     eng[bound].control.set_extra_running(6);
     eng[bound].control.set_extra_waiting(2);
     tokio::time::sleep(Duration::from_millis(500)).await; // a few scrape intervals
-    assert_eq!(send_turn(&router, "agent-1", &bodies[5]).await, 200);
-    let after = served_by(&eng);
+    assert_eq!(
+        post_chat_in_session(&router.url(), "agent-1", bodies[5].clone()).await,
+        200
+    );
+    let after: Vec<usize> = eng.iter().map(chat_requests).collect();
     assert_eq!(
         after[bound], 5,
         "the sixth turn left the queued endpoint: {after:?}"
@@ -134,51 +93,24 @@ async fn a_session_sticks_then_moves_only_under_real_pressure() {
         metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]),
         expected as f64
     );
-    assert_eq!(
-        metric_sum(&m, "infergate_endpoint_prefill_tokens", &[]),
-        0.0
-    );
-    assert_eq!(
-        metric_sum(&m, "infergate_endpoint_requests_in_flight", &[]),
-        0.0
-    );
+    assert_load_gauges_at_zero(&m);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_streaming_tokens_are_released_at_the_estimated_prefill_end() {
-    let cfg = SimConfig {
-        prefill_tokens_per_sec: 25_000.0,
-        ..SimConfig::default()
-    };
-    let eng = sim::spawn_engine(cfg).await.unwrap();
+    let eng = engine(slow_prefill()).await;
     let router = start_router(&pool_yaml("load_aware", &[eng.url()], "")).await;
-    router
-        .wait_for("healthy", Duration::from_secs(10), |r| {
-            r.state.pools.any_healthy()
-        })
-        .await;
+    router.ready().await;
     // A streaming request teaches the router this endpoint's prefill speed.
-    let r = client()
-        .post(format!("{}/v1/chat/completions", router.url()))
-        .body(chat_body(60_000, true, 1))
-        .send()
-        .await
-        .unwrap();
-    let _ = r.bytes().await;
+    post_chat(&router.url(), chat_body(60_000, true, 1)).await;
     assert!(router.state.pools.pools[0].endpoints()[0]
         .prefill_speed
         .estimate(1000)
         .is_some());
     // A non-streaming request with a long generation: its body comes only at the end.
-    let c = client();
-    let url = format!("{}/v1/chat/completions", router.url());
+    let req = post_json(&client(), &router.url(), CHAT).body(chat_body(60_000, false, 150));
     let pending = tokio::spawn(async move {
-        let r = c
-            .post(url)
-            .body(chat_body(60_000, false, 150))
-            .send()
-            .await
-            .unwrap();
+        let r = req.send().await.unwrap();
         r.bytes().await.map(|b| b.len())
     });
     router

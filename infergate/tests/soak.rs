@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures_util::StreamExt;
 use infergate::config::Config;
-use infergate_sim::{self as sim, SimConfig};
 
 const RUN: Duration = Duration::from_secs(30);
 const WORKERS: usize = 12;
@@ -32,12 +31,11 @@ async fn one(url: &str, worker: usize, turn: usize, tally: &Tally) {
     let session = turn % 3 != 0;
     let stream = session;
     let abandon = stream && (worker + turn) % 15 == 0;
-    let mut req = client()
-        .post(format!("{url}/v1/chat/completions"))
+    let mut req = post_json(&client(), url, CHAT)
         .timeout(Duration::from_secs(20))
         .body(chat_body(2_000 + (turn % 8) * 1_500, stream, 8));
     if session {
-        req = req.header("x-session-id", format!("w{worker}"));
+        req = req.header(SESSION_HEADER, format!("w{worker}"));
     }
     tally.sent.fetch_add(1, Ordering::Relaxed);
     let ok = match req.send().await {
@@ -71,26 +69,10 @@ async fn one(url: &str, worker: usize, turn: usize, tally: &Tally) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_under_mixed_traffic_fail_at_most_one_percent() {
-    let cfg = SimConfig {
-        time_scale: 0.05,
-        ..SimConfig::default()
-    };
-    let mut eng = Vec::new();
-    for _ in 0..4 {
-        eng.push(sim::spawn_engine(cfg.clone()).await.unwrap());
-    }
-    let urls: Vec<String> = eng.iter().map(|e| e.url()).collect();
-    let sessions = "    sessions: { header: x-session-id, ttl: 1h, max_sessions: 1000 }\n";
-    let yaml = pool_yaml("load_aware", &urls, sessions);
+    let eng = engines(4, time_scaled(0.05)).await;
+    let yaml = pool_yaml("load_aware", &urls(&eng), &sessions_yaml(1000));
     let router = start_router(&yaml).await;
-    router
-        .wait_for("every endpoint healthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.health.is_healthy())
-        })
-        .await;
+    router.all_healthy().await;
 
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));

@@ -1,0 +1,80 @@
+//! The router's `/metrics` in the Prometheus text exposition, and the samples in it.
+
+use std::time::Duration;
+
+use super::router::TestRouter;
+
+impl TestRouter {
+    pub fn metrics_url(&self) -> String {
+        format!("http://{}/metrics", self.metrics_addr)
+    }
+
+    /// One scrape of `/metrics`.
+    pub async fn metrics_text(&self) -> String {
+        reqwest::get(self.metrics_url())
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// Scrape until `counted(text)` holds, at most 100 times 20 ms apart, and return the last scrape (which the
+    /// caller asserts on). For counters of an answer just received: Pingora writes the answer before its
+    /// logging hook counts it.
+    pub async fn metrics_when(&self, counted: impl Fn(&str) -> bool) -> String {
+        let mut m = String::new();
+        for _ in 0..100 {
+            m = self.metrics_text().await;
+            if counted(&m) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        m
+    }
+
+    /// One scrape, summed over the samples of `name` matching `labels` (see `metric_sum`).
+    pub async fn metric_sum(&self, name: &str, labels: &[&str]) -> f64 {
+        metric_sum(&self.metrics_text().await, name, labels)
+    }
+}
+
+/// A scrape of `url` (a `/metrics` URL); None while nothing answers there.
+pub async fn try_metrics(url: &str) -> Option<String> {
+    reqwest::get(url).await.ok()?.text().await.ok()
+}
+
+/// A metric's value from the text exposition: the sample whose name matches and whose labels include all of
+/// `labels` (`k="v"` fragments). None when absent.
+pub fn metric_value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .find(|l| labels.iter().all(|f| l.contains(f)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Sum of every sample of `name` matching `labels`.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| labels.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Every endpoint's exported load gauges (prefill tokens, requests in flight) sum to zero.
+#[track_caller]
+pub fn assert_load_gauges_at_zero(text: &str) {
+    assert_eq!(
+        metric_sum(text, "infergate_endpoint_prefill_tokens", &[]),
+        0.0
+    );
+    assert_eq!(
+        metric_sum(text, "infergate_endpoint_requests_in_flight", &[]),
+        0.0
+    );
+}

@@ -1,0 +1,189 @@
+//! A router running in-process on ephemeral loopback ports, its waits, and the configuration snippets the tests
+//! start it from.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use infergate::config::Config;
+use infergate::server::{build_server, run_with_channel, RouterState};
+use pingora_core::server::configuration::Opt;
+use pingora_core::server::ShutdownSignal;
+
+/// A free loopback port (bound then released; a tiny race is acceptable on loopback).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A router running in-process on its own thread; stopped on drop.
+pub struct TestRouter {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub state: RouterState,
+    stop: Option<tokio::sync::mpsc::Sender<ShutdownSignal>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestRouter {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Sum of every endpoint's prefill tokens and requests in flight, read from the live counters.
+    pub fn totals(&self) -> (u64, u64) {
+        let mut t = (0, 0);
+        for p in &self.state.pools.pools {
+            for e in p.endpoints().iter() {
+                t.0 += e.load.prefill_tokens();
+                t.1 += e.load.requests();
+            }
+        }
+        t
+    }
+
+    /// (prefill tokens, requests in flight) of pool 0's endpoint `i`.
+    pub fn endpoint_load(&self, i: usize) -> (u64, u64) {
+        let eps = self.state.pools.pools[0].endpoints();
+        (eps[i].load.prefill_tokens(), eps[i].load.requests())
+    }
+
+    /// Wait until `f` holds, polling; panics with `what` after `limit`.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut f: impl FnMut(&TestRouter) -> bool,
+    ) {
+        let start = Instant::now();
+        while !f(self) {
+            assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Wait (20 s at most) until every endpoint holds no tokens and no request.
+    pub async fn wait_idle(&self) {
+        self.wait_for("every gauge back to 0", Duration::from_secs(20), |r| {
+            r.totals() == (0, 0)
+        })
+        .await;
+    }
+
+    /// Wait (10 s at most) until some endpoint of some pool is healthy.
+    pub async fn ready(&self) {
+        self.wait_for("an endpoint healthy", Duration::from_secs(10), |r| {
+            r.state.pools.any_healthy()
+        })
+        .await;
+    }
+
+    /// Wait (10 s at most) until every endpoint of every pool is healthy.
+    pub async fn all_healthy(&self) {
+        self.wait_for("every endpoint healthy", Duration::from_secs(10), |r| {
+            r.state
+                .pools
+                .pools
+                .iter()
+                .all(|p| p.endpoints().iter().all(|e| e.health.is_healthy()))
+        })
+        .await;
+    }
+}
+
+impl Drop for TestRouter {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.try_send(ShutdownSignal::FastShutdown);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Start a router from YAML. `{listen}` and `{metrics}` are replaced with free loopback addresses; the
+/// server section is added (fast shutdown, temp pid/socket files) unless present.
+pub async fn start_router(yaml: &str) -> TestRouter {
+    let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut text = yaml
+        .replace("{listen}", &listen.to_string())
+        .replace("{metrics}", &metrics.to_string());
+    if !text.contains("\nserver:") && !text.starts_with("server:") {
+        let tag = listen.port();
+        text.push_str(&format!(
+            "\nserver:\n  threads: 2\n  grace_period_seconds: 0\n  graceful_shutdown_timeout_seconds: 1\n  \
+             pid_file: /tmp/infergate-test-{tag}.pid\n  upgrade_sock: /tmp/infergate-test-{tag}.sock\n"
+        ));
+    }
+    let cfg = Config::parse(Path::new("test.yaml"), &text)
+        .unwrap_or_else(|e| panic!("test config: {e}\n{text}"));
+    let (server, state) = build_server(cfg, Opt::default()).expect("server builds");
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let thread = std::thread::spawn(move || run_with_channel(server, rx));
+    let router = TestRouter {
+        addr: listen,
+        metrics_addr: metrics,
+        state,
+        stop: Some(tx),
+        thread: Some(thread),
+    };
+    wait_listening(router.addr).await;
+    router
+}
+
+/// Poll until something accepts on `addr`.
+pub async fn wait_listening(addr: SocketAddr) {
+    let start = Instant::now();
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "nothing listens on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A pool YAML over the given engine URLs: one pool `default` serving every model, health checked every 200 ms;
+/// `extra` is appended to the pool (indented four spaces).
+pub fn pool_yaml(policy: &str, urls: &[String], extra: &str) -> String {
+    let eps: String = urls
+        .iter()
+        .map(|u| format!("      - url: \"{u}\"\n"))
+        .collect();
+    format!(
+        "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\n\
+         timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
+         pools:\n  - name: default\n    models: [\"*\"]\n    policy: {policy}\n    endpoints:\n{eps}\
+         \x20   health_check: {{ path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }}\n{extra}"
+    )
+}
+
+/// A `pool_yaml` whose health checks run once a minute: an endpoint that starts failing still looks healthy.
+pub fn slow_health_checks(pool_yaml: &str) -> String {
+    pool_yaml.replace("interval: 200ms", "interval: 60s")
+}
+
+/// Two load_aware pools of one endpoint each: `p1` serves model `m1` on `e1`, `p2` serves `m2` on `e2`.
+pub fn two_pools_yaml(e1: &str, e2: &str) -> String {
+    format!(
+        "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\n\
+         timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
+         pools:\n\
+         \x20 - name: p1\n    models: [m1]\n    policy: load_aware\n    endpoints: [{{url: \"{e1}\"}}]\n\
+         \x20   health_check: {{ path: /health, interval: 200ms, timeout: 500ms }}\n\
+         \x20 - name: p2\n    models: [m2]\n    policy: load_aware\n    endpoints: [{{url: \"{e2}\"}}]\n\
+         \x20   health_check: {{ path: /health, interval: 200ms, timeout: 500ms }}\n"
+    )
+}
+
+/// Pool `extra`: sessions keyed by the `x-session-id` header (`requests::SESSION_HEADER`), for an hour.
+pub fn sessions_yaml(max_sessions: usize) -> String {
+    format!("    sessions: {{ header: x-session-id, ttl: 1h, max_sessions: {max_sessions} }}\n")
+}
+
+/// Pool `extra`: scrape the engines' `/metrics` every 100 ms.
+pub const ENGINE_STATS: &str = "    engine_stats: { path: /metrics, interval: 100ms }\n";
