@@ -432,9 +432,15 @@ done
 
 # ---------------------------------------------------------------- report
 ELAPSED=$(( $(date +%s) - START_EPOCH ))
+# Sections measured by other scripts (large bodies, attacks, queues) live after this marker and survive a re-run.
+MARKER='<!-- measured by other scripts: kept by scripts/bench.sh -->'
+KEEP=$(mktemp)
+if [ -f "$MD" ] && grep -qF "$MARKER" "$MD"; then sed -n "/$MARKER/,\$p" "$MD" >"$KEEP"; fi
 python3 scripts/bench/report.py --out-dir "$OUT" --md "$MD" --elapsed "$ELAPSED" --time-scale "$TIME_SCALE" \
   --sessions-per-engine "$SESSIONS_PER_ENGINE" --rate-per-engine "$RATE_PER_ENGINE" --output-tokens "$OUTPUT_TOKENS" \
   --seed "$SEED" --repeat-seeds "$REPEAT_SEEDS" --fleets "$FLEETS" --burst-seeds "$BURST_SEEDS" --overhead-requests "$OVERHEAD_REQUESTS" \
   --overhead-concurrency "$OVERHEAD_CONCURRENCY" --engine-stats-interval "$ENGINE_STATS_INTERVAL" \
   --quick "$QUICK"
+if [ -s "$KEEP" ]; then printf '\n' >>"$MD"; cat "$KEEP" >>"$MD"; fi
+rm -f "$KEEP"
 log "done in ${ELAPSED}s: $MD (raw results in $OUT)"

@@ -217,15 +217,14 @@ impl<'a> Scanner<'a> {
         let b: &'a [u8] = self.b;
         let start = self.i + 1;
         let mut j = start;
-        while j < b.len() {
-            match b[j] {
-                b'\\' => j += 2,
-                b'"' => {
-                    self.i = j + 1;
-                    return Ok(&b[start..j]);
-                }
-                _ => j += 1,
+        // Long prompts are one string: jump between quotes and backslashes (SIMD) instead of a byte loop.
+        while let Some(k) = b.get(j..).and_then(|rest| memchr::memchr2(b'"', b'\\', rest)) {
+            j += k;
+            if b[j] == b'"' {
+                self.i = j + 1;
+                return Ok(&b[start..j]);
             }
+            j += 2;
         }
         self.i = b.len();
         Err(b.get(start..).unwrap_or_default())

@@ -109,10 +109,9 @@ pub async fn read_whole(
     let mut claim = None;
     // A declared length is claimed up front: it either fits or waits, instead of starving half-way.
     if let Some(n) = content_length {
-        budget
-            .claim(n, budget_until, &mut claim)
-            .await
-            .map_err(BodyError::Answer)?;
+        if let Err(busy) = budget.claim(n, budget_until, &mut claim).await {
+            return Err(drain_then(session, started + limits.deadline, busy).await);
+        }
     }
     let mut buf = BytesMut::with_capacity(content_length.unwrap_or(16 * 1024) as usize);
     let read = async {
@@ -139,8 +138,23 @@ pub async fn read_whole(
             bytes: buf.freeze(),
             _claim: claim,
         }),
+        Ok(Ok(Err(api))) if api.status == 503 => {
+            drop(buf);
+            Err(drain_then(session, started + limits.deadline, api).await)
+        }
         Ok(Ok(Err(api))) => Err(BodyError::Answer(api)),
         Ok(Err(e)) => Err(classify_read_error(e)),
+    }
+}
+
+/// Read and discard the rest of the body before answering `answer`: a client still uploading would otherwise see
+/// a broken pipe instead of the 503 and its Retry-After. Nothing is kept; bounded by `until`.
+async fn drain_then(session: &mut Session, until: Instant, answer: ApiError) -> BodyError {
+    let wait = until.saturating_duration_since(Instant::now());
+    match tokio::time::timeout(wait, session.as_downstream_mut().drain_request_body()).await {
+        Ok(Ok(())) => BodyError::Answer(answer),
+        Ok(Err(e)) => classify_read_error(e),
+        Err(_) => BodyError::Answer(ApiError::body_timeout()),
     }
 }
 
