@@ -435,7 +435,7 @@ ELAPSED=$(( $(date +%s) - START_EPOCH ))
 # Sections measured by other scripts (large bodies, attacks, queues) live after this marker and survive a re-run.
 MARKER='<!-- measured by other scripts: kept by scripts/bench.sh -->'
 KEEP=$(mktemp)
-if [ -f "$MD" ] && grep -qF "$MARKER" "$MD"; then sed -n "/$MARKER/,\$p" "$MD" >"$KEEP"; fi
+if [ -f "$MD" ]; then awk -v m="$MARKER" 'index($0, m) { keep = 1 } keep' "$MD" >"$KEEP"; fi
 python3 scripts/bench/report.py --out-dir "$OUT" --md "$MD" --elapsed "$ELAPSED" --time-scale "$TIME_SCALE" \
   --sessions-per-engine "$SESSIONS_PER_ENGINE" --rate-per-engine "$RATE_PER_ENGINE" --output-tokens "$OUTPUT_TOKENS" \
   --seed "$SEED" --repeat-seeds "$REPEAT_SEEDS" --fleets "$FLEETS" --burst-seeds "$BURST_SEEDS" --overhead-requests "$OVERHEAD_REQUESTS" \
