@@ -218,7 +218,10 @@ impl<'a> Scanner<'a> {
         let start = self.i + 1;
         let mut j = start;
         // Long prompts are one string: jump between quotes and backslashes (SIMD) instead of a byte loop.
-        while let Some(k) = b.get(j..).and_then(|rest| memchr::memchr2(b'"', b'\\', rest)) {
+        while let Some(k) = b
+            .get(j..)
+            .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+        {
             j += k;
             if b[j] == b'"' {
                 self.i = j + 1;

@@ -112,3 +112,54 @@ async fn a_reload_that_rotates_a_key_keeps_the_endpoint() {
     router.wait_idle().await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_request_head_gets_a_json_400() {
+    let eng = engine(SimConfig::default()).await;
+    let router = start_router(&pool_yaml("load_aware", &[eng.url()], "")).await;
+    router.ready().await;
+    let mut s = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost x\r\nbad header line\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_raw_until(&mut s, Duration::from_secs(5), |got| got.ends_with(b"}}")).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains(r#""error":{"#), "OpenAI-style body: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_turn_records_its_whole_size_for_the_next_estimate() {
+    let eng = engine(SimConfig::default()).await;
+    let router = start_router(&pool_yaml("load_aware", &[eng.url()], &sessions_yaml(100))).await;
+    router.ready().await;
+    // Turn 1: 200 KB, chunked. Turn 2 grows it by about 1 KB: a sticky turn counts only the growth, which is
+    // right only if turn 1 was recorded at its whole streamed size (not the first chunk's).
+    let turn1 = chat_body(200_000, true, 2);
+    let resp = post_json(&client(), &router.url(), "/v1/chat/completions")
+        .header("x-session-id", "chunky")
+        .body(chunked(&turn1, 16 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(finish(resp).await, 200);
+    router.wait_idle().await;
+    let before = router
+        .metric_sum("infergate_prefill_tokens_estimated_total", &[])
+        .await;
+    assert_eq!(
+        post_chat_in_session(&router.url(), "chunky", chat_body(201_000, true, 2)).await,
+        200
+    );
+    router.wait_idle().await;
+    let m = router
+        .metrics_when(|m| {
+            metric_sum(m, "infergate_placements_total", &["reason=\"sticky\""]) == 1.0
+        })
+        .await;
+    let growth = metric_sum(&m, "infergate_prefill_tokens_estimated_total", &[]) - before;
+    assert!(
+        (200.0..=400.0).contains(&growth),
+        "the sticky turn counted {growth} tokens; its growth is about 250"
+    );
+}
