@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod engine_stats;
+pub mod exposure;
 pub mod ledger;
 pub mod metrics;
 pub mod outlier;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+mod expose_paths;
 mod outlier;
 mod policy;
 mod pool;
@@ -14,6 +15,7 @@ mod testing;
 mod values;
 mod walk;
 
+use expose_paths::expose_paths;
 pub use outlier::OutlierConfig;
 pub use policy::{
     EngineKind, EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, PrefixFallback,
@@ -49,6 +51,8 @@ pub struct Config {
     /// How long a request waits for room in the body budget (default 2s).
     pub body_budget_wait: Duration,
     pub pools: Vec<PoolConfig>,
+    /// Paths beyond the inference API forwarded for every pool (`expose_paths`, normalised); see `exposure`.
+    pub expose_paths: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -173,7 +177,7 @@ const SECTIONS: &[(&str, Reader)] = &[
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools, expose] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -184,6 +188,7 @@ impl Config {
                 "body_budget_bytes",
                 "body_budget_wait",
                 "pools",
+                "expose_paths",
             ])?;
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
@@ -210,6 +215,7 @@ impl Config {
             body_budget_bytes: body_budget_bytes.byte_size_or(DEFAULT_BODY_BUDGET_BYTES)?,
             body_budget_wait: body_budget_wait.duration_or(DEFAULT_BODY_BUDGET_WAIT)?,
             pools: pools_list(&pools)?,
+            expose_paths: expose_paths(&expose)?,
         })
     }
 }
