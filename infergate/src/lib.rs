@@ -3,6 +3,7 @@
 pub mod config;
 pub mod engine_stats;
 pub mod exposure;
+pub mod forwarded;
 pub mod ledger;
 pub mod metrics;
 pub mod outlier;

@@ -12,6 +12,7 @@ mod pool;
 mod server;
 #[cfg(test)]
 mod testing;
+mod trusted_proxies;
 mod values;
 mod walk;
 
@@ -24,6 +25,8 @@ pub use policy::{
 use pool::pools_list;
 pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig};
 use server::server_yaml;
+use trusted_proxies::trusted_proxies;
+pub use trusted_proxies::Cidr;
 use values::{check_listen_addr, to_usize};
 use walk::{kind, yaml_reason, Field, Node, Reader, Walker};
 
@@ -53,6 +56,8 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     /// Paths beyond the inference API forwarded for every pool (`expose_paths`, normalised); see `exposure`.
     pub expose_paths: Vec<String>,
+    /// Peers whose `X-Real-IP` is kept (`trusted_proxies`); see `forwarded`.
+    pub trusted_proxies: Vec<Cidr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -177,7 +182,7 @@ const SECTIONS: &[(&str, Reader)] = &[
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools, expose] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools, expose, trusted] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -189,6 +194,7 @@ impl Config {
                 "body_budget_wait",
                 "pools",
                 "expose_paths",
+                "trusted_proxies",
             ])?;
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
@@ -216,6 +222,7 @@ impl Config {
             body_budget_wait: body_budget_wait.duration_or(DEFAULT_BODY_BUDGET_WAIT)?,
             pools: pools_list(&pools)?,
             expose_paths: expose_paths(&expose)?,
+            trusted_proxies: trusted_proxies(&trusted)?,
         })
     }
 }

@@ -10,7 +10,7 @@
 //! upstream_peer            (per attempt) snapshot → policy.place → ledger hold → peer; a stale pooled connection
 //!                          is retried once on the same endpoint over a fresh connection
 //! upstream_request_filter  Host, the engine's key (never the client's), one Content-Length, no Expect, the
-//!                          normalised path
+//!                          normalised path, X-Forwarded-For / Forwarded / X-Real-IP (forwarded)
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count); 429/503: refused → retry elsewhere;
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
@@ -39,6 +39,7 @@ pub use body::{BodyBudget, BodyLimits};
 pub use errors::ApiError;
 
 use crate::exposure::{Exposure, Screened};
+use crate::forwarded;
 use crate::ledger::{Hold, ReleaseCause, ReleaseHook};
 use crate::placement::policy::{PlaceRequest, Placement, Snapshot, Ticket};
 use crate::placement::{self, Reason};
@@ -560,7 +561,7 @@ impl ProxyHttp for Router {
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         req: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
@@ -583,6 +584,8 @@ impl ProxyHttp for Router {
         if let Some(t) = &ctx.target {
             t.set_upstream_target(req)?;
         }
+        let peer = forwarded::peer_ip(session.client_addr());
+        forwarded::apply(req, peer, &self.cfg.trusted_proxies)?;
         Ok(())
     }
 
