@@ -244,6 +244,21 @@ impl Screened {
     }
 }
 
+/// What Pingora's warn and error lines show of a request: method, normalised path and Host, never the query
+/// string (Pingora's default prints the target as written, and a query may carry a key).
+pub fn request_summary(req: &RequestHeader, screened: Option<&Screened>) -> String {
+    let path = match screened {
+        Some(s) => s.target.path.clone(),
+        None => normalize(req.raw_path()).map_or_else(|_| "(invalid path)".to_string(), |t| t.path),
+    };
+    let host = req
+        .headers
+        .get(http::header::HOST)
+        .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+        .unwrap_or_default();
+    format!("{} {path}, Host: {host}", req.method)
+}
+
 /// The exposure rules of one configuration.
 #[derive(Debug, Clone, Default)]
 pub struct Exposure {
@@ -538,6 +553,23 @@ mod tests {
             let e = check_exposable(entry).unwrap_err();
             assert!(e.contains(needle), "{entry}: {e}");
         }
+    }
+
+    #[test]
+    fn summaries_leave_the_query_out() {
+        let mut req = RequestHeader::build("POST", b"/v1//completions/?key=secret", None).unwrap();
+        req.insert_header("host", "router:8000").unwrap();
+        assert_eq!(
+            request_summary(&req, None),
+            "POST /v1/completions, Host: router:8000"
+        );
+        let s = Exposure::default().screen_request(&req).unwrap();
+        assert_eq!(
+            request_summary(&req, Some(&s)),
+            "POST /v1/completions, Host: router:8000"
+        );
+        let req = RequestHeader::build("GET", b"/a/../b?key=secret", None).unwrap();
+        assert_eq!(request_summary(&req, None), "GET (invalid path), Host: ");
     }
 
     #[test]

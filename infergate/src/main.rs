@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use pingora_core::server::configuration::Opt;
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // Pingora's crates are capped at info whatever RUST_LOG says: below it they log request headers (keys).
+    infergate::logging::init();
     let opt = Opt::parse_args();
     let Some(path) = opt.conf.clone() else {
         eprintln!(

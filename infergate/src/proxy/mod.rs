@@ -19,6 +19,7 @@
 //!   error_while_proxy
 //! fail_to_proxy            answer an OpenAI-style error
 //! logging                  count the request; the hold's Drop releases whatever is left on every path
+//! request_summary          what Pingora's warn/error lines show: method, normalised path, Host (no query)
 //! ```
 
 mod body;
@@ -38,7 +39,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 pub use body::{BodyBudget, BodyLimits};
 pub use errors::ApiError;
 
-use crate::exposure::{Exposure, Screened};
+use crate::exposure::{self, Exposure, Screened};
 use crate::forwarded;
 use crate::ledger::{Hold, ReleaseCause, ReleaseHook};
 use crate::placement::policy::{PlaceRequest, Placement, Snapshot, Ticket};
@@ -784,6 +785,10 @@ impl ProxyHttp for Router {
                 .inc();
         }
         ctx.finish_hold();
+    }
+
+    fn request_summary(&self, session: &Session, ctx: &Ctx) -> String {
+        exposure::request_summary(session.req_header(), ctx.target.as_ref())
     }
 }
 
