@@ -5,6 +5,7 @@ pub mod engine_stats;
 pub mod exposure;
 pub mod forwarded;
 pub mod ledger;
+pub mod listen;
 pub mod logging;
 pub mod metrics;
 pub mod outlier;

@@ -27,6 +27,15 @@ fn main() -> ExitCode {
         println!("infergate: configuration {path} is valid");
         return ExitCode::SUCCESS;
     }
+    // A taken port fails here, before anything listens. Not with -u: the old instance holds the ports and
+    // hands its sockets over (a bind failure there is caught by the hook below).
+    if !opt.upgrade {
+        if let Err(e) = infergate::listen::check(&cfg) {
+            eprintln!("infergate: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    infergate::listen::exit_on_listener_failure();
     let (server, _state) = match infergate::server::build_server(cfg, opt) {
         Ok(s) => s,
         Err(e) => {
