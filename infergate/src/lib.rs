@@ -2,7 +2,11 @@
 
 pub mod config;
 pub mod engine_stats;
+pub mod exposure;
+pub mod forwarded;
 pub mod ledger;
+pub mod listen;
+pub mod logging;
 pub mod metrics;
 pub mod outlier;
 pub mod placement;

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use pingora_core::server::configuration::Opt;
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // Pingora's crates are capped at info whatever RUST_LOG says: below it they log request headers (keys).
+    infergate::logging::init();
     let opt = Opt::parse_args();
     let Some(path) = opt.conf.clone() else {
         eprintln!(
@@ -26,6 +27,15 @@ fn main() -> ExitCode {
         println!("infergate: configuration {path} is valid");
         return ExitCode::SUCCESS;
     }
+    // A taken port fails here, before anything listens. Not with -u: the old instance holds the ports and
+    // hands its sockets over (a bind failure there is caught by the hook below).
+    if !opt.upgrade {
+        if let Err(e) = infergate::listen::check(&cfg) {
+            eprintln!("infergate: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    infergate::listen::exit_on_listener_failure();
     let (server, _state) = match infergate::server::build_server(cfg, opt) {
         Ok(s) => s,
         Err(e) => {

@@ -5,15 +5,18 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+mod expose_paths;
 mod outlier;
 mod policy;
 mod pool;
 mod server;
 #[cfg(test)]
 mod testing;
+mod trusted_proxies;
 mod values;
 mod walk;
 
+use expose_paths::expose_paths;
 pub use outlier::OutlierConfig;
 pub use policy::{
     EngineKind, EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, PrefixFallback,
@@ -22,6 +25,8 @@ pub use policy::{
 use pool::pools_list;
 pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig};
 use server::server_yaml;
+use trusted_proxies::trusted_proxies;
+pub use trusted_proxies::Cidr;
 use values::{check_listen_addr, to_usize};
 use walk::{kind, yaml_reason, Field, Node, Reader, Walker};
 
@@ -49,6 +54,10 @@ pub struct Config {
     /// How long a request waits for room in the body budget (default 2s).
     pub body_budget_wait: Duration,
     pub pools: Vec<PoolConfig>,
+    /// Paths beyond the inference API forwarded for every pool (`expose_paths`, normalised); see `exposure`.
+    pub expose_paths: Vec<String>,
+    /// Peers whose `X-Real-IP` is kept (`trusted_proxies`); see `forwarded`.
+    pub trusted_proxies: Vec<Cidr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -173,7 +182,7 @@ const SECTIONS: &[(&str, Reader)] = &[
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools, expose, trusted] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -184,6 +193,8 @@ impl Config {
                 "body_budget_bytes",
                 "body_budget_wait",
                 "pools",
+                "expose_paths",
+                "trusted_proxies",
             ])?;
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
@@ -210,6 +221,8 @@ impl Config {
             body_budget_bytes: body_budget_bytes.byte_size_or(DEFAULT_BODY_BUDGET_BYTES)?,
             body_budget_wait: body_budget_wait.duration_or(DEFAULT_BODY_BUDGET_WAIT)?,
             pools: pools_list(&pools)?,
+            expose_paths: expose_paths(&expose)?,
+            trusted_proxies: trusted_proxies(&trusted)?,
         })
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+use super::expose_paths::expose_paths;
 use super::outlier::OutlierConfig;
 use super::policy::{EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, SessionsConfig};
 use super::values::{parse_http_url, resolve, to_usize};
@@ -28,6 +29,8 @@ pub struct PoolConfig {
     pub max_in_flight_per_endpoint: Option<u64>,
     /// Engine stats scraping; None = off.
     pub engine_stats: Option<EngineStatsConfig>,
+    /// Paths beyond the inference API forwarded to this pool only (`expose_paths`, normalised).
+    pub expose_paths: Vec<String>,
 }
 
 /// `pools`: each pool, then the names and models that must be unique across pools.
@@ -80,7 +83,7 @@ pub(super) fn pools_list(f: &Field<'_>) -> Result<Vec<PoolConfig>, ConfigError> 
 
 impl PoolConfig {
     pub(super) fn read(n: Node<'_>) -> Result<PoolConfig, ConfigError> {
-        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix, outlier_detection] =
+        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix, outlier_detection, expose] =
             n.keys([
                 "name",
                 "models",
@@ -93,6 +96,7 @@ impl PoolConfig {
                 "engine_stats",
                 "prefix",
                 "outlier_detection",
+                "expose_paths",
             ])?;
         let name = {
             let s = name.string()?.trim().to_string();
@@ -137,6 +141,7 @@ impl PoolConfig {
             max_in_flight_per_endpoint,
             engine_stats,
             outlier,
+            expose_paths: expose_paths(&expose)?,
         })
     }
 }

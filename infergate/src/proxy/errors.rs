@@ -46,6 +46,26 @@ impl ApiError {
         Self::new(404, "invalid_request_error", "model_not_found", message)
     }
 
+    /// A path this router does not serve: neither the inference API nor listed in `expose_paths`.
+    pub fn not_found(method: &str, path: &str) -> Self {
+        Self::new(
+            404,
+            "invalid_request_error",
+            "not_found",
+            format!("Invalid URL ({method} {path}): this router serves only the inference API"),
+        )
+    }
+
+    /// A request target that cannot be normalised (encoded separators, dot segments, bad escapes, ...).
+    pub fn invalid_path(reason: &str) -> Self {
+        Self::new(
+            400,
+            "invalid_request_error",
+            "invalid_path",
+            format!("invalid request path: {reason}"),
+        )
+    }
+
     pub fn no_healthy_endpoint(pool: &str) -> Self {
         Self::new(
             503,
@@ -182,6 +202,20 @@ mod tests {
         assert_eq!(v["error"]["code"], "model_not_found");
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert!(v["error"]["message"].as_str().unwrap().contains("`x`"));
+    }
+
+    #[test]
+    fn not_found_is_openai_shaped() {
+        let v: serde_json::Value =
+            serde_json::from_slice(&ApiError::not_found("POST", "/sleep").body()).unwrap();
+        assert_eq!(v["error"]["code"], "not_found");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("(POST /sleep)"));
+        assert_eq!(ApiError::not_found("GET", "/metrics").status, 404);
+        assert_eq!(ApiError::invalid_path("x").status, 400);
     }
 
     #[test]

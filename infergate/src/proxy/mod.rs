@@ -5,10 +5,12 @@
 //!
 //! ```text
 //! early_request_filter     serve pipelined requests in order
-//! request_filter           classify; answer /health and /v1/models; read the whole body (bounded), pick the pool
+//! request_filter           screen the path (exposure: 400/404 unless served); classify; answer /health and
+//!                          /v1/models; read the whole body (bounded), pick the pool
 //! upstream_peer            (per attempt) snapshot → policy.place → ledger hold → peer; a stale pooled connection
 //!                          is retried once on the same endpoint over a fresh connection
-//! upstream_request_filter  Host, the engine's key (never the client's), one Content-Length, no Expect
+//! upstream_request_filter  Host, the engine's key (never the client's), one Content-Length, no Expect, the
+//!                          normalised path, X-Forwarded-For / Forwarded / X-Real-IP (forwarded)
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count); 429/503: refused → retry elsewhere;
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
@@ -17,6 +19,7 @@
 //!   error_while_proxy
 //! fail_to_proxy            answer an OpenAI-style error
 //! logging                  count the request; the hold's Drop releases whatever is left on every path
+//! request_summary          what Pingora's warn/error lines show: method, normalised path, Host (no query)
 //! ```
 
 mod body;
@@ -36,6 +39,8 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 pub use body::{BodyBudget, BodyLimits};
 pub use errors::ApiError;
 
+use crate::exposure::{self, Exposure, Screened};
+use crate::forwarded;
 use crate::ledger::{Hold, ReleaseCause, ReleaseHook};
 use crate::placement::policy::{PlaceRequest, Placement, Snapshot, Ticket};
 use crate::placement::{self, Reason};
@@ -56,6 +61,8 @@ pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 #[derive(Default)]
 pub struct Ctx {
     kind: CallKind,
+    /// The screened request: its normalised target and how it is allowed.
+    target: Option<Screened>,
     pool: Option<Arc<Pool>>,
     /// The whole request body, held for routing and for every forwarding attempt.
     body: Option<HeldBody>,
@@ -111,6 +118,7 @@ impl Ctx {
 pub struct Router {
     state: RouterState,
     body_budget: BodyBudget,
+    exposure: Exposure,
 }
 
 impl Deref for Router {
@@ -123,7 +131,12 @@ impl Deref for Router {
 impl Router {
     pub fn new(state: RouterState) -> Router {
         let body_budget = BodyBudget::new(state.cfg.body_budget_bytes as u64);
-        Router { state, body_budget }
+        let exposure = Exposure::new(&state.cfg);
+        Router {
+            state,
+            body_budget,
+            exposure,
+        }
     }
 
     fn body_limits(&self) -> BodyLimits {
@@ -134,10 +147,17 @@ impl Router {
         }
     }
 
-    fn pool_by_model(&self, model: Option<&str>) -> Option<Arc<Pool>> {
-        self.cfg
-            .pool_for_model(model)
-            .and_then(|i| self.pools.pools.get(i).cloned())
+    /// The pool for the body's model and the screened path (exposure.rs).
+    fn pool_for(&self, ctx: &Ctx) -> std::result::Result<Arc<Pool>, ApiError> {
+        let target = ctx.target.as_ref().ok_or_else(ApiError::internal)?;
+        let i = self
+            .exposure
+            .pool(&self.cfg, ctx.scan.model.as_deref(), target)?;
+        self.pools
+            .pools
+            .get(i)
+            .cloned()
+            .ok_or_else(ApiError::internal)
     }
 
     /// The endpoint's shared release callback: counts served estimates and janitor releases.
@@ -409,11 +429,17 @@ impl ProxyHttp for Router {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        let (method, path) = {
-            let req = session.req_header();
-            (req.method.as_str().to_owned(), req.uri.path().to_owned())
-        };
-        ctx.kind = request::classify(&method, &path);
+        // Only the inference API and `expose_paths`, matched on the normalised path; nothing else reaches an engine.
+        match self.exposure.screen_request(session.req_header()) {
+            Ok(screened) => {
+                ctx.kind = screened.kind;
+                ctx.target = Some(screened);
+            }
+            Err(e) => {
+                self.respond_error(session, &e).await?;
+                return Ok(true);
+            }
+        }
         match ctx.kind {
             CallKind::RouterHealth => {
                 let (status, body) = if self.pools.any_healthy() {
@@ -448,10 +474,12 @@ impl ProxyHttp for Router {
         if let Some(b) = &ctx.body {
             ctx.scan = request::scan(&b.bytes, MAX_PROMPT_SCAN);
         }
-        let Some(pool) = self.pool_by_model(ctx.scan.model.as_deref()) else {
-            let e = ApiError::model_not_found(ctx.scan.model.as_deref());
-            self.respond_error(session, &e).await?;
-            return Ok(true);
+        let pool = match self.pool_for(ctx) {
+            Ok(pool) => pool,
+            Err(e) => {
+                self.respond_error(session, &e).await?;
+                return Ok(true);
+            }
         };
         if let Some(s) = pool.cfg.policy.sessions() {
             ctx.session_key = session
@@ -534,7 +562,7 @@ impl ProxyHttp for Router {
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         req: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
@@ -554,6 +582,11 @@ impl ProxyHttp for Router {
             req.remove_header("transfer-encoding");
             req.insert_header("content-length", b.bytes.len().to_string())?;
         }
+        if let Some(t) = &ctx.target {
+            t.set_upstream_target(req)?;
+        }
+        let peer = forwarded::peer_ip(session.client_addr());
+        forwarded::apply(req, peer, &self.cfg.trusted_proxies)?;
         Ok(())
     }
 
@@ -752,6 +785,10 @@ impl ProxyHttp for Router {
                 .inc();
         }
         ctx.finish_hold();
+    }
+
+    fn request_summary(&self, session: &Session, ctx: &Ctx) -> String {
+        exposure::request_summary(session.req_header(), ctx.target.as_ref())
     }
 }
 

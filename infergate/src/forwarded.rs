@@ -1,0 +1,249 @@
+//! The client-address headers sent upstream: the client is appended to `X-Forwarded-For` and to `Forwarded`
+//! (RFC 7239), and `X-Real-IP` is set to it, unless the peer is a trusted proxy that sent its own `X-Real-IP`.
+//!
+//! What the client sent in `X-Forwarded-For` and `Forwarded` is kept (joined into one header line) and never
+//! trusted here: only the last element, the one the router appends, is known to be true. An engine or log
+//! reader that wants the original client behind a trusted load balancer reads `X-Real-IP`.
+
+use std::net::IpAddr;
+
+use pingora_core::protocols::l4::socket::SocketAddr;
+use pingora_http::RequestHeader;
+
+use crate::config::Cidr;
+
+/// The three headers as they go upstream; `None` removes the header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardHeaders {
+    pub x_forwarded_for: Option<Vec<u8>>,
+    pub forwarded: Vec<u8>,
+    pub x_real_ip: Option<Vec<u8>>,
+}
+
+/// The peer's IP address (None for a Unix-socket peer or when unknown).
+pub fn peer_ip(addr: Option<&SocketAddr>) -> Option<IpAddr> {
+    addr.and_then(|a| a.as_inet())
+        .map(|a| a.ip().to_canonical())
+}
+
+/// Whether `peer` is inside one of the `trusted` networks.
+pub fn is_trusted(peer: Option<IpAddr>, trusted: &[Cidr]) -> bool {
+    peer.is_some_and(|ip| trusted.iter().any(|c| c.contains(ip)))
+}
+
+/// The `Forwarded` node for `peer`: an IPv4 address bare, an IPv6 one quoted in brackets (RFC 7239 §6), and
+/// `unknown` without an address.
+fn forwarded_node(peer: Option<IpAddr>) -> String {
+    match peer {
+        Some(IpAddr::V4(a)) => a.to_string(),
+        Some(IpAddr::V6(a)) => format!("\"[{a}]\""),
+        None => "unknown".to_string(),
+    }
+}
+
+/// Non-empty values (header lines) joined with ", ", then `tail` if given.
+fn join(values: &[&[u8]], tail: Option<&[u8]>) -> Option<Vec<u8>> {
+    let mut out: Vec<u8> = Vec::new();
+    for v in values
+        .iter()
+        .map(|v| v.trim_ascii())
+        .chain(tail)
+        .filter(|v| !v.is_empty())
+    {
+        if !out.is_empty() {
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(v);
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// The headers to send for a request from `peer` that carried these `X-Forwarded-For` and `Forwarded` lines and
+/// this `X-Real-IP`.
+pub fn compute(
+    peer: Option<IpAddr>,
+    trusted: &[Cidr],
+    x_forwarded_for: &[&[u8]],
+    forwarded: &[&[u8]],
+    x_real_ip: Option<&[u8]>,
+) -> ForwardHeaders {
+    let client = peer.map(|ip| ip.to_string());
+    let node = format!("for={}", forwarded_node(peer));
+    let keep_real_ip =
+        is_trusted(peer, trusted) && x_real_ip.is_some_and(|v| !v.trim_ascii().is_empty());
+    ForwardHeaders {
+        x_forwarded_for: join(x_forwarded_for, client.as_deref().map(str::as_bytes)),
+        forwarded: join(forwarded, Some(node.as_bytes())).unwrap_or_default(),
+        x_real_ip: if keep_real_ip {
+            x_real_ip.map(|v| v.trim_ascii().to_vec())
+        } else {
+            client.map(String::into_bytes)
+        },
+    }
+}
+
+/// Rewrite the three headers of an upstream request (see [`compute`]).
+pub fn apply(
+    req: &mut RequestHeader,
+    peer: Option<IpAddr>,
+    trusted: &[Cidr],
+) -> pingora_error::Result<()> {
+    let h = {
+        let all = |name: &str| -> Vec<&[u8]> {
+            req.headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.as_bytes())
+                .collect()
+        };
+        let real_ip = req.headers.get("x-real-ip").map(|v| v.as_bytes());
+        compute(
+            peer,
+            trusted,
+            &all("x-forwarded-for"),
+            &all("forwarded"),
+            real_ip,
+        )
+    };
+    match h.x_forwarded_for {
+        Some(v) => req.insert_header("x-forwarded-for", v)?,
+        None => {
+            req.remove_header("x-forwarded-for");
+        }
+    }
+    req.insert_header("forwarded", h.forwarded)?;
+    match h.x_real_ip {
+        Some(v) => req.insert_header("x-real-ip", v)?,
+        None => {
+            req.remove_header("x-real-ip");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> Option<IpAddr> {
+        Some(s.parse().unwrap())
+    }
+
+    fn s(v: &Option<Vec<u8>>) -> Option<&str> {
+        v.as_deref().map(|b| std::str::from_utf8(b).unwrap())
+    }
+
+    fn nets(list: &[&str]) -> Vec<Cidr> {
+        list.iter().map(|c| Cidr::parse(c).unwrap()).collect()
+    }
+
+    #[test]
+    fn a_direct_client_is_appended_and_is_the_real_ip() {
+        let h = compute(ip("203.0.113.7"), &[], &[], &[], None);
+        assert_eq!(s(&h.x_forwarded_for), Some("203.0.113.7"));
+        assert_eq!(h.forwarded, b"for=203.0.113.7");
+        assert_eq!(s(&h.x_real_ip), Some("203.0.113.7"));
+    }
+
+    #[test]
+    fn existing_chains_are_kept_and_extended() {
+        let h = compute(
+            ip("10.1.2.3"),
+            &[],
+            &[b"198.51.100.1, 192.0.2.4", b" 192.0.2.5 "],
+            &[b"for=198.51.100.1;proto=https", b"for=\"[2001:db8::9]\""],
+            Some(b"6.6.6.6"),
+        );
+        assert_eq!(
+            s(&h.x_forwarded_for),
+            Some("198.51.100.1, 192.0.2.4, 192.0.2.5, 10.1.2.3")
+        );
+        assert_eq!(
+            h.forwarded,
+            b"for=198.51.100.1;proto=https, for=\"[2001:db8::9]\", for=10.1.2.3"
+        );
+        // Not from a trusted proxy: a client-supplied X-Real-IP is replaced.
+        assert_eq!(s(&h.x_real_ip), Some("10.1.2.3"));
+    }
+
+    #[test]
+    fn ipv6_is_quoted_in_forwarded_only() {
+        let h = compute(ip("2001:db8::1"), &[], &[], &[], None);
+        assert_eq!(s(&h.x_forwarded_for), Some("2001:db8::1"));
+        assert_eq!(h.forwarded, b"for=\"[2001:db8::1]\"");
+        assert_eq!(s(&h.x_real_ip), Some("2001:db8::1"));
+        // An IPv4-mapped peer is its IPv4 address.
+        let mapped: IpAddr = "::ffff:192.0.2.1".parse().unwrap();
+        let h = compute(Some(mapped.to_canonical()), &[], &[], &[], None);
+        assert_eq!(h.forwarded, b"for=192.0.2.1");
+    }
+
+    #[test]
+    fn a_trusted_proxy_keeps_its_real_ip() {
+        let trusted = nets(&["10.0.0.0/8", "fd00::/8"]);
+        let h = compute(
+            ip("10.0.0.5"),
+            &trusted,
+            &[b"198.51.100.1"],
+            &[],
+            Some(b"198.51.100.1"),
+        );
+        assert_eq!(s(&h.x_real_ip), Some("198.51.100.1"));
+        assert_eq!(s(&h.x_forwarded_for), Some("198.51.100.1, 10.0.0.5"));
+        let h = compute(ip("fd00::2"), &trusted, &[], &[], Some(b"2001:db8::7"));
+        assert_eq!(s(&h.x_real_ip), Some("2001:db8::7"));
+        // Trusted but without an X-Real-IP (or an empty one): the peer is the real IP.
+        let h = compute(ip("10.0.0.5"), &trusted, &[], &[], None);
+        assert_eq!(s(&h.x_real_ip), Some("10.0.0.5"));
+        let h = compute(ip("10.0.0.5"), &trusted, &[], &[], Some(b"  "));
+        assert_eq!(s(&h.x_real_ip), Some("10.0.0.5"));
+        // Untrusted peer claiming an address.
+        let h = compute(ip("192.0.2.9"), &trusted, &[], &[], Some(b"10.0.0.1"));
+        assert_eq!(s(&h.x_real_ip), Some("192.0.2.9"));
+    }
+
+    #[test]
+    fn an_unknown_peer_adds_nothing_it_cannot_vouch_for() {
+        let h = compute(
+            None,
+            &nets(&["0.0.0.0/0"]),
+            &[b"192.0.2.1"],
+            &[],
+            Some(b"1.2.3.4"),
+        );
+        assert_eq!(s(&h.x_forwarded_for), Some("192.0.2.1"));
+        assert_eq!(h.forwarded, b"for=unknown");
+        assert_eq!(h.x_real_ip, None);
+        let h = compute(None, &[], &[b""], &[], None);
+        assert_eq!(h.x_forwarded_for, None);
+    }
+
+    #[test]
+    fn apply_rewrites_the_upstream_request() {
+        let mut req = RequestHeader::build("POST", b"/v1/completions", None).unwrap();
+        req.append_header("x-forwarded-for", "198.51.100.1")
+            .unwrap();
+        req.append_header("X-Forwarded-For", "192.0.2.4").unwrap();
+        req.append_header("x-real-ip", "1.1.1.1").unwrap();
+        apply(&mut req, ip("127.0.0.1"), &[]).unwrap();
+        let get = |n: &str| -> Vec<&str> {
+            req.headers
+                .get_all(n)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect()
+        };
+        assert_eq!(
+            get("x-forwarded-for"),
+            ["198.51.100.1, 192.0.2.4, 127.0.0.1"]
+        );
+        assert_eq!(get("forwarded"), ["for=127.0.0.1"]);
+        assert_eq!(get("x-real-ip"), ["127.0.0.1"]);
+
+        let mut req = RequestHeader::build("GET", b"/v1/models/x", None).unwrap();
+        req.append_header("x-real-ip", "1.1.1.1").unwrap();
+        apply(&mut req, None, &[]).unwrap();
+        assert!(req.headers.get("x-forwarded-for").is_none());
+        assert!(req.headers.get("x-real-ip").is_none());
+    }
+}

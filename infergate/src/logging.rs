@@ -1,0 +1,103 @@
+//! The binary's logger: `env_logger` as `RUST_LOG` says, except that Pingora's crates (and the HTTP client
+//! crates) never log below `info`, because at debug and trace they print request headers, engine keys included.
+//!
+//! Pingora logs every upstream request header (`authorization: Bearer <engine key>`) at debug, and the client's
+//! request headers and its health-check requests at trace. The cap holds whatever `RUST_LOG` says, including
+//! `RUST_LOG=pingora_proxy=trace`. Setting [`UNCAP_ENV`] to `1` lifts it for debugging, with a warning printed at
+//! start; never in production.
+
+use log::{Level, LevelFilter, Log, Metadata, Record};
+
+/// `INFERGATE_UNSAFE_LOG_HEADERS=1` lifts the cap (prints a warning: keys and tokens will be logged).
+pub const UNCAP_ENV: &str = "INFERGATE_UNSAFE_LOG_HEADERS";
+
+/// Crates whose debug and trace logs can print request headers: Pingora's (`pingora_proxy`, `pingora_core`,
+/// `pingora_load_balancing`, ...) and the HTTP stack the engine-stats scraper sends the engine key through.
+const CAPPED: &[&str] = &["pingora", "reqwest", "hyper", "h2"];
+
+/// The highest level a capped crate may log at.
+const CAP: Level = Level::Info;
+
+/// Whether a record from `target` at `level` is dropped by the cap.
+pub fn is_capped(target: &str, level: Level) -> bool {
+    level > CAP
+        && CAPPED.iter().any(|c| {
+            target == *c
+                || target
+                    .strip_prefix(c)
+                    .is_some_and(|rest| rest.starts_with('_') || rest.starts_with("::"))
+        })
+}
+
+struct Capped {
+    inner: env_logger::Logger,
+    cap: bool,
+}
+
+impl Log for Capped {
+    fn enabled(&self, m: &Metadata<'_>) -> bool {
+        !(self.cap && is_capped(m.target(), m.level())) && self.inner.enabled(m)
+    }
+
+    fn log(&self, r: &Record<'_>) {
+        if self.enabled(r.metadata()) {
+            self.inner.log(r);
+        }
+    }
+
+    fn flush(&self) {
+        self.inner.flush();
+    }
+}
+
+/// Install the logger (`RUST_LOG`, default `info`), capped unless [`UNCAP_ENV`] is `1`.
+pub fn init() {
+    let inner =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).build();
+    let cap = std::env::var(UNCAP_ENV).map_or(true, |v| v != "1");
+    let max: LevelFilter = inner.filter();
+    if log::set_boxed_logger(Box::new(Capped { inner, cap })).is_ok() {
+        log::set_max_level(max);
+    }
+    if !cap {
+        eprintln!(
+            "infergate: WARNING: {UNCAP_ENV}=1: Pingora's debug and trace logs are not capped; they print request \
+             headers, including engine API keys and client tokens. Never run like this in production."
+        );
+        log::warn!("{UNCAP_ENV}=1: request headers (API keys, client tokens) may be logged");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pingora_and_http_crates_are_capped_at_info() {
+        for target in [
+            "pingora",
+            "pingora_proxy",
+            "pingora_proxy::proxy_h1",
+            "pingora_core::protocols::http::v1::client",
+            "pingora_load_balancing::health_check",
+            "reqwest::connect",
+            "hyper::proto::h1::io",
+            "hyper_util::client::legacy::pool",
+            "h2::codec",
+        ] {
+            assert!(is_capped(target, Level::Debug), "{target}");
+            assert!(is_capped(target, Level::Trace), "{target}");
+            assert!(!is_capped(target, Level::Info), "{target}");
+            assert!(!is_capped(target, Level::Error), "{target}");
+        }
+        for target in [
+            "infergate",
+            "infergate::proxy",
+            "h2o",
+            "pingoraish",
+            "hyperx",
+        ] {
+            assert!(!is_capped(target, Level::Trace), "{target}");
+        }
+    }
+}
