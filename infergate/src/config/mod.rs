@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+mod clients;
 mod outlier;
 mod policy;
 mod pool;
@@ -14,6 +15,7 @@ mod testing;
 mod values;
 mod walk;
 
+pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
 pub use outlier::OutlierConfig;
 pub use policy::{
     EngineKind, EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, PrefixFallback,
@@ -48,6 +50,9 @@ pub struct Config {
     pub body_budget_bytes: usize,
     /// How long a request waits for room in the body budget (default 2s).
     pub body_budget_wait: Duration,
+    /// Client connections open at once on the `listen` addresses (default 10000, lowered at start to what the
+    /// open-files limit holds; see `crate::clients`).
+    pub max_client_connections: usize,
     pub pools: Vec<PoolConfig>,
 }
 
@@ -61,6 +66,10 @@ pub struct Timeouts {
     pub stream_idle: Duration,
     /// The whole request body must arrive within this (default 60s); 408 otherwise.
     pub request_body: Duration,
+    /// The whole request header must arrive within this (default 10s), else the connection is closed.
+    pub request_header: Duration,
+    /// A keep-alive client connection is closed after this long without a request (default 60s, whole seconds).
+    pub client_idle: Duration,
 }
 
 /// A configuration error: `{file}: {key path}: {reason}`.
@@ -140,6 +149,8 @@ impl Default for Timeouts {
             response_header: Duration::from_secs(120),
             stream_idle: Duration::from_secs(60),
             request_body: Duration::from_secs(60),
+            request_header: clients::DEFAULT_REQUEST_HEADER,
+            client_idle: clients::DEFAULT_CLIENT_IDLE,
         }
     }
 }
@@ -173,7 +184,7 @@ const SECTIONS: &[(&str, Reader)] = &[
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -183,6 +194,7 @@ impl Config {
                 "max_body_bytes",
                 "body_budget_bytes",
                 "body_budget_wait",
+                "max_client_connections",
                 "pools",
             ])?;
         let listen = listen_list(&listen)?;
@@ -209,6 +221,7 @@ impl Config {
             max_body_bytes: max_body_bytes.byte_size_or(DEFAULT_MAX_BODY_BYTES)?,
             body_budget_bytes: body_budget_bytes.byte_size_or(DEFAULT_BODY_BUDGET_BYTES)?,
             body_budget_wait: body_budget_wait.duration_or(DEFAULT_BODY_BUDGET_WAIT)?,
+            max_client_connections: clients::max_client_connections(&max_client_connections)?,
             pools: pools_list(&pools)?,
         })
     }
@@ -216,14 +229,23 @@ impl Config {
 
 impl Timeouts {
     fn read(n: Node<'_>) -> Result<Timeouts, ConfigError> {
-        let [connect, response_header, stream_idle, request_body] =
-            n.keys(["connect", "response_header", "stream_idle", "request_body"])?;
+        let [connect, response_header, stream_idle, request_body, request_header, client_idle] = n
+            .keys([
+                "connect",
+                "response_header",
+                "stream_idle",
+                "request_body",
+                "request_header",
+                "client_idle",
+            ])?;
         let d = Timeouts::default();
         Ok(Timeouts {
             connect: connect.duration_or(d.connect)?,
             response_header: response_header.duration_or(d.response_header)?,
             stream_idle: stream_idle.duration_or(d.stream_idle)?,
             request_body: request_body.duration_or(d.request_body)?,
+            request_header: request_header.duration_or(d.request_header)?,
+            client_idle: clients::client_idle(&client_idle)?,
         })
     }
 }
@@ -371,6 +393,7 @@ pools:
                 response_header: Duration::from_secs(30),
                 stream_idle: Duration::from_secs(60),
                 request_body: Duration::from_secs(60),
+                ..Timeouts::default()
             }
         );
         assert_eq!(c.max_retries, 0);
