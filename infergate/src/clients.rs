@@ -16,9 +16,13 @@
 //!   exactly when the connection will be reused) switches it on again for the next request.
 //! - **The connection cap** is a Pingora [`ServerApp`] wrapped around the proxy ([`ClientGate`]): Pingora calls
 //!   `process_new` once per accepted connection and it returns when the connection is closed, so it holds one
-//!   slot for exactly the connection's life; over the cap the connection is closed at once. (Pingora's
-//!   `connection_filter` feature can refuse a connection at accept time but never learns when one closes, so it
-//!   cannot count open connections; it would also need the whole Pingora tree rebuilt with the feature.)
+//!   slot for exactly the connection's life. (Pingora's `connection_filter` feature can refuse a connection at
+//!   accept time but never learns when one closes, so it cannot count open connections; it would also need the
+//!   whole Pingora tree rebuilt with the feature.) At the cap, a new connection makes room by closing the
+//!   connection that has waited longest (at least [`EVICT_MIN_WAIT`]) for its request header or, idle, for its
+//!   next request, as nginx closes idle keep-alive connections when it runs out; so a flood of slow or idle
+//!   connections cannot lock out a client that sends its request at once. Only when every slot holds a request
+//!   in progress (or a connection younger than that) is the new connection closed unanswered.
 //!
 //! The request body has its own whole-body deadline (`timeouts.request_body`, 408, see `proxy::body`).
 //!
@@ -27,15 +31,17 @@
 //! (a separate Pingora service that this cap does not count) and logs need their own. [`effective_max`] lowers a
 //! configured cap that the process's open-files limit could not hold.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use pingora_core::apps::ServerApp;
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::raw_connect::ProxyDigest;
@@ -58,6 +64,10 @@ pub const FD_RESERVE: u64 = 1024;
 
 /// How often the "cap reached" warning may repeat.
 const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// At the cap, a connection waiting this long for a request header, or idle between requests, may be closed to
+/// make room for a new one (a younger one is left alone: its client may still be about to send).
+pub const EVICT_MIN_WAIT: Duration = Duration::from_secs(1);
 
 /// Client connections an open-files limit can hold: every client connection may hold an engine connection
 /// too (two descriptors), after a reserve of a quarter of the limit, at most [`FD_RESERVE`].
@@ -122,6 +132,7 @@ pub fn health(pools: &crate::pool::Pools) -> (u16, &'static str) {
 struct ClientStats {
     open: IntGauge,
     refused: IntCounter,
+    evicted: IntCounter,
     header_timeouts: IntCounter,
 }
 
@@ -144,7 +155,12 @@ impl ClientStats {
             ),
             refused: counter(
                 "infergate_client_connections_refused_total",
-                "Client connections closed on accept because max_client_connections were open.",
+                "Client connections closed on accept: max_client_connections were open, none of them waiting.",
+            ),
+            evicted: counter(
+                "infergate_client_connections_evicted_total",
+                "Client connections closed to make room at max_client_connections: the one waiting longest for a \
+                 request header or, idle, for its next request.",
             ),
             header_timeouts: counter(
                 "infergate_client_header_timeouts_total",
@@ -161,7 +177,7 @@ pub struct ClientGate<A> {
     header_timeout: Duration,
     max: usize,
     open: AtomicUsize,
-    stats: Arc<ClientStats>,
+    shared: Arc<Shared>,
     started: Instant,
     /// Milliseconds after `started` of the last "cap reached" warning (0 = none yet).
     last_refused_log: AtomicU64,
@@ -175,22 +191,27 @@ impl<A> ClientGate<A> {
             header_timeout: cfg.timeouts.request_header,
             max,
             open: AtomicUsize::new(0),
-            stats: Arc::new(ClientStats::new(metrics)),
+            shared: Arc::new(Shared {
+                stats: ClientStats::new(metrics),
+                waiting: Mutex::new(Waiting::default()),
+            }),
             started: Instant::now(),
             last_refused_log: AtomicU64::new(0),
         }
     }
 
-    /// Client connections open now.
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
-    }
-
+    /// A slot for a new connection: a free one, or the one of a waiting connection closed to make room (taken
+    /// at once: the count is over the cap until that connection's task has ended, a moment later).
     fn take_slot(&self) -> Option<Slot<'_, A>> {
         let mut n = self.open.load(Ordering::Relaxed);
         loop {
             if n >= self.max {
-                return None;
+                if !self.shared.evict_longest_waiting() {
+                    return None;
+                }
+                self.shared.stats.evicted.inc();
+                self.open.fetch_add(1, Ordering::AcqRel);
+                break;
             }
             match self
                 .open
@@ -200,12 +221,13 @@ impl<A> ClientGate<A> {
                 Err(now) => n = now,
             }
         }
-        self.stats.open.inc();
+        self.shared.stats.open.inc();
         Some(Slot(self))
     }
 
     fn refuse(&self) {
-        self.stats.refused.inc();
+        let stats = &self.shared.stats;
+        stats.refused.inc();
         let now = (self.started.elapsed().as_millis() as u64).max(1);
         let last = self.last_refused_log.load(Ordering::Relaxed);
         if (last == 0 || now.saturating_sub(last) >= REFUSED_LOG_EVERY.as_millis() as u64)
@@ -215,9 +237,10 @@ impl<A> ClientGate<A> {
                 .is_ok()
         {
             log::warn!(
-                "{} client connections open (max_client_connections): closing new ones ({} so far)",
+                "{} client connections open (max_client_connections), none of them waiting: closing new ones \
+                 ({} so far)",
                 self.max,
-                self.stats.refused.get()
+                stats.refused.get()
             );
         }
     }
@@ -229,7 +252,7 @@ struct Slot<'a, A>(&'a ClientGate<A>);
 impl<A> Drop for Slot<'_, A> {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::AcqRel);
-        self.0.stats.open.dec();
+        self.0.shared.stats.open.dec();
     }
 }
 
@@ -247,7 +270,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ClientGate<A> {
         let mut next: Option<Stream> = Some(Box::new(GuardedStream::new(
             stream,
             self.header_timeout,
-            self.stats.clone(),
+            self.shared.clone(),
         )));
         // Pingora's HTTP app serves every request of the connection before it returns; loop anyway, so that a
         // stream handed back for reuse stays under this slot.
@@ -266,34 +289,121 @@ const ARMED: u8 = 0;
 const IDLE: u8 = 1;
 const OFF: u8 = 2;
 
-/// A client connection's stream whose reads fail once a request header is overdue.
-///
-/// Phases: `ARMED` (a request header is being read against the deadline), `IDLE` (between keep-alive requests:
-/// Pingora's idle timeout applies; the first byte read arms the deadline), `OFF` (the header is in; the body and
-/// the response have their own timeouts).
+/// What a gate shares with its connections' streams.
+struct Shared {
+    stats: ClientStats,
+    waiting: Mutex<Waiting>,
+}
+
+/// Connections that may be closed to make room, in the order they were queued: when accepted, and when they go
+/// idle between requests unless still queued (each at most once at a time; a connection queued at its accept
+/// keeps that place through its requests). Entries of connections that have since closed, or are busy with a
+/// request, are dropped when met.
+#[derive(Default)]
+struct Waiting {
+    queue: VecDeque<(Weak<Conn>, Instant)>,
+    /// Drop closed connections' entries when the queue reaches this length.
+    prune_at: usize,
+}
+
+impl Shared {
+    fn queue(&self, conn: &Arc<Conn>) {
+        if conn.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut w = self.waiting.lock();
+        w.queue.push_back((Arc::downgrade(conn), Instant::now()));
+        if w.queue.len() >= w.prune_at {
+            w.queue.retain(|(c, _)| c.strong_count() > 0);
+            w.prune_at = (w.queue.len() * 2).max(1024);
+        }
+    }
+
+    /// Close the connection that has waited longest, if it has waited at least [`EVICT_MIN_WAIT`].
+    fn evict_longest_waiting(&self) -> bool {
+        let mut w = self.waiting.lock();
+        while let Some((conn, since)) = w.queue.front() {
+            let Some(conn) = conn.upgrade() else {
+                w.queue.pop_front();
+                continue;
+            };
+            if since.elapsed() < EVICT_MIN_WAIT {
+                return false;
+            }
+            w.queue.pop_front();
+            conn.queued.store(false, Ordering::Release);
+            let phase = conn.phase.load(Ordering::Acquire);
+            if phase != OFF && !conn.evicted.swap(true, Ordering::AcqRel) {
+                drop(w);
+                if let Some(waker) = conn.waker.lock().take() {
+                    waker.wake();
+                }
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// One connection's state, shared by its stream, the proxy hooks and the gate's queue of waiting connections.
+#[derive(Default)]
+struct Conn {
+    /// `ARMED` (a request header is being read against the deadline), `IDLE` (between keep-alive requests:
+    /// Pingora's idle timeout applies; the first byte read arms the deadline), `OFF` (the header is in; the body
+    /// and the response have their own timeouts).
+    phase: AtomicU8,
+    /// Closed to make room: reads fail while the connection waits (not during a request).
+    evicted: AtomicBool,
+    /// In the gate's queue of waiting connections.
+    queued: AtomicBool,
+    /// The task reading the connection, woken when it is evicted.
+    waker: Mutex<Option<Waker>>,
+}
+
+/// A client connection's stream whose reads fail once a request header is overdue, or once the connection is
+/// closed to make room while it waits.
 pub struct GuardedStream {
     inner: Stream,
-    phase: AtomicU8,
+    conn: Arc<Conn>,
     header_timeout: Duration,
     deadline: Pin<Box<tokio::time::Sleep>>,
     expired: bool,
-    stats: Arc<ClientStats>,
+    shared: Arc<Shared>,
 }
 
 impl GuardedStream {
-    fn new(inner: Stream, header_timeout: Duration, stats: Arc<ClientStats>) -> GuardedStream {
+    fn new(inner: Stream, header_timeout: Duration, shared: Arc<Shared>) -> GuardedStream {
+        let conn = Arc::new(Conn::default());
+        shared.queue(&conn);
         GuardedStream {
             inner,
-            phase: AtomicU8::new(ARMED),
+            conn,
             header_timeout,
             deadline: Box::pin(tokio::time::sleep(header_timeout)),
             expired: false,
-            stats,
+            shared,
         }
     }
 
     fn of(stream: &Stream) -> Option<&GuardedStream> {
         (**stream).as_any().downcast_ref::<GuardedStream>()
+    }
+
+    /// While the connection waits: remember whom to wake if it is evicted; the error to fail the read with if it
+    /// has been.
+    fn check_evicted(&self, cx: &Context<'_>) -> Option<io::Error> {
+        {
+            let mut w = self.conn.waker.lock();
+            if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *w = Some(cx.waker().clone());
+            }
+        }
+        self.conn.evicted.load(Ordering::Acquire).then(|| {
+            io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed to make room for a new client connection (max_client_connections)",
+            )
+        })
     }
 }
 
@@ -301,7 +411,7 @@ impl std::fmt::Debug for GuardedStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GuardedStream")
             .field("inner", &self.inner)
-            .field("phase", &self.phase.load(Ordering::Relaxed))
+            .field("phase", &self.conn.phase.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -312,7 +422,7 @@ pub fn header_received(session: &mut Session, idle: Duration) {
     let downstream = session.as_downstream_mut();
     if let ServerSession::H1(h1) = &*downstream {
         if let Some(g) = GuardedStream::of(h1.stream()) {
-            g.phase.store(OFF, Ordering::Release);
+            g.conn.phase.store(OFF, Ordering::Release);
         }
     }
     if downstream.get_keepalive().is_some() {
@@ -321,11 +431,12 @@ pub fn header_received(session: &mut Session, idle: Duration) {
 }
 
 /// `persist_connection_context`: the connection will wait for another request, whose header gets the deadline
-/// again from its first byte.
+/// again from its first byte; meanwhile it may be closed to make room at the cap.
 pub fn awaiting_next_request(session: &Session) {
     if let ServerSession::H1(h1) = session.as_downstream() {
         if let Some(g) = GuardedStream::of(h1.stream()) {
-            g.phase.store(IDLE, Ordering::Release);
+            g.conn.phase.store(IDLE, Ordering::Release);
+            g.shared.queue(&g.conn);
         }
     }
 }
@@ -337,24 +448,30 @@ impl AsyncRead for GuardedStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        match this.phase.load(Ordering::Acquire) {
+        match this.conn.phase.load(Ordering::Acquire) {
             OFF => Pin::new(&mut this.inner).poll_read(cx, buf),
             IDLE => {
+                if let Some(e) = this.check_evicted(cx) {
+                    return Poll::Ready(Err(e));
+                }
                 let before = buf.filled().len();
                 let read = Pin::new(&mut this.inner).poll_read(cx, buf);
                 if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
                     // The next request has begun: its header now has header_timeout.
                     let at = tokio::time::Instant::now() + this.header_timeout;
                     this.deadline.as_mut().reset(at);
-                    this.phase.store(ARMED, Ordering::Release);
+                    this.conn.phase.store(ARMED, Ordering::Release);
                 }
                 read
             }
             _ => {
+                if let Some(e) = this.check_evicted(cx) {
+                    return Poll::Ready(Err(e));
+                }
                 if this.expired || this.deadline.as_mut().poll(cx).is_ready() {
                     if !this.expired {
                         this.expired = true;
-                        this.stats.header_timeouts.inc();
+                        this.shared.stats.header_timeouts.inc();
                     }
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,

@@ -24,6 +24,17 @@ async fn router(eng: &sim::EngineHandle, timeouts: &str, top: &str) -> TestRoute
         r.state.pools.any_healthy()
     })
     .await;
+    // The proxy accepts only after the first health round: until it serves, connections wait in the backlog
+    // (start_router's probe among them) and would take slots in one burst.
+    let c = client();
+    let url = format!("{}/health", r.url());
+    let start = Instant::now();
+    while !c.get(&url).send().await.is_ok_and(|r| r.status() == 200) {
+        assert!(start.elapsed() < Duration::from_secs(10), "proxy serves");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(c);
+    wait_open(&r, 0.0).await;
     r
 }
 
@@ -213,40 +224,62 @@ async fn a_stalled_body_gets_408_json_at_request_body() {
         .all(|r| r.path != "/v1/chat/completions"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_the_connection_cap_the_metrics_port_and_health_checks_keep_working() {
-    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
-    let router = router(
-        &eng,
-        "request_header: 30s, client_idle: 30s",
-        "max_client_connections: 3\n",
-    )
-    .await;
-    let open = |text: &str| metric_value(text, "infergate_client_connections", &[]);
-    // Three clients hold every slot: one idle after a request, two that have sent nothing yet.
-    let mut held = Vec::new();
-    let mut first = TcpStream::connect(router.addr).await.unwrap();
-    first
-        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(read_response(&mut first).await.0, 200);
-    held.push(first);
-    for _ in 0..2 {
-        held.push(TcpStream::connect(router.addr).await.unwrap());
-    }
+/// `infergate_client_connections` from the metrics port, polled until it equals `n`.
+async fn wait_open(router: &TestRouter, n: f64) {
     let start = Instant::now();
     loop {
         let text = router.metrics_text().await;
-        if open(&text) == Some(3.0) {
-            break;
+        if metric_value(&text, "infergate_client_connections", &[]) == Some(n) {
+            return;
         }
         assert!(
             start.elapsed() < Duration::from_secs(5),
-            "3 connections open: {text}"
+            "{n} connections open: {text}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// GET /health on a new connection: the status and the connection (kept alive).
+async fn get_health(addr: std::net::SocketAddr) -> (u16, TcpStream) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    (read_response(&mut s).await.0, s)
+}
+
+/// Still open: nothing to read and no close within 200 ms.
+async fn still_open(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 64];
+    tokio::time::timeout(Duration::from_millis(200), s.read(&mut b))
+        .await
+        .is_err()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_with_every_slot_busy_new_connections_are_closed_and_the_metrics_port_answers() {
+    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let router = router(
+        &eng,
+        "request_header: 30s, request_body: 30s, client_idle: 30s",
+        "max_client_connections: 3\n",
+    )
+    .await;
+    // Three requests in progress (their bodies still coming) hold every slot; none of them is waiting.
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(router.addr).await.unwrap();
+        s.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":",
+        )
+        .await
+        .unwrap();
+        busy.push(s);
+    }
+    wait_open(&router, 3.0).await;
+    // Past EVICT_MIN_WAIT: they are busy, not waiting, so nothing may be closed to make room.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
 
     // A fourth connection to the proxy port is closed without an answer.
     let mut extra = TcpStream::connect(router.addr).await.unwrap();
@@ -257,6 +290,9 @@ async fn at_the_connection_cap_the_metrics_port_and_health_checks_keep_working()
     let closed = tokio::time::timeout(Duration::from_secs(3), extra.read_to_end(&mut got)).await;
     assert!(closed.is_ok(), "the connection over the cap was not closed");
     assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    for s in &mut busy {
+        assert!(still_open(s).await, "a busy connection was closed");
+    }
 
     // The metrics listener is not under the cap: /health and /metrics answer.
     let c = client();
@@ -268,11 +304,18 @@ async fn at_the_connection_cap_the_metrics_port_and_health_checks_keep_working()
     assert_eq!(health.status(), 200);
     assert_eq!(health.text().await.unwrap(), r#"{"status":"ok"}"#);
     let text = router.metrics_text().await;
-    assert_eq!(open(&text), Some(3.0));
+    assert_eq!(
+        metric_value(&text, "infergate_client_connections", &[]),
+        Some(3.0)
+    );
     assert!(
         metric_value(&text, "infergate_client_connections_refused_total", &[]).unwrap_or(0.0)
             >= 1.0,
         "{text}"
+    );
+    assert_eq!(
+        metric_value(&text, "infergate_client_connections_evicted_total", &[]),
+        Some(0.0)
     );
 
     // The engine keeps being health-checked (every 200 ms) and stays in rotation.
@@ -288,16 +331,59 @@ async fn at_the_connection_cap_the_metrics_port_and_health_checks_keep_working()
     assert!(router.state.pools.any_healthy());
 
     // A slot freed is a slot usable: the proxy port answers again.
-    drop(held.pop());
-    let start = Instant::now();
-    while open(&router.metrics_text().await) != Some(2.0) {
-        assert!(start.elapsed() < Duration::from_secs(5), "slot released");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let mut again = TcpStream::connect(router.addr).await.unwrap();
-    again
-        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    drop(busy.pop());
+    wait_open(&router, 2.0).await;
+    assert_eq!(get_health(router.addr).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_a_new_connection_closes_the_one_waiting_longest() {
+    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let router = router(
+        &eng,
+        "request_header: 30s, client_idle: 30s",
+        "max_client_connections: 3\n",
+    )
+    .await;
+    // Oldest: idle after one request; then two that have sent nothing yet.
+    let mut idle = TcpStream::connect(router.addr).await.unwrap();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
-    assert_eq!(read_response(&mut again).await.0, 200);
+    assert_eq!(read_response(&mut idle).await.0, 200);
+    let mut silent1 = TcpStream::connect(router.addr).await.unwrap();
+    let mut silent2 = TcpStream::connect(router.addr).await.unwrap();
+    wait_open(&router, 3.0).await;
+
+    // Only connections that have waited EVICT_MIN_WAIT (1 s) may make room.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // A client that sends its request at once is served, and the longest-waiting connection makes room.
+    let (status, _held) = get_health(router.addr).await;
+    assert_eq!(status, 200);
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "the idle connection (waiting longest) was not closed"
+    );
+    assert!(still_open(&mut silent1).await && still_open(&mut silent2).await);
+    wait_open(&router, 3.0).await;
+    // Next in line: one of the silent ones (accepted together: either may have been queued first).
+    assert_eq!(get_health(router.addr).await.0, 200);
+    let one = closed_within(&mut silent1, Duration::from_millis(500)).await;
+    let two = closed_within(&mut silent2, Duration::from_millis(500)).await;
+    assert!(
+        one.is_some() != two.is_some(),
+        "exactly one silent connection closed: {one:?} {two:?}"
+    );
+    let text = router.metrics_text().await;
+    assert_eq!(
+        metric_value(&text, "infergate_client_connections_evicted_total", &[]),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric_value(&text, "infergate_client_connections_refused_total", &[]),
+        Some(0.0)
+    );
 }
