@@ -295,26 +295,29 @@ struct Shared {
     waiting: Mutex<Waiting>,
 }
 
-/// Connections that may be closed to make room, in the order they were queued: when accepted, and when they go
-/// idle between requests unless still queued (each at most once at a time; a connection queued at its accept
-/// keeps that place through its requests). Entries of connections that have since closed, or are busy with a
-/// request, are dropped when met.
+/// Connections that may be closed to make room, in the order they began to wait: queued when accepted and again
+/// each time they go idle between requests. Only a connection's latest entry counts (its `wait` number); older
+/// entries, entries of closed connections and of connections busy with a request are dropped when met.
 #[derive(Default)]
 struct Waiting {
-    queue: VecDeque<(Weak<Conn>, Instant)>,
-    /// Drop closed connections' entries when the queue reaches this length.
+    queue: VecDeque<(Weak<Conn>, u64, Instant)>,
+    /// Numbers the entries.
+    next: u64,
+    /// Drop stale entries when the queue reaches this length.
     prune_at: usize,
 }
 
 impl Shared {
+    /// `conn` begins to wait (for its first request, or idle for its next one).
     fn queue(&self, conn: &Arc<Conn>) {
-        if conn.queued.swap(true, Ordering::AcqRel) {
-            return;
-        }
         let mut w = self.waiting.lock();
-        w.queue.push_back((Arc::downgrade(conn), Instant::now()));
+        w.next += 1;
+        let n = w.next;
+        conn.wait.store(n, Ordering::Release);
+        w.queue.push_back((Arc::downgrade(conn), n, Instant::now()));
         if w.queue.len() >= w.prune_at {
-            w.queue.retain(|(c, _)| c.strong_count() > 0);
+            w.queue
+                .retain(|(c, n, _)| c.upgrade().is_some_and(|c| c.waiting(*n)));
             w.prune_at = (w.queue.len() * 2).max(1024);
         }
     }
@@ -322,8 +325,8 @@ impl Shared {
     /// Close the connection that has waited longest, if it has waited at least [`EVICT_MIN_WAIT`].
     fn evict_longest_waiting(&self) -> bool {
         let mut w = self.waiting.lock();
-        while let Some((conn, since)) = w.queue.front() {
-            let Some(conn) = conn.upgrade() else {
+        while let Some((conn, n, since)) = w.queue.front() {
+            let Some(conn) = conn.upgrade().filter(|c| c.waiting(*n)) else {
                 w.queue.pop_front();
                 continue;
             };
@@ -331,9 +334,7 @@ impl Shared {
                 return false;
             }
             w.queue.pop_front();
-            conn.queued.store(false, Ordering::Release);
-            let phase = conn.phase.load(Ordering::Acquire);
-            if phase != OFF && !conn.evicted.swap(true, Ordering::AcqRel) {
+            if !conn.evicted.swap(true, Ordering::AcqRel) {
                 drop(w);
                 if let Some(waker) = conn.waker.lock().take() {
                     waker.wake();
@@ -354,10 +355,17 @@ struct Conn {
     phase: AtomicU8,
     /// Closed to make room: reads fail while the connection waits (not during a request).
     evicted: AtomicBool,
-    /// In the gate's queue of waiting connections.
-    queued: AtomicBool,
+    /// The number of its latest entry in the gate's queue of waiting connections.
+    wait: AtomicU64,
     /// The task reading the connection, woken when it is evicted.
     waker: Mutex<Option<Waker>>,
+}
+
+impl Conn {
+    /// Still waiting since its queue entry `n`: no request began (or ran) since.
+    fn waiting(&self, n: u64) -> bool {
+        self.wait.load(Ordering::Acquire) == n && self.phase.load(Ordering::Acquire) != OFF
+    }
 }
 
 /// A client connection's stream whose reads fail once a request header is overdue, or once the connection is
