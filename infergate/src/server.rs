@@ -111,7 +111,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     );
     let mut proxy = Service::new("infergate proxy".to_string(), gate);
     for addr in &state.cfg.listen {
-        proxy.add_tcp(addr);
+        proxy.add_listener(clients::listener(addr));
     }
     let housekeeping = pingora_core::services::background::background_service(
         "infergate housekeeping",
