@@ -141,6 +141,13 @@ impl Metrics {
         })
     }
 
+    /// Register a series defined by another module (e.g. `crate::clients`) in this router's registry.
+    pub fn register(&self, collector: Box<dyn Collector>) {
+        if let Err(e) = self.registry.register(collector) {
+            log::error!("cannot register a metric: {e}");
+        }
+    }
+
     /// Register the scrape-time collector for live gauges. Holds the source weakly: a dropped router exports none.
     pub fn register_live(&self, source: Weak<dyn LiveSource>) {
         let collector = LiveCollector::new(source);

@@ -13,6 +13,7 @@ use pingora_core::services::background::BackgroundService;
 use pingora_core::services::listening::Service;
 use pingora_core::services::ServiceReadyNotifier;
 
+use crate::clients::{self, ClientGate};
 use crate::config::Config;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
@@ -97,13 +98,20 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
 
     let state = RouterState::new(cfg);
     let router = Router::new(state.clone());
-    let mut proxy = pingora_proxy::http_proxy_service_with_name(
-        &server.configuration,
-        router,
-        "infergate proxy",
+    // Slow and idle clients and the connection cap: see crate::clients.
+    let max_clients = clients::effective_max(
+        state.cfg.max_client_connections,
+        clients::open_files_limit(),
     );
+    let gate = ClientGate::new(
+        pingora_proxy::http_proxy(&server.configuration, router),
+        &state.cfg,
+        max_clients,
+        &state.metrics,
+    );
+    let mut proxy = Service::new("infergate proxy".to_string(), gate);
     for addr in &state.cfg.listen {
-        proxy.add_tcp(addr);
+        proxy.add_listener(clients::listener(addr));
     }
     let housekeeping = pingora_core::services::background::background_service(
         "infergate housekeeping",
@@ -119,6 +127,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
             "infergate metrics".to_string(),
             MetricsApp {
                 metrics: state.metrics.clone(),
+                pools: state.pools.clone(),
             },
         );
         metrics.add_tcp(addr);
@@ -127,9 +136,11 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     Ok((server, state))
 }
 
-/// Serves `GET /metrics` in the Prometheus text format.
+/// Serves `GET /metrics` in the Prometheus text format, and `GET /health` as the proxy does (this listener is not
+/// under the client connection cap, so it answers while the proxy port is full).
 struct MetricsApp {
     metrics: Arc<Metrics>,
+    pools: Arc<Pools>,
 }
 
 #[async_trait]
@@ -138,6 +149,9 @@ impl ServeHttp for MetricsApp {
         let path = session.req_header().uri.path();
         let (status, ctype, body) = if path == "/metrics" {
             (200, "text/plain; version=0.0.4", self.metrics.render())
+        } else if path == "/health" {
+            let (status, body) = clients::health(&self.pools);
+            (status, "application/json", body.as_bytes().to_vec())
         } else {
             (
                 404,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+mod clients;
 mod expose_paths;
 mod outlier;
 mod policy;
@@ -16,6 +17,7 @@ mod trusted_proxies;
 mod values;
 mod walk;
 
+pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
 use expose_paths::expose_paths;
 pub use outlier::OutlierConfig;
 pub use policy::{
@@ -53,6 +55,9 @@ pub struct Config {
     pub body_budget_bytes: usize,
     /// How long a request waits for room in the body budget (default 2s).
     pub body_budget_wait: Duration,
+    /// Client connections open at once on the `listen` addresses (default 10000, lowered at start to what the
+    /// open-files limit holds; see `crate::clients`).
+    pub max_client_connections: usize,
     pub pools: Vec<PoolConfig>,
     /// Paths beyond the inference API forwarded for every pool (`expose_paths`, normalised); see `exposure`.
     pub expose_paths: Vec<String>,
@@ -70,6 +75,10 @@ pub struct Timeouts {
     pub stream_idle: Duration,
     /// The whole request body must arrive within this (default 60s); 408 otherwise.
     pub request_body: Duration,
+    /// The whole request header must arrive within this (default 10s), else the connection is closed.
+    pub request_header: Duration,
+    /// A keep-alive client connection is closed after this long without a request (default 60s, whole seconds).
+    pub client_idle: Duration,
 }
 
 /// A configuration error: `{file}: {key path}: {reason}`.
@@ -149,6 +158,8 @@ impl Default for Timeouts {
             response_header: Duration::from_secs(120),
             stream_idle: Duration::from_secs(60),
             request_body: Duration::from_secs(60),
+            request_header: clients::DEFAULT_REQUEST_HEADER,
+            client_idle: clients::DEFAULT_CLIENT_IDLE,
         }
     }
 }
@@ -182,7 +193,7 @@ const SECTIONS: &[(&str, Reader)] = &[
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools, expose, trusted] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools, expose, trusted] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -192,6 +203,7 @@ impl Config {
                 "max_body_bytes",
                 "body_budget_bytes",
                 "body_budget_wait",
+                "max_client_connections",
                 "pools",
                 "expose_paths",
                 "trusted_proxies",
@@ -220,6 +232,7 @@ impl Config {
             max_body_bytes: max_body_bytes.byte_size_or(DEFAULT_MAX_BODY_BYTES)?,
             body_budget_bytes: body_budget_bytes.byte_size_or(DEFAULT_BODY_BUDGET_BYTES)?,
             body_budget_wait: body_budget_wait.duration_or(DEFAULT_BODY_BUDGET_WAIT)?,
+            max_client_connections: clients::max_client_connections(&max_client_connections)?,
             pools: pools_list(&pools)?,
             expose_paths: expose_paths(&expose)?,
             trusted_proxies: trusted_proxies(&trusted)?,
@@ -229,14 +242,23 @@ impl Config {
 
 impl Timeouts {
     fn read(n: Node<'_>) -> Result<Timeouts, ConfigError> {
-        let [connect, response_header, stream_idle, request_body] =
-            n.keys(["connect", "response_header", "stream_idle", "request_body"])?;
+        let [connect, response_header, stream_idle, request_body, request_header, client_idle] = n
+            .keys([
+                "connect",
+                "response_header",
+                "stream_idle",
+                "request_body",
+                "request_header",
+                "client_idle",
+            ])?;
         let d = Timeouts::default();
         Ok(Timeouts {
             connect: connect.duration_or(d.connect)?,
             response_header: response_header.duration_or(d.response_header)?,
             stream_idle: stream_idle.duration_or(d.stream_idle)?,
             request_body: request_body.duration_or(d.request_body)?,
+            request_header: request_header.duration_or(d.request_header)?,
+            client_idle: clients::client_idle(&client_idle)?,
         })
     }
 }
@@ -384,6 +406,7 @@ pools:
                 response_header: Duration::from_secs(30),
                 stream_idle: Duration::from_secs(60),
                 request_body: Duration::from_secs(60),
+                ..Timeouts::default()
             }
         );
         assert_eq!(c.max_retries, 0);

@@ -4,7 +4,8 @@
 //! Which hook does what, in the order Pingora calls them:
 //!
 //! ```text
-//! early_request_filter     serve pipelined requests in order
+//! early_request_filter     header deadline off, keep-alive idle limit on (crate::clients); serve pipelined
+//!                          requests in order
 //! request_filter           screen the path (exposure: 400/404 unless served); classify; answer /health and
 //!                          /v1/models; read the whole body (bounded), pick the pool
 //! upstream_peer            (per attempt) snapshot → policy.place → ledger hold → peer; a stale pooled connection
@@ -20,6 +21,8 @@
 //! fail_to_proxy            answer an OpenAI-style error
 //! logging                  count the request; the hold's Drop releases whatever is left on every path
 //! request_summary          what Pingora's warn/error lines show: method, normalised path, Host (no query)
+//! persist_connection_context
+//!                          the connection waits for another request: header deadline on (crate::clients)
 //! ```
 
 mod body;
@@ -420,6 +423,8 @@ impl ProxyHttp for Router {
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+        // The header is in: its deadline is off, and a kept-alive connection may idle timeouts.client_idle.
+        crate::clients::header_received(session, self.cfg.timeouts.client_idle);
         // A client may send the next request before reading this response (RFC 9112 §9.3.2): serve them in
         // order instead of dropping the connection and the requests behind it.
         if let pingora_core::protocols::http::ServerSession::H1(s) = session.as_downstream_mut() {
@@ -442,14 +447,7 @@ impl ProxyHttp for Router {
         }
         match ctx.kind {
             CallKind::RouterHealth => {
-                let (status, body) = if self.pools.any_healthy() {
-                    (200, r#"{"status":"ok"}"#)
-                } else {
-                    (
-                        503,
-                        r#"{"status":"unavailable","reason":"no healthy endpoint in any pool"}"#,
-                    )
-                };
+                let (status, body) = crate::clients::health(&self.pools);
                 let retry_after = (status == 503).then_some(2);
                 self.respond(
                     session,
@@ -789,6 +787,16 @@ impl ProxyHttp for Router {
 
     fn request_summary(&self, session: &Session, ctx: &Ctx) -> String {
         exposure::request_summary(session.req_header(), ctx.target.as_ref())
+    }
+
+    fn persist_connection_context(
+        &self,
+        session: &Session,
+        _ctx: &Ctx,
+    ) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        // The connection will wait for another request: its header gets timeouts.request_header again.
+        crate::clients::awaiting_next_request(session);
+        None
     }
 }
 
