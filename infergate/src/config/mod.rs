@@ -5,15 +5,18 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+mod auth;
 mod outlier;
 mod policy;
 mod pool;
+mod queue;
 mod server;
 #[cfg(test)]
 mod testing;
 mod values;
 mod walk;
 
+pub use auth::{AuthConfig, ClientKey, KeyLimits};
 pub use outlier::OutlierConfig;
 pub use policy::{
     EngineKind, EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, PrefixFallback,
@@ -21,6 +24,7 @@ pub use policy::{
 };
 use pool::pools_list;
 pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig};
+pub use queue::QueueConfig;
 use server::server_yaml;
 use values::{check_listen_addr, to_usize};
 use walk::{kind, yaml_reason, Field, Node, Reader, Walker};
@@ -49,6 +53,8 @@ pub struct Config {
     /// How long a request waits for room in the body budget (default 2s).
     pub body_budget_wait: Duration,
     pub pools: Vec<PoolConfig>,
+    /// Client API keys and their limits (`auth`); None = every client is served.
+    pub auth: Option<AuthConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -168,12 +174,19 @@ const SECTIONS: &[(&str, Reader)] = &[
     ("engine_stats", |n| EngineStatsConfig::read(n).map(drop)),
     ("prefix", |n| PrefixConfig::read(n).map(drop)),
     ("outlier_detection", |n| OutlierConfig::read(n).map(drop)),
+    ("auth", |n| AuthConfig::read(n).map(drop)),
+    ("limits", auth::read_limits_section),
+    (
+        "a key's limits (auth.limits.per_key[N])",
+        auth::read_key_limits_section,
+    ),
+    ("queue", |n| QueueConfig::read(n, Some(1)).map(drop)),
 ];
 
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools, auth] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -184,6 +197,7 @@ impl Config {
                 "body_budget_bytes",
                 "body_budget_wait",
                 "pools",
+                "auth",
             ])?;
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
@@ -210,6 +224,10 @@ impl Config {
             body_budget_bytes: body_budget_bytes.byte_size_or(DEFAULT_BODY_BUDGET_BYTES)?,
             body_budget_wait: body_budget_wait.duration_or(DEFAULT_BODY_BUDGET_WAIT)?,
             pools: pools_list(&pools)?,
+            auth: match auth.optional_section()? {
+                None => None,
+                Some(a) => Some(AuthConfig::read(a)?),
+            },
         })
     }
 }

@@ -7,6 +7,7 @@ use serde_norway::Value;
 
 use super::outlier::OutlierConfig;
 use super::policy::{EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, SessionsConfig};
+use super::queue::QueueConfig;
 use super::values::{parse_http_url, resolve, to_usize};
 use super::walk::{Field, Node};
 use super::ConfigError;
@@ -28,6 +29,8 @@ pub struct PoolConfig {
     pub max_in_flight_per_endpoint: Option<u64>,
     /// Engine stats scraping; None = off.
     pub engine_stats: Option<EngineStatsConfig>,
+    /// The router-side wait queue (needs `max_in_flight_per_endpoint`); None = off.
+    pub queue: Option<QueueConfig>,
 }
 
 /// `pools`: each pool, then the names and models that must be unique across pools.
@@ -80,7 +83,7 @@ pub(super) fn pools_list(f: &Field<'_>) -> Result<Vec<PoolConfig>, ConfigError> 
 
 impl PoolConfig {
     pub(super) fn read(n: Node<'_>) -> Result<PoolConfig, ConfigError> {
-        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix, outlier_detection] =
+        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix, outlier_detection, queue] =
             n.keys([
                 "name",
                 "models",
@@ -93,6 +96,7 @@ impl PoolConfig {
                 "engine_stats",
                 "prefix",
                 "outlier_detection",
+                "queue",
             ])?;
         let name = {
             let s = name.string()?.trim().to_string();
@@ -127,6 +131,10 @@ impl PoolConfig {
         };
         let prefix = PrefixConfig::read(prefix.section()?)?;
         let outlier = OutlierConfig::read(outlier_detection.section()?)?;
+        let queue = match queue.optional_section()? {
+            None => None,
+            Some(q) => Some(QueueConfig::read(q, max_in_flight_per_endpoint)?),
+        };
         Ok(PoolConfig {
             name,
             models,
@@ -137,6 +145,7 @@ impl PoolConfig {
             max_in_flight_per_endpoint,
             engine_stats,
             outlier,
+            queue,
         })
     }
 }
