@@ -5,10 +5,13 @@
 //!
 //! ```text
 //! early_request_filter     serve pipelined requests in order
-//! request_filter           classify; answer /health and /v1/models; read the whole body (bounded), pick the pool
-//! upstream_peer            (per attempt) snapshot → policy.place → ledger hold → peer; a stale pooled connection
-//!                          is retried once on the same endpoint over a fresh connection
-//! upstream_request_filter  Host, the engine's key (never the client's), one Content-Length, no Expect
+//! request_filter           classify; answer /health; client key (401) and key limits (429, `admit`); answer
+//!                          /v1/models; read the whole body (bounded), pick the pool, charge the key's tokens
+//! upstream_peer            (per attempt) the pool's wait queue (first attempt) → snapshot → policy.place → ledger
+//!                          hold → peer; a stale pooled connection is retried once on the same endpoint over a
+//!                          fresh connection
+//! upstream_request_filter  Host, the engine's key (never the client's Authorization or x-api-key), one
+//!                          Content-Length, no Expect
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count); 429/503: refused → retry elsewhere;
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
@@ -19,6 +22,7 @@
 //! logging                  count the request; the hold's Drop releases whatever is left on every path
 //! ```
 
+mod admit;
 mod body;
 mod errors;
 
@@ -82,6 +86,8 @@ pub struct Ctx {
     error: Option<ApiError>,
     /// The status the router answered with itself (counted instead of the absent upstream status).
     answered: Option<u16>,
+    /// The client key and its concurrency slot (given back when the context drops).
+    admission: crate::admission::Pass,
 }
 
 impl Ctx {
@@ -236,7 +242,17 @@ impl Router {
                 ids: &ids,
                 now,
             };
-            pool.policy.place(&req, &snap, &mut rng)?
+            let p = pool.policy.place(&req, &snap, &mut rng)?;
+            match self.below_limit(pool, &cands, p.index) {
+                Some(room) => {
+                    let snap = Snapshot {
+                        cands: &room,
+                        ..snap
+                    };
+                    pool.policy.place(&req, &snap, &mut rng).unwrap_or(p)
+                }
+                None => p,
+            }
         } else {
             // Passive calls go to the least busy endpoint and count as no placement.
             let i = placement::least_request(&cands, &mut rng)?;
@@ -403,6 +419,9 @@ impl ProxyHttp for Router {
             (req.method.as_str().to_owned(), req.uri.path().to_owned())
         };
         ctx.kind = request::classify(&method, &path);
+        if !self.admit_before_body(session, ctx).await? {
+            return Ok(true);
+        }
         match ctx.kind {
             CallKind::RouterHealth => {
                 let (status, body) = if self.pools.any_healthy() {
@@ -442,6 +461,9 @@ impl ProxyHttp for Router {
             self.respond_error(session, &e).await?;
             return Ok(true);
         };
+        if !self.admit_with_body(session, ctx, &pool).await? {
+            return Ok(true);
+        }
         if let Some(s) = pool.cfg.policy.sessions() {
             ctx.session_key = session
                 .req_header()
@@ -463,6 +485,8 @@ impl ProxyHttp for Router {
         ctx.body_sent = false;
         ctx.upstream_status = None;
         ctx.first_byte_seen = false;
+        // Held until this attempt's hold exists (end of this function).
+        let _turn = self.wait_turn(&pool, ctx).await?;
         let now = Instant::now();
 
         let fresh = ctx.fresh_retry.take();
@@ -506,9 +530,10 @@ impl ProxyHttp for Router {
         } else {
             0
         };
-        let hold = self
+        let mut hold = self
             .ledger
             .hold(ep.load.clone(), tokens, self.release_hook(&ep));
+        self.wake_queue_on_finish(&pool, &mut hold);
         if tokens > 0 && !ctx.is_stream() {
             // A non-streaming response starts only when generation ends: release at the estimated prefill end.
             // Before a speed is learned, release just before the janitor would: an ordinary long generation is
@@ -542,6 +567,8 @@ impl ProxyHttp for Router {
                 }
             }
         }
+        // The client's Anthropic-style key is for the router too.
+        req.remove_header("x-api-key");
         // The router answered `Expect` itself and holds the whole body: send it with one exact length.
         req.remove_header("expect");
         if let Some(b) = &ctx.body {
@@ -732,14 +759,17 @@ impl ProxyHttp for Router {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let code = match (ctx.answered, e) {
+            (Some(code), _) => code,
+            // Stream broken or client gone: the status line may say 200, but the request failed.
+            (None, Some(_)) => ctx.upstream_status.filter(|s| *s >= 500).unwrap_or(0),
+            (None, None) => session.response_written().map_or(0, |r| r.status.as_u16()),
+        };
+        if ctx.kind != CallKind::RouterHealth {
+            self.admission.count(&ctx.admission, code);
+        }
         let ep = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());
         if let (Some(pool), Some(ep)) = (&ctx.pool, ep) {
-            let code = match (ctx.answered, e) {
-                (Some(code), _) => code,
-                // Stream broken or client gone: the status line may say 200, but the request failed.
-                (None, Some(_)) => ctx.upstream_status.filter(|s| *s >= 500).unwrap_or(0),
-                (None, None) => session.response_written().map_or(0, |r| r.status.as_u16()),
-            };
             self.metrics
                 .requests_total
                 .with_label_values(&[&*pool.name, &ep.label, code.to_string().as_str()])
