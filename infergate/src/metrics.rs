@@ -167,7 +167,7 @@ impl Metrics {
                 HistogramVec::new(
                     HistogramOpts::new(
                         "infergate_queue_wait_seconds",
-                        "Time requests spent in the pool's wait queue (those that waited), until placed or timed out.",
+                        "Time requests waited for room (every endpoint at max_in_flight_per_endpoint) in the pool's wait queue, until placed or timed out.",
                     )
                     .buckets(vec![
                         0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0,

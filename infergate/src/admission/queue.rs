@@ -184,9 +184,13 @@ impl PoolQueue {
     ) -> Result<Turn, Refusal> {
         let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
+        // Whether this request waits for room, not only for another request's placement to finish (microseconds):
+        // only those are observed in the wait histogram.
+        let mut for_room;
         {
             let mut st = self.state.lock();
-            if st.order.is_empty() && !st.turn_taken && room() != Room::Full {
+            for_room = !st.order.is_empty() || room() == Room::Full;
+            if !for_room && !st.turn_taken {
                 st.turn_taken = true;
                 return Ok(Turn {
                     queue: self.clone(),
@@ -209,16 +213,22 @@ impl PoolQueue {
         loop {
             {
                 let mut st = self.state.lock();
-                if !st.turn_taken && st.order.head() == Some(id) && room() != Room::Full {
-                    st.order.pop_head();
-                    st.waiters.remove(&id);
-                    st.turn_taken = true;
-                    ticket.waiting = false;
-                    self.metrics.length.set(st.order.len() as i64);
-                    self.metrics.wait.observe(start.elapsed().as_secs_f64());
-                    return Ok(Turn {
-                        queue: self.clone(),
-                    });
+                if !st.turn_taken && st.order.head() == Some(id) {
+                    if room() == Room::Full {
+                        for_room = true;
+                    } else {
+                        st.order.pop_head();
+                        st.waiters.remove(&id);
+                        st.turn_taken = true;
+                        ticket.waiting = false;
+                        self.metrics.length.set(st.order.len() as i64);
+                        if for_room {
+                            self.metrics.wait.observe(start.elapsed().as_secs_f64());
+                        }
+                        return Ok(Turn {
+                            queue: self.clone(),
+                        });
+                    }
                 }
             }
             let now = Instant::now();
@@ -390,6 +400,11 @@ mod tests {
         assert!(!second.is_finished());
         drop(first);
         assert_eq!(second.await.unwrap(), Ok(()));
+        assert_eq!(
+            q.metrics.wait.get_sample_count(),
+            0,
+            "waiting for another's placement is no wait for room"
+        );
         let t0 = Instant::now();
         drop(q.turn(Arc::from("a"), || Room::NoEndpoint).await.unwrap());
         assert!(t0.elapsed() < Duration::from_millis(50));
