@@ -13,6 +13,7 @@ use pingora_core::services::background::BackgroundService;
 use pingora_core::services::listening::Service;
 use pingora_core::services::ServiceReadyNotifier;
 
+use crate::admission::Admission;
 use crate::clients::{self, ClientGate};
 use crate::config::Config;
 use crate::ledger::Ledger;
@@ -33,6 +34,8 @@ pub struct RouterState {
     pub pools: Arc<Pools>,
     pub ledger: Arc<Ledger>,
     pub metrics: Arc<Metrics>,
+    /// Client keys, their limits and the pools' wait queues.
+    pub admission: Arc<Admission>,
 }
 
 impl RouterState {
@@ -40,6 +43,7 @@ impl RouterState {
         let metrics = Metrics::new();
         RouterState {
             pools: Pools::new(&cfg, metrics.clone()),
+            admission: Admission::new(&cfg, metrics.clone()),
             cfg: Arc::new(cfg),
             ledger: Ledger::new(),
             metrics,
@@ -66,16 +70,23 @@ impl RouterState {
         unmatched
     }
 
-    /// Re-read the config file and apply its endpoint lists; anything invalid leaves the running state as is.
+    /// Apply a re-read configuration's client keys and their limits (SIGHUP).
+    pub fn reload_keys(&self, cfg: &Config) {
+        self.admission.reload_keys(cfg.auth.as_ref());
+    }
+
+    /// Re-read the config file and apply its endpoint lists and client keys; anything invalid (a bad keys file
+    /// included) leaves the running state as is.
     pub fn reload_from_file(&self) {
         let path = &self.cfg.source;
         match Config::load(path) {
             Ok(new) => {
                 let unmatched = self.reload_endpoints(&new);
+                self.reload_keys(&new);
                 log::info!("reloaded endpoints from {}", path.display());
                 if !unmatched.is_empty() {
                     log::warn!(
-                        "pools added or removed ({}) and settings other than endpoints take effect only on a \
+                        "pools added or removed ({}) and settings other than endpoints and client keys take effect only on a \
                          restart or graceful upgrade (systemctl reload)",
                         unmatched.join(", ")
                     );
@@ -96,6 +107,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
     server.bootstrap();
 
+    crate::admission::warn_if_open(&cfg);
     let state = RouterState::new(cfg);
     let router = Router::new(state.clone());
     // Slow and idle clients and the connection cap: see crate::clients.

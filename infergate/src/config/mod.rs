@@ -5,11 +5,13 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+mod auth;
 mod clients;
 mod expose_paths;
 mod outlier;
 mod policy;
 mod pool;
+mod queue;
 mod server;
 #[cfg(test)]
 mod testing;
@@ -17,6 +19,7 @@ mod trusted_proxies;
 mod values;
 mod walk;
 
+pub use auth::{AuthConfig, ClientKey, KeyLimits};
 pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
 use expose_paths::expose_paths;
 pub use outlier::OutlierConfig;
@@ -26,6 +29,7 @@ pub use policy::{
 };
 use pool::pools_list;
 pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig};
+pub use queue::QueueConfig;
 use server::server_yaml;
 use trusted_proxies::trusted_proxies;
 pub use trusted_proxies::Cidr;
@@ -63,6 +67,8 @@ pub struct Config {
     pub expose_paths: Vec<String>,
     /// Peers whose `X-Real-IP` is kept (`trusted_proxies`); see `forwarded`.
     pub trusted_proxies: Vec<Cidr>,
+    /// Client API keys and their limits (`auth`); None = every client is served.
+    pub auth: Option<AuthConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -188,12 +194,19 @@ const SECTIONS: &[(&str, Reader)] = &[
     ("engine_stats", |n| EngineStatsConfig::read(n).map(drop)),
     ("prefix", |n| PrefixConfig::read(n).map(drop)),
     ("outlier_detection", |n| OutlierConfig::read(n).map(drop)),
+    ("auth", |n| AuthConfig::read(n).map(drop)),
+    ("limits", auth::read_limits_section),
+    (
+        "a key's limits (auth.limits.per_key[N])",
+        auth::read_key_limits_section,
+    ),
+    ("queue", |n| QueueConfig::read(n, Some(1)).map(drop)),
 ];
 
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools, expose, trusted] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools, expose, trusted, auth] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -207,6 +220,7 @@ impl Config {
                 "pools",
                 "expose_paths",
                 "trusted_proxies",
+                "auth",
             ])?;
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
@@ -236,6 +250,10 @@ impl Config {
             pools: pools_list(&pools)?,
             expose_paths: expose_paths(&expose)?,
             trusted_proxies: trusted_proxies(&trusted)?,
+            auth: match auth.optional_section()? {
+                None => None,
+                Some(a) => Some(AuthConfig::read(a)?),
+            },
         })
     }
 }
