@@ -233,7 +233,11 @@ pub struct Screened {
 impl Screened {
     /// Send the normalised target upstream instead of the one the client wrote.
     pub fn set_upstream_target(&self, req: &mut RequestHeader) -> pingora_error::Result<()> {
-        let uri: Uri = self.target.upstream().parse().map_err(|_| {
+        let upstream = self.target.upstream();
+        if req.raw_path() == upstream.as_bytes() {
+            return Ok(()); // already canonical: the common case
+        }
+        let uri: Uri = upstream.parse().map_err(|_| {
             Error::explain(
                 ErrorType::InternalError,
                 "normalised path is not a valid URI",

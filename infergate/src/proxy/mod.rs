@@ -407,6 +407,12 @@ fn non_streaming_release(
     estimated_prefill.unwrap_or(janitor_age.saturating_sub(janitor_age / 10))
 }
 
+fn remove_if_present(req: &mut RequestHeader, name: &str) {
+    if req.headers.contains_key(name) {
+        req.remove_header(name);
+    }
+}
+
 /// The validated `Content-Length`: None for chunked bodies; several identical headers count as one.
 fn content_length(req: &RequestHeader) -> std::result::Result<Option<u64>, ApiError> {
     let mut value = None;
@@ -589,23 +595,40 @@ impl ProxyHttp for Router {
         req: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        // Header edits are costly in Pingora's case-preserving map: touch only what must change.
         if let Some(ep) = &ctx.endpoint {
-            req.insert_header("host", ep.label.as_str())?;
+            if req.headers.get(http::header::HOST).map(|h| h.as_bytes())
+                != Some(ep.label.as_bytes())
+            {
+                req.insert_header("host", ep.label.as_str())?;
+            }
             match ep.api_key() {
                 Some(key) => req.insert_header("authorization", format!("Bearer {key}"))?,
                 // The client's key is for the router, never for the engine.
-                None => {
-                    req.remove_header("authorization");
-                }
+                None => remove_if_present(req, "authorization"),
             }
         }
         // The client's Anthropic-style key is for the router too.
-        req.remove_header("x-api-key");
+        remove_if_present(req, "x-api-key");
         // The router answered `Expect` itself and holds the whole body: send it with one exact length.
-        req.remove_header("expect");
+        remove_if_present(req, "expect");
         if let Some(b) = &ctx.body {
-            req.remove_header("transfer-encoding");
-            req.insert_header("content-length", b.bytes.len().to_string())?;
+            remove_if_present(req, "transfer-encoding");
+            let len = b.bytes.len().to_string();
+            let same = req
+                .headers
+                .get_all(http::header::CONTENT_LENGTH)
+                .iter()
+                .count()
+                == 1
+                && req
+                    .headers
+                    .get(http::header::CONTENT_LENGTH)
+                    .map(|v| v.as_bytes())
+                    == Some(len.as_bytes());
+            if !same {
+                req.insert_header("content-length", len)?;
+            }
         }
         if let Some(t) = &ctx.target {
             t.set_upstream_target(req)?;
