@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use pingora_core::server::configuration::Opt;
+use pingora_core::server::RunArgs;
 
 fn main() -> ExitCode {
     // Pingora's crates are capped at info whatever RUST_LOG says: below it they log request headers (keys).
@@ -36,6 +37,15 @@ fn main() -> ExitCode {
         }
     }
     infergate::listen::exit_on_listener_failure();
+    let runtime_dir = std::env::var("RUNTIME_DIRECTORY").ok();
+    let conf = cfg.server_conf();
+    for w in infergate::lifecycle::path_warnings(
+        &conf,
+        opt.daemon || conf.daemon,
+        runtime_dir.as_deref(),
+    ) {
+        log::warn!("{w}");
+    }
     let (server, _state) = match infergate::server::build_server(cfg, opt) {
         Ok(s) => s,
         Err(e) => {
@@ -44,5 +54,9 @@ fn main() -> ExitCode {
         }
     };
     log::info!("infergate starting with {path}");
-    server.run_forever()
+    // Pingora's Unix signals, with a drain before a graceful upgrade or stop (lifecycle).
+    server.run(RunArgs {
+        shutdown_signal: Box::new(infergate::lifecycle::DrainingSignals),
+    });
+    ExitCode::SUCCESS
 }

@@ -92,8 +92,8 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
         .map_err(|e| format!("{}: server: {e}", cfg.source.display()))?;
     // The YAML file is ours, not Pingora's: hand it the parsed ServerConf instead.
     opt.conf = None;
+    let upgrade = opt.upgrade;
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
-    server.bootstrap();
 
     let state = RouterState::new(cfg);
     let router = Router::new(state.clone());
@@ -114,6 +114,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     let hk_handle = server.add_service(housekeeping);
     let proxy_handle = server.add_service(proxy);
     proxy_handle.add_dependency(&hk_handle);
+    let mut listening = vec![proxy_handle];
     if let Some(addr) = &state.cfg.metrics_listen {
         let mut metrics = Service::new(
             "infergate metrics".to_string(),
@@ -122,8 +123,17 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
             },
         );
         metrics.add_tcp(addr);
-        server.add_service(metrics);
+        listening.push(server.add_service(metrics));
     }
+    // Bootstrap (readiness for daemon_wait_for_ready, the upgrade's sockets) runs after the fork: see lifecycle.
+    let addrs: Vec<String> = state
+        .cfg
+        .listen
+        .iter()
+        .chain(&state.cfg.metrics_listen)
+        .cloned()
+        .collect();
+    crate::lifecycle::order_startup(&mut server, upgrade, &hk_handle, &listening, &addrs);
     Ok((server, state))
 }
 
