@@ -1,5 +1,6 @@
 //! infergate: a Pingora reverse proxy that places each LLM request on the engine pod best able to serve it now.
 
+pub mod cli;
 pub mod config;
 pub mod engine_stats;
 pub mod exposure;
