@@ -14,5 +14,6 @@ pub mod outlier;
 pub mod placement;
 pub mod pool;
 pub mod proxy;
+pub mod reload;
 pub mod request;
 pub mod server;

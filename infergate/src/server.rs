@@ -65,21 +65,11 @@ impl RouterState {
         unmatched
     }
 
-    /// Re-read the config file and apply its endpoint lists; anything invalid leaves the running state as is.
+    /// Re-read the config file and apply what can change in place (`reload`); anything invalid leaves the running
+    /// state as is.
     pub fn reload_from_file(&self) {
-        let path = &self.cfg.source;
-        match Config::load(path) {
-            Ok(new) => {
-                let unmatched = self.reload_endpoints(&new);
-                log::info!("reloaded endpoints from {}", path.display());
-                if !unmatched.is_empty() {
-                    log::warn!(
-                        "pools added or removed ({}) and settings other than endpoints take effect only on a \
-                         restart or graceful upgrade (systemctl reload)",
-                        unmatched.join(", ")
-                    );
-                }
-            }
+        match Config::load(&self.cfg.source) {
+            Ok(new) => crate::reload::apply(self, &new),
             Err(e) => log::error!("reload rejected, keeping the running configuration: {e}"),
         }
     }
