@@ -18,10 +18,9 @@ fn git(args: &[&str]) -> Option<String> {
 
 fn main() {
     println!("cargo:rerun-if-env-changed={VAR}");
-    let commit = std::env::var(VAR)
-        .ok()
-        .filter(|c| !c.is_empty())
-        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]));
+    let given = std::env::var(VAR).ok().filter(|c| !c.is_empty());
+    let source = if given.is_some() { "env" } else { "git" };
+    let commit = given.or_else(|| git(&["rev-parse", "--short=12", "HEAD"]));
     // Rerun when HEAD moves: HEAD itself (a checkout), its reflog (every commit, reset or checkout in this
     // checkout, also when the branch is packed), the branch it points to. Only files that exist: cargo reruns a
     // build script on every build while one of its paths is missing.
@@ -44,4 +43,7 @@ fn main() {
         "cargo:rustc-env={VAR}={}",
         commit.as_deref().unwrap_or("unknown")
     );
+    // Where it came from (env, git, unknown): the tests compare a git commit with the checkout's HEAD.
+    let source = if commit.is_some() { source } else { "unknown" };
+    println!("cargo:rustc-env={VAR}_SOURCE={source}");
 }
