@@ -166,7 +166,62 @@ pub fn not_applied(running: &Config, new: &Config) -> Vec<NotApplied> {
             Some(pc) => pool_changes(&mut d, p, pc),
         }
     }
+    let names = |c: &Config| c.pools.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+    let (mut old_names, mut new_names) = (names(running), names(new));
+    if old_names != new_names {
+        old_names.sort();
+        new_names.sort();
+        if old_names == new_names {
+            d.push("pools", Some(" (order)".to_string()), WHY_POOLS);
+        }
+    }
+    if d.out.is_empty() && unlisted_change(running, new) {
+        d.push(
+            "settings without a reload check of their own",
+            None,
+            WHY_OTHER,
+        );
+    }
     d.out
+}
+
+const WHY_OTHER: &str = "the router keeps the values it started with";
+
+/// Whether `new` differs from `running` in something the checks above do not look at (a setting added to the
+/// configuration later): `running` with every checked or applied value taken from `new` must equal `new`.
+fn unlisted_change(running: &Config, new: &Config) -> bool {
+    let mut r = running.clone();
+    r.source.clone_from(&new.source);
+    r.listen.clone_from(&new.listen);
+    r.metrics_listen.clone_from(&new.metrics_listen);
+    r.server_yaml.clone_from(&new.server_yaml);
+    r.timeouts.connect = new.timeouts.connect;
+    r.timeouts.response_header = new.timeouts.response_header;
+    r.timeouts.stream_idle = new.timeouts.stream_idle;
+    r.timeouts.request_body = new.timeouts.request_body;
+    r.max_retries = new.max_retries;
+    r.max_body_bytes = new.max_body_bytes;
+    r.body_budget_bytes = new.body_budget_bytes;
+    r.body_budget_wait = new.body_budget_wait;
+    r.expose_paths.clone_from(&new.expose_paths);
+    r.trusted_proxies.clone_from(&new.trusted_proxies);
+    if r.pools.len() == new.pools.len() {
+        for (p, n) in r.pools.iter_mut().zip(&new.pools) {
+            p.name.clone_from(&n.name);
+            p.models.clone_from(&n.models);
+            p.policy = n.policy.clone();
+            p.outlier = n.outlier.clone();
+            p.endpoints.clone_from(&n.endpoints);
+            p.health_check = n.health_check.clone();
+            p.prefill = n.prefill;
+            p.max_in_flight_per_endpoint = n.max_in_flight_per_endpoint;
+            p.engine_stats.clone_from(&n.engine_stats);
+            p.expose_paths.clone_from(&n.expose_paths);
+        }
+    } else {
+        r.pools.clone_from(&new.pools);
+    }
+    format!("{r:?}") != format!("{new:?}")
 }
 
 fn pool_changes(d: &mut Diff, old: &PoolConfig, new: &PoolConfig) {
@@ -289,6 +344,24 @@ mod tests {
     }
 
     #[test]
+    fn nothing_changed_is_nothing_to_report() {
+        let old = conf("", "    sessions: {}\n");
+        assert_eq!(not_applied(&old, &old.clone()), vec![]);
+        assert!(!unlisted_change(&old, &old.clone()));
+    }
+
+    #[test]
+    fn pools_in_another_order_are_named() {
+        let two = "  - name: b\n    models: [m]\n    endpoints: [\"http://127.0.0.1:10\"]\n";
+        let old = conf("", two);
+        let mut new = old.clone();
+        new.pools.reverse();
+        let n = not_applied(&old, &new);
+        assert_eq!(n.len(), 1, "{n:?}");
+        assert_eq!(n[0].values, " (order)");
+    }
+
+    #[test]
     fn every_other_kind_of_change_is_listed_once() {
         let old = conf("", "");
         let new = conf(
@@ -314,6 +387,15 @@ mod tests {
                 "a.max_in_flight_per_endpoint",
             ]
         );
+        // Everything that changed has its own line: none is left for the catch-all.
+        assert!(!unlisted_change(&old, &new));
+        let same_pools = conf(
+            "timeouts: { request_body: 5s }\nbody_budget_wait: 1s\nexpose_paths: [/metrics]\n",
+            "    models: [x]\n    prefill: { bytes_per_token: 3 }\n    outlier_detection: { base_ejection: 1s }\n    \
+             health_check: { interval: 1s }\n    engine_stats: {}\n    expose_paths: [/x]\n",
+        );
+        assert_eq!(not_applied(&old, &same_pools).len(), 9);
+        assert!(!unlisted_change(&old, &same_pools));
         let n = not_applied(&old, &new);
         assert_eq!(n[2].values, " (2s → 5s)");
         assert_eq!(
