@@ -1,12 +1,14 @@
 //! infergate: a Pingora reverse proxy that places each LLM request on the engine pod best able to serve it now.
 
 pub mod admission;
+pub mod cli;
 pub mod clients;
 pub mod config;
 pub mod engine_stats;
 pub mod exposure;
 pub mod forwarded;
 pub mod ledger;
+pub mod lifecycle;
 pub mod listen;
 pub mod logging;
 pub mod metrics;
@@ -14,5 +16,6 @@ pub mod outlier;
 pub mod placement;
 pub mod pool;
 pub mod proxy;
+pub mod reload;
 pub mod request;
 pub mod server;

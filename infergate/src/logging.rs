@@ -5,6 +5,9 @@
 //! request headers and its health-check requests at trace. The cap holds whatever `RUST_LOG` says, including
 //! `RUST_LOG=pingora_proxy=trace`. Setting [`UNCAP_ENV`] to `1` lifts it for debugging, with a warning printed at
 //! start; never in production.
+//!
+//! One Pingora message is logged at another level than Pingora's: the retry notice of a new instance waiting for
+//! the old one's sockets in a graceful upgrade (error → info; see [`UPGRADE_WAIT_MESSAGE`]).
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
@@ -29,6 +32,20 @@ pub fn is_capped(target: &str, level: Level) -> bool {
         })
 }
 
+/// Pingora's retry notice while a new instance (`-u`) waits for the old one's sockets: it logs it at error every
+/// second, although waiting is the normal course of every upgrade (the old instance sends its sockets only when
+/// it gets SIGQUIT, after the new one listens). Logged at info; giving up is still an error.
+const UPGRADE_WAIT_TARGET: &str = "pingora_core::server::transfer_fd";
+const UPGRADE_WAIT_MESSAGE: &str = "No incoming socket transfer";
+
+/// The level a record is logged at instead of its own, for Pingora's messages that are not what their level says.
+fn reclassified(r: &Record<'_>) -> Option<Level> {
+    (r.level() == Level::Error
+        && r.target() == UPGRADE_WAIT_TARGET
+        && r.args().to_string().starts_with(UPGRADE_WAIT_MESSAGE))
+    .then_some(Level::Info)
+}
+
 struct Capped {
     inner: env_logger::Logger,
     cap: bool,
@@ -40,7 +57,20 @@ impl Log for Capped {
     }
 
     fn log(&self, r: &Record<'_>) {
-        if self.enabled(r.metadata()) {
+        if let Some(level) = reclassified(r) {
+            let args = *r.args();
+            let r = Record::builder()
+                .args(args)
+                .level(level)
+                .target(r.target())
+                .module_path(r.module_path())
+                .file(r.file())
+                .line(r.line())
+                .build();
+            if self.enabled(r.metadata()) {
+                self.inner.log(&r);
+            }
+        } else if self.enabled(r.metadata()) {
             self.inner.log(r);
         }
     }
@@ -71,6 +101,27 @@ pub fn init() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_upgrade_wait_notice_is_info_and_giving_up_stays_an_error() {
+        let level = |target: &str, level: Level, msg: &str| {
+            reclassified(
+                &Record::builder()
+                    .args(format_args!("{msg}"))
+                    .level(level)
+                    .target(target)
+                    .build(),
+            )
+        };
+        let wait = "No incoming socket transfer, sleep 1s and try again";
+        assert_eq!(
+            level(UPGRADE_WAIT_TARGET, Level::Error, wait),
+            Some(Level::Info)
+        );
+        let give_up = "Giving up reading socket from: /run/infergate/upgrade.sock";
+        assert_eq!(level(UPGRADE_WAIT_TARGET, Level::Error, give_up), None);
+        assert_eq!(level("infergate::server", Level::Error, wait), None);
+    }
 
     #[test]
     fn pingora_and_http_crates_are_capped_at_info() {

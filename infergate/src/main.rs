@@ -1,28 +1,47 @@
-//! The infergate binary: `infergate -c FILE` runs the router; `-t` validates the configuration and exits.
+//! The infergate binary: `infergate -c FILE` runs the router; `-t` validates the configuration and exits;
+//! `--help` and `--version` are answered by `cli`.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use pingora_core::server::configuration::Opt;
+use infergate::cli::{self, Command};
+use pingora_core::server::RunArgs;
 
 fn main() -> ExitCode {
+    let opt = match cli::parse(std::env::args_os().collect()) {
+        Command::Help => {
+            print!("{}", cli::help());
+            return ExitCode::SUCCESS;
+        }
+        Command::Version => {
+            println!("{}", cli::version_line());
+            return ExitCode::SUCCESS;
+        }
+        Command::Run(opt) => opt,
+    };
     // Pingora's crates are capped at info whatever RUST_LOG says: below it they log request headers (keys).
     infergate::logging::init();
-    let opt = Opt::parse_args();
     let Some(path) = opt.conf.clone() else {
         eprintln!(
-            "infergate: no configuration file: run `infergate -c FILE` (see conf/infergate.yaml)"
+            "infergate: no configuration file: run `infergate -c FILE` (see conf/infergate.yaml, `infergate --help`)"
         );
         return ExitCode::from(2);
     };
-    // Validate everything before any port is bound.
-    let cfg = match infergate::config::Config::load(&PathBuf::from(&path)) {
+    // Validate everything before any port is bound (messages name the file as given).
+    let mut cfg = match infergate::config::Config::load(path.as_ref()) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("infergate: configuration error: {e}");
             return ExitCode::from(1);
         }
     };
+    // Every SIGHUP re-reads the file from here, and a daemon's working directory is /: keep it absolute.
+    match std::path::absolute(&cfg.source) {
+        Ok(p) => cfg.source = p,
+        Err(e) => {
+            eprintln!("infergate: configuration error: {path}: {e}");
+            return ExitCode::from(1);
+        }
+    }
     if opt.test {
         println!("infergate: configuration {path} is valid");
         return ExitCode::SUCCESS;
@@ -36,6 +55,15 @@ fn main() -> ExitCode {
         }
     }
     infergate::listen::exit_on_listener_failure();
+    let runtime_dir = std::env::var("RUNTIME_DIRECTORY").ok();
+    let conf = cfg.server_conf();
+    for w in infergate::lifecycle::path_warnings(
+        &conf,
+        opt.daemon || conf.daemon,
+        runtime_dir.as_deref(),
+    ) {
+        log::warn!("{w}");
+    }
     let (server, _state) = match infergate::server::build_server(cfg, opt) {
         Ok(s) => s,
         Err(e) => {
@@ -43,6 +71,10 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    log::info!("infergate starting with {path}");
-    server.run_forever()
+    log::info!("{} starting with {path}", cli::version_line());
+    // Pingora's Unix signals, with a drain before a graceful upgrade or stop (lifecycle).
+    server.run(RunArgs {
+        shutdown_signal: Box::new(infergate::lifecycle::DrainingSignals),
+    });
+    ExitCode::SUCCESS
 }

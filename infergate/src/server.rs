@@ -75,23 +75,11 @@ impl RouterState {
         self.admission.reload_keys(cfg.auth.as_ref());
     }
 
-    /// Re-read the config file and apply its endpoint lists and client keys; anything invalid (a bad keys file
-    /// included) leaves the running state as is.
+    /// Re-read the config file and apply what can change in place (`reload`); anything invalid leaves the running
+    /// state as is.
     pub fn reload_from_file(&self) {
-        let path = &self.cfg.source;
-        match Config::load(path) {
-            Ok(new) => {
-                let unmatched = self.reload_endpoints(&new);
-                self.reload_keys(&new);
-                log::info!("reloaded endpoints from {}", path.display());
-                if !unmatched.is_empty() {
-                    log::warn!(
-                        "pools added or removed ({}) and settings other than endpoints and client keys take effect only on a \
-                         restart or graceful upgrade (systemctl reload)",
-                        unmatched.join(", ")
-                    );
-                }
-            }
+        match Config::load(&self.cfg.source) {
+            Ok(new) => crate::reload::apply(self, &new),
             Err(e) => log::error!("reload rejected, keeping the running configuration: {e}"),
         }
     }
@@ -104,8 +92,8 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
         .map_err(|e| format!("{}: server: {e}", cfg.source.display()))?;
     // The YAML file is ours, not Pingora's: hand it the parsed ServerConf instead.
     opt.conf = None;
+    let upgrade = opt.upgrade;
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
-    server.bootstrap();
 
     crate::admission::warn_if_open(&cfg);
     let state = RouterState::new(cfg);
@@ -134,6 +122,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     let hk_handle = server.add_service(housekeeping);
     let proxy_handle = server.add_service(proxy);
     proxy_handle.add_dependency(&hk_handle);
+    let mut listening = vec![proxy_handle];
     if let Some(addr) = &state.cfg.metrics_listen {
         let mut metrics = Service::new(
             "infergate metrics".to_string(),
@@ -143,8 +132,17 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
             },
         );
         metrics.add_tcp(addr);
-        server.add_service(metrics);
+        listening.push(server.add_service(metrics));
     }
+    // Bootstrap (readiness for daemon_wait_for_ready, the upgrade's sockets) runs after the fork: see lifecycle.
+    let addrs: Vec<String> = state
+        .cfg
+        .listen
+        .iter()
+        .chain(&state.cfg.metrics_listen)
+        .cloned()
+        .collect();
+    crate::lifecycle::order_startup(&mut server, upgrade, &hk_handle, &listening, &addrs);
     Ok((server, state))
 }
 

@@ -18,6 +18,7 @@
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count); 429/503: refused → retry elsewhere;
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
+//! response_filter          while draining (upgrade, stop): `Connection: close` (lifecycle)
 //! response_body_filter     first body byte: release the prefill tokens, learn prefill speed, TTFB
 //! fail_to_connect /        decide retries (only where the engine cannot have started the work)
 //!   error_while_proxy
@@ -452,6 +453,7 @@ impl ProxyHttp for Router {
         if let pingora_core::protocols::http::ServerSession::H1(s) = session.as_downstream_mut() {
             s.set_pipelining_enabled(true);
         }
+        crate::lifecycle::close_if_draining(session);
         Ok(())
     }
 
@@ -701,6 +703,17 @@ impl ProxyHttp for Router {
             // A 4xx is the client's: the engine works.
             ep.outlier.record_success();
         }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        _resp: &mut ResponseHeader,
+        _ctx: &mut Ctx,
+    ) -> Result<()> {
+        // A request in flight when a drain starts: its client reconnects instead of reusing this connection.
+        crate::lifecycle::close_if_draining(session);
         Ok(())
     }
 

@@ -1,0 +1,237 @@
+//! The process around Pingora's server: the order services start in, and the drain before a shutdown.
+//!
+//! **Start-up order.** Pingora's `Bootstrap` does two things: it tells the parent of a daemon that it may exit
+//! (`daemon_wait_for_ready`, SIGUSR1) and, in an upgrade (`-u`), it receives the listening sockets from the old
+//! instance. Called before `run_forever` (as `bootstrap()`), it ran before the fork, when the parent's pid was not
+//! yet known, so the parent never heard from the daemon and exited 1 after its whole timeout. It runs here as a
+//! service instead, after the fork, in this order:
+//!
+//! - start: housekeeping (first health-check round) → proxy and metrics listeners → [`ListenGate`] (every
+//!   address accepts a connection) → bootstrap, which releases the parent. The parent returns once the daemon
+//!   serves.
+//! - upgrade: housekeeping → bootstrap (releases the parent, then waits for the old instance's sockets) → proxy
+//!   and metrics listeners on the inherited sockets. The parent has to return before the sockets arrive: the old
+//!   instance sends them only when it gets SIGQUIT, which the unit's `ExecReload` sends after the parent returned.
+//!
+//! **Drain.** On SIGQUIT (upgrade) or SIGTERM, [`DrainingSignals`] sets a flag before handing the signal to
+//! Pingora; from then on every response tells the client `Connection: close` ([`close_if_draining`]). In an
+//! upgrade the old instance keeps serving for 5 s after handing its sockets over (Pingora's `CLOSE_TIMEOUT`), so
+//! each keep-alive client finishes the request it has in flight, closes, and reconnects to the shared listening
+//! socket, which the new instance serves. Without the flag, Pingora answers those requests with `keep-alive`
+//! and then drops every idle connection at once when the grace period starts, while the clients are already
+//! sending their next request on it: one failed request per keep-alive connection.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::{
+    Server, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch, UnixShutdownSignalWatch,
+};
+use pingora_core::services::background::{background_service, BackgroundService};
+use pingora_core::services::{ServiceHandle, ServiceReadyNotifier};
+use pingora_proxy::Session;
+
+/// How long [`ListenGate`] waits for the listeners. Pingora retries a taken port for 30 s, then the bind-failure
+/// hook (`listen`) ends the process; past this the gate gives up waiting and lets the start go on.
+const GATE_LIMIT: Duration = Duration::from_secs(40);
+const GATE_POLL: Duration = Duration::from_millis(20);
+
+/// Set once a graceful upgrade or terminate was signalled (one server per process: the binary's).
+static DRAINING: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process is draining: a new instance took over or a stop was requested.
+pub fn draining() -> bool {
+    DRAINING.load(Ordering::Acquire)
+}
+
+/// Mark the process as draining (what [`DrainingSignals`] does on SIGQUIT and SIGTERM).
+pub fn start_draining() {
+    if !DRAINING.swap(true, Ordering::AcqRel) {
+        log::info!("draining: every response from now on carries `Connection: close`");
+    }
+}
+
+/// While draining, the response to this request closes its connection (`Connection: close`), so the client
+/// reconnects, to the new instance in an upgrade, instead of reusing a connection about to be dropped.
+pub fn close_if_draining(session: &mut Session) {
+    if draining() {
+        session.set_keepalive(None);
+    }
+}
+
+/// Pingora's Unix signals (SIGQUIT upgrade, SIGTERM graceful stop, SIGINT fast stop), with the drain flag set
+/// before Pingora acts on a graceful one.
+pub struct DrainingSignals;
+
+#[async_trait]
+impl ShutdownSignalWatch for DrainingSignals {
+    async fn recv(&self) -> ShutdownSignal {
+        let signal = UnixShutdownSignalWatch.recv().await;
+        if matches!(
+            signal,
+            ShutdownSignal::GracefulUpgrade | ShutdownSignal::GracefulTerminate
+        ) {
+            start_draining();
+        }
+        signal
+    }
+}
+
+/// Order the services for a start (`upgrade` false) or an upgrade (see the module doc). `listening` are the
+/// services with listeners (proxy, metrics), `addrs` their addresses.
+pub fn order_startup(
+    server: &mut Server,
+    upgrade: bool,
+    housekeeping: &ServiceHandle,
+    listening: &[ServiceHandle],
+    addrs: &[String],
+) {
+    let bootstrap = server.bootstrap_as_a_service();
+    if upgrade {
+        bootstrap.add_dependency(housekeeping);
+        for l in listening {
+            l.add_dependency(&bootstrap);
+        }
+    } else {
+        let gate = server.add_service(background_service(
+            "infergate listen gate",
+            ListenGate {
+                addrs: addrs.iter().filter_map(|a| probe_addr(a)).collect(),
+            },
+        ));
+        gate.add_dependencies(listening);
+        bootstrap.add_dependency(&gate);
+    }
+}
+
+/// Where to connect to reach a listener on `addr`: its first resolved address (the one Pingora binds), with an
+/// unspecified IP (`0.0.0.0`, `[::]`) replaced by the loopback of its family.
+pub fn probe_addr(addr: &str) -> Option<SocketAddr> {
+    let mut a = addr.to_socket_addrs().ok()?.next()?;
+    if a.ip().is_unspecified() {
+        a.set_ip(match a.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        });
+    }
+    Some(a)
+}
+
+/// Ready once every address accepts a TCP connection (the probe closes without sending anything, which the
+/// listeners take silently), or after [`GATE_LIMIT`].
+struct ListenGate {
+    addrs: Vec<SocketAddr>,
+}
+
+#[async_trait]
+impl BackgroundService for ListenGate {
+    async fn start_with_ready_notifier(
+        &self,
+        shutdown: ShutdownWatch,
+        ready: ServiceReadyNotifier,
+    ) {
+        let start = Instant::now();
+        for addr in &self.addrs {
+            while tokio::net::TcpStream::connect(addr).await.is_err() {
+                if *shutdown.borrow() {
+                    return;
+                }
+                if start.elapsed() > GATE_LIMIT {
+                    log::warn!(
+                        "{addr} does not accept connections after {GATE_LIMIT:?}; starting anyway"
+                    );
+                    break;
+                }
+                tokio::time::sleep(GATE_POLL).await;
+            }
+        }
+        log::info!("listening on {} address(es)", self.addrs.len());
+        ready.notify_ready();
+    }
+}
+
+/// Paths in the `server` section that will not work where the process runs: relative ones in a daemon (it works
+/// in `/`), and, under systemd with `RuntimeDirectory=` (`runtime_dir`, systemd's `$RUNTIME_DIRECTORY`), a pid
+/// file or upgrade socket outside it (`PrivateTmp` hides `/tmp` from other units, and the unit's `PIDFile=` is in
+/// the runtime directory).
+pub fn path_warnings(conf: &ServerConf, daemon: bool, runtime_dir: Option<&str>) -> Vec<String> {
+    let mut out = Vec::new();
+    let paths = [
+        ("pid_file", Some(conf.pid_file.as_str())),
+        ("upgrade_sock", Some(conf.upgrade_sock.as_str())),
+        ("error_log", conf.error_log.as_deref()),
+    ];
+    for (key, path) in paths {
+        let Some(path) = path else { continue };
+        if daemon && conf.working_directory.is_none() && Path::new(path).is_relative() {
+            out.push(format!(
+                "server.{key} `{path}` is relative, and a daemon works in `/`: use an absolute path"
+            ));
+        }
+    }
+    if let Some(dir) = runtime_dir.filter(|d| !d.is_empty()) {
+        for (key, path) in &paths[..2] {
+            let path = path.unwrap_or_default();
+            if !Path::new(path).starts_with(dir) {
+                out.push(format!(
+                    "server.{key} `{path}` is outside the unit's RuntimeDirectory {dir}: set \
+                     `{key}: {dir}/{}` (see conf/infergate.systemd.yaml)",
+                    if *key == "pid_file" {
+                        "infergate.pid"
+                    } else {
+                        "upgrade.sock"
+                    }
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_that_cannot_work_under_a_daemon_or_systemd_are_named() {
+        let conf = |pid: &str, sock: &str| ServerConf {
+            pid_file: pid.to_string(),
+            upgrade_sock: sock.to_string(),
+            ..ServerConf::default()
+        };
+        let good = conf(
+            "/run/infergate/infergate.pid",
+            "/run/infergate/upgrade.sock",
+        );
+        assert!(path_warnings(&good, true, Some("/run/infergate")).is_empty());
+        let tmp = conf("/tmp/infergate.pid", "/run/infergate/upgrade.sock");
+        let w = path_warnings(&tmp, true, Some("/run/infergate"));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("server.pid_file `/tmp/infergate.pid` is outside"),
+            "{w:?}"
+        );
+        assert!(path_warnings(&tmp, true, None).is_empty());
+        let relative = conf("infergate.pid", "/tmp/u.sock");
+        assert_eq!(path_warnings(&relative, true, None).len(), 1);
+        assert!(path_warnings(&relative, false, None).is_empty());
+    }
+
+    #[test]
+    fn probes_go_to_loopback_for_unspecified_addresses() {
+        assert_eq!(
+            probe_addr("0.0.0.0:8000"),
+            Some("127.0.0.1:8000".parse().unwrap())
+        );
+        assert_eq!(probe_addr("[::]:8000"), Some("[::1]:8000".parse().unwrap()));
+        assert_eq!(
+            probe_addr("127.0.0.1:9"),
+            Some("127.0.0.1:9".parse().unwrap())
+        );
+        assert_eq!(probe_addr("not an address"), None);
+    }
+}

@@ -1,0 +1,454 @@
+//! The real binary's life as systemd drives it (conf/infergate.service): `-d` with `daemon_wait_for_ready`
+//! returns once the daemon serves; SIGHUP after a relative `-c` re-reads the file and names what it could not
+//! apply; the unit's reload (`-t`, `-u -d`, then SIGQUIT to the old instance) under steady keep-alive load fails
+//! no request and logs no error; SIGTERM lets a stream in flight finish.
+//!
+//! Engines run in this process; routers are separate processes on loopback ports, their logs in files.
+
+mod common;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{chat_body, client, engines, free_port, time_scaled, CHAT};
+use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const BIN: &str = env!("CARGO_BIN_EXE_infergate");
+
+/// A scratch directory for one test's config, pid file, upgrade socket and logs; removed on drop, after the
+/// processes whose pid files it holds were killed.
+struct Scratch {
+    dir: PathBuf,
+    pids: Vec<u32>,
+}
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("infergate-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch { dir, pids: vec![] }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(name)).unwrap_or_default()
+    }
+
+    /// The daemon's pid from the pid file, remembered for cleanup.
+    fn daemon_pid(&mut self) -> u32 {
+        let pid: u32 = std::fs::read_to_string(self.path("infergate.pid"))
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("a pid");
+        self.pids.push(pid);
+        pid
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for pid in &self.pids {
+            if alive(*pid) {
+                signal(*pid, "KILL");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// Whether `pid` runs (a zombie does not count: a daemon's parent may be slow to reap it).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Wait until `pid` is gone; how long that took, or None after `limit`.
+async fn wait_gone(pid: u32, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if !alive(pid) {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// The router's config: two engines, fast health checks, everything Pingora writes in `dir`.
+fn router_conf(dir: &Path, listen: u16, metrics: u16, engines: &[String], extra: &str) -> String {
+    let eps: String = engines
+        .iter()
+        .map(|u| format!("      - url: {u}\n"))
+        .collect();
+    format!(
+        "listen: \"127.0.0.1:{listen}\"\nmetrics_listen: \"127.0.0.1:{metrics}\"\n\
+         server:\n  pid_file: {dir}/infergate.pid\n  upgrade_sock: {dir}/upgrade.sock\n  \
+         daemon_wait_for_ready: true\n  daemon_ready_timeout_seconds: 30\n  grace_period_seconds: 1\n  \
+         graceful_shutdown_timeout_seconds: 1\n{extra}\
+         pools:\n  - name: default\n    endpoints:\n{eps}    health_check: {{ interval: 200ms, timeout: 500ms }}\n",
+        dir = dir.display()
+    )
+}
+
+/// Run the binary in `dir` with `args`, its stderr (the daemon's log too) appended to `log`; its exit status and
+/// how long the command took (for `-d`: until the parent returned).
+fn run_binary(dir: &Path, args: &[&str], log: &Path) -> (ExitStatus, Duration) {
+    let log = File::options().create(true).append(true).open(log).unwrap();
+    let start = Instant::now();
+    let status = Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .status()
+        .expect("the binary runs");
+    (status, start.elapsed())
+}
+
+async fn health(listen: u16) -> Option<u16> {
+    let r = client()
+        .get(format!("http://127.0.0.1:{listen}/health"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    Some(r.status().as_u16())
+}
+
+/// Log lines at ERROR level.
+fn errors(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains(" ERROR ")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_returns_once_serving_and_sighup_after_relative_conf_names_what_it_cannot_apply() {
+    let e = engines(2, time_scaled(0.05)).await;
+    let urls = common::urls(&e);
+    let (listen, metrics) = (free_port(), free_port());
+    let mut s = Scratch::new("daemon");
+    let dir = s.dir.clone();
+    let conf = |eps: &[String], extra: &str| router_conf(&dir, listen, metrics, eps, extra);
+    std::fs::write(s.path("infergate.yaml"), conf(&urls, "")).unwrap();
+
+    // A relative -c, from the config's directory: the daemon itself works in /.
+    let (status, took) = run_binary(
+        &s.dir,
+        &["-d", "-c", "infergate.yaml"],
+        &s.path("router.log"),
+    );
+    let pid = s.daemon_pid();
+    assert!(
+        status.success(),
+        "the parent exits 0: {}",
+        s.log("router.log")
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "the parent returned after {took:?}, not as soon as the daemon served"
+    );
+    // Serving when the command returned: no retry.
+    assert_eq!(health(listen).await, Some(200), "{}", s.log("router.log"));
+    println!("daemon_wait_for_ready: the parent returned after {took:?}");
+
+    // SIGHUP: one endpoint fewer (applied) and another policy (not applied, named).
+    let text =
+        conf(&urls[..1], "").replace("    endpoints:", "    policy: round_robin\n    endpoints:");
+    std::fs::write(s.path("infergate.yaml"), text).unwrap();
+    signal(pid, "HUP");
+    let removed = urls[1].trim_start_matches("http://").to_string();
+    let want_applied =
+        format!("applied pool `default`: 0 endpoint(s) added [], 1 removed [{removed}]");
+    let want_policy =
+        "policy of pool `default` changed (load_aware → round_robin): not applied, needs a \
+                       restart or `systemctl reload`";
+    let start = Instant::now();
+    while !(s.log("router.log").contains(&want_applied)
+        && s.log("router.log").contains(want_policy))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no reload lines after SIGHUP:\n{}",
+            s.log("router.log")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = s.log("router.log");
+    assert!(!log.contains("cannot read"), "{log}");
+    let line = log.lines().find(|l| l.contains(want_policy)).unwrap();
+    assert!(line.contains(" WARN "), "{line}");
+    println!("{line}");
+
+    signal(pid, "TERM");
+    assert!(wait_gone(pid, Duration::from_secs(15)).await.is_some());
+    assert_eq!(errors(&s.log("router.log")), Vec::<&str>::new());
+}
+
+/// Requests one keep-alive client completed, failed, and answered with `Connection: close`.
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    closed: AtomicU64,
+}
+
+/// One HTTP/1.1 request on `conn` (opened if None); whether the server keeps the connection. Like wrk: no retry,
+/// a connection the server closed is noticed only when the next request fails on it.
+async fn one_request(conn: &mut Option<TcpStream>, port: u16, req: &[u8]) -> Result<bool, String> {
+    if conn.is_none() {
+        let s = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        s.set_nodelay(true).ok();
+        *conn = Some(s);
+    }
+    let s = conn.as_mut().expect("connected");
+    s.write_all(req).await.map_err(|e| format!("write: {e}"))?;
+    let mut buf = Vec::with_capacity(2048);
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut chunk).await.map_err(|e| format!("read: {e}"))?;
+        if n == 0 {
+            return Err(format!("closed after {} bytes of the head", buf.len()));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    if !head.starts_with("http/1.1 200") {
+        return Err(format!(
+            "status: {}",
+            head.lines().next().unwrap_or_default()
+        ));
+    }
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no content-length: {head}"))?;
+    while buf.len() < head_end + len {
+        let n = s
+            .read(&mut chunk)
+            .await
+            .map_err(|e| format!("read body: {e}"))?;
+        if n == 0 {
+            return Err("closed in the body".to_string());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok(!head.contains("connection: close"))
+}
+
+/// `clients` keep-alive clients sending requests back to back until `stop` is set.
+fn load(
+    port: u16,
+    clients: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> (Arc<Tally>, Vec<tokio::task::JoinHandle<Vec<String>>>) {
+    let tally = Arc::new(Tally::default());
+    let body = chat_body(64, false, 2);
+    let req = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes();
+    let tasks = (0..clients)
+        .map(|_| {
+            let (tally, stop, req) = (tally.clone(), stop.clone(), req.clone());
+            tokio::spawn(async move {
+                let mut conn = None;
+                let mut failures = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let r = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        one_request(&mut conn, port, &req),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err("timed out".to_string()));
+                    match r {
+                        Ok(keep) => {
+                            tally.ok.fetch_add(1, Ordering::Relaxed);
+                            if !keep {
+                                tally.closed.fetch_add(1, Ordering::Relaxed);
+                                conn = None;
+                            }
+                        }
+                        Err(e) => {
+                            tally.failed.fetch_add(1, Ordering::Relaxed);
+                            failures.push(e);
+                            conn = None;
+                        }
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    (tally, tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_upgrade_under_keep_alive_load_fails_no_request_and_logs_no_error() {
+    const CLIENTS: usize = 8;
+    let e = engines(2, time_scaled(0.05)).await;
+    let (listen, metrics) = (free_port(), free_port());
+    let mut s = Scratch::new("upgrade");
+    let text = router_conf(&s.dir, listen, metrics, &common::urls(&e), "");
+    std::fs::write(s.path("infergate.yaml"), text).unwrap();
+    let conf = s.path("infergate.yaml");
+    let conf = conf.to_str().unwrap();
+
+    // ExecStart.
+    let (status, _) = run_binary(&s.dir, &["-d", "-c", conf], &s.path("old.log"));
+    assert!(status.success(), "{}", s.log("old.log"));
+    let old = s.daemon_pid();
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tally, tasks) = load(listen, CLIENTS, stop.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = tally.ok.load(Ordering::Relaxed);
+
+    // ExecReload, as the unit runs it: validate, start the new instance, then SIGQUIT to the old one.
+    let (status, _) = run_binary(&s.dir, &["-t", "-c", conf], &s.path("new.log"));
+    assert!(status.success());
+    let (status, took) = run_binary(&s.dir, &["-u", "-d", "-c", conf], &s.path("new.log"));
+    assert!(status.success(), "{}", s.log("new.log"));
+    let new = s.daemon_pid();
+    assert_ne!(old, new);
+    signal(old, "QUIT");
+    // The old instance serves 5 s more (Pingora's hand-over window), then waits its 1 s grace period.
+    let gone = wait_gone(old, Duration::from_secs(20)).await;
+    assert!(gone.is_some(), "the old instance did not exit");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut failures = Vec::new();
+    for t in tasks {
+        failures.extend(t.await.unwrap());
+    }
+    let (ok, failed, closed) = (
+        tally.ok.load(Ordering::Relaxed),
+        tally.failed.load(Ordering::Relaxed),
+        tally.closed.load(Ordering::Relaxed),
+    );
+    println!(
+        "graceful upgrade, {CLIENTS} keep-alive clients: {ok} requests ({before} before the reload), {failed} failed, \
+         {closed} answered with Connection: close; new instance ready after {took:?}, old one gone {:?} after SIGQUIT",
+        gone.unwrap()
+    );
+    assert_eq!(
+        failed, 0,
+        "failed requests across the upgrade: {failures:?}"
+    );
+    assert!(ok > before, "requests were served across the upgrade");
+    assert!(
+        closed > 0,
+        "the old instance's clients were told to reconnect"
+    );
+    // The new instance serves and holds the metrics port too.
+    assert_eq!(health(listen).await, Some(200));
+    let m = common::try_metrics(&format!("http://127.0.0.1:{metrics}/metrics"))
+        .await
+        .expect("the new instance's metrics");
+    assert!(common::metric_sum(&m, "infergate_requests_total", &[]) > 0.0);
+    for name in ["old.log", "new.log"] {
+        let log = s.log(name);
+        assert_eq!(errors(&log), Vec::<&str>::new(), "{name}:\n{log}");
+    }
+    assert!(s.log("old.log").contains("listener sockets sent"));
+
+    signal(new, "TERM");
+    assert!(wait_gone(new, Duration::from_secs(15)).await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_stream_in_flight_finish_within_the_grace_period() {
+    // About 100 decode steps of 18 ms: a stream of nearly 2 s.
+    let e = engines(1, time_scaled(1.0)).await;
+    let (listen, metrics) = (free_port(), free_port());
+    let mut s = Scratch::new("sigterm");
+    let text = router_conf(&s.dir, listen, metrics, &common::urls(&e), "")
+        .replace("grace_period_seconds: 1", "grace_period_seconds: 5");
+    std::fs::write(s.path("infergate.yaml"), text).unwrap();
+    let log = File::create(s.path("router.log")).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["-c", s.path("infergate.yaml").to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    s.pids.push(child.id());
+    let start = Instant::now();
+    while health(listen).await != Some(200) {
+        assert!(start.elapsed() < Duration::from_secs(15), "router not up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let resp = client()
+        .post(format!("http://127.0.0.1:{listen}{CHAT}"))
+        .header("content-type", "application/json")
+        .body(chat_body(64, true, 100))
+        .send()
+        .await
+        .expect("stream headers");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let first = body.next().await.expect("a first chunk").expect("chunk");
+    assert!(!first.is_empty());
+
+    let term = Instant::now();
+    let pid = child.id();
+    signal(pid, "TERM");
+    let mut text = String::from_utf8_lossy(&first).into_owned();
+    while let Some(chunk) = body.next().await {
+        text.push_str(&String::from_utf8_lossy(
+            &chunk.expect("the stream goes on after SIGTERM"),
+        ));
+    }
+    let finished = term.elapsed();
+    assert!(
+        text.contains("data: [DONE]"),
+        "the stream ended early: {text}"
+    );
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let exited = term.elapsed();
+    println!(
+        "SIGTERM with a stream in flight: the stream finished {finished:?} after SIGTERM, the process exited after \
+         {exited:?} (grace period 5 s, then up to 1 s for the runtimes)"
+    );
+    assert!(
+        finished < Duration::from_secs(5),
+        "finished after {finished:?}"
+    );
+    assert!(status.success(), "{status:?}");
+    assert!(exited < Duration::from_secs(9), "exited after {exited:?}");
+    let log = s.log("router.log");
+    assert_eq!(errors(&log), Vec::<&str>::new(), "{log}");
+}
