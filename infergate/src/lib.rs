@@ -1,5 +1,6 @@
 //! infergate: a Pingora reverse proxy that places each LLM request on the engine pod best able to serve it now.
 
+pub mod access_log;
 pub mod config;
 pub mod engine_stats;
 pub mod exposure;
@@ -13,4 +14,5 @@ pub mod placement;
 pub mod pool;
 pub mod proxy;
 pub mod request;
+pub mod request_id;
 pub mod server;

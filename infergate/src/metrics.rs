@@ -149,6 +149,11 @@ impl Metrics {
         }
     }
 
+    /// Register a collector another module owns (the access log's counters).
+    pub fn register(&self, c: Box<dyn Collector>) -> prometheus::Result<()> {
+        self.registry.register(c)
+    }
+
     /// Delete every counter series of an endpoint that left its pool.
     pub fn remove_endpoint(&self, pool: &str, endpoint: &str) {
         for vec in [

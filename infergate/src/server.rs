@@ -96,7 +96,11 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     server.bootstrap();
 
     let state = RouterState::new(cfg);
-    let router = Router::new(state.clone());
+    let access_log = match &state.cfg.access_log {
+        Some(c) => Some(crate::access_log::AccessLog::open(c, &state.metrics)?),
+        None => None,
+    };
+    let router = Router::new(state.clone()).with_access_log(access_log);
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
         router,

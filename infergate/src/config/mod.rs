@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+mod access_log;
 mod expose_paths;
 mod outlier;
 mod policy;
@@ -16,6 +17,7 @@ mod trusted_proxies;
 mod values;
 mod walk;
 
+pub use access_log::{AccessLogConfig, LogFormat, LogTarget};
 use expose_paths::expose_paths;
 pub use outlier::OutlierConfig;
 pub use policy::{
@@ -58,6 +60,10 @@ pub struct Config {
     pub expose_paths: Vec<String>,
     /// Peers whose `X-Real-IP` is kept (`trusted_proxies`); see `forwarded`.
     pub trusted_proxies: Vec<Cidr>,
+    /// One line per request (`access_log`); None = off.
+    pub access_log: Option<AccessLogConfig>,
+    /// Responses name the serving endpoint in `x-infergate-endpoint` (`endpoint_header`, default true).
+    pub endpoint_header: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -177,12 +183,13 @@ const SECTIONS: &[(&str, Reader)] = &[
     ("engine_stats", |n| EngineStatsConfig::read(n).map(drop)),
     ("prefix", |n| PrefixConfig::read(n).map(drop)),
     ("outlier_detection", |n| OutlierConfig::read(n).map(drop)),
+    ("access_log", |n| AccessLogConfig::read(n).map(drop)),
 ];
 
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools, expose, trusted] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools, expose, trusted, access_log, endpoint_header] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -195,6 +202,8 @@ impl Config {
                 "pools",
                 "expose_paths",
                 "trusted_proxies",
+                "access_log",
+                "endpoint_header",
             ])?;
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
@@ -223,6 +232,8 @@ impl Config {
             pools: pools_list(&pools)?,
             expose_paths: expose_paths(&expose)?,
             trusted_proxies: trusted_proxies(&trusted)?,
+            access_log: AccessLogConfig::read_optional(&access_log)?,
+            endpoint_header: access_log::endpoint_header(&endpoint_header)?,
         })
     }
 }

@@ -79,6 +79,12 @@ fn session_key(header: &[u8]) -> u64 {
     h.finish()
 }
 
+/// The hash of a session header value that names the session outside the table (access log, state file): the table
+/// key itself, so the value is never written anywhere.
+pub fn session_hash(header: &[u8]) -> u64 {
+    session_key(header)
+}
+
 /// One session request to place (policy `load_aware`, the request carries the session header).
 #[derive(Debug, Clone, Copy)]
 pub struct SessionRequest<'a> {

@@ -4,7 +4,7 @@
 //! Which hook does what, in the order Pingora calls them:
 //!
 //! ```text
-//! early_request_filter     serve pipelined requests in order
+//! early_request_filter     serve pipelined requests in order; the request id (request_id: the client's or new)
 //! request_filter           screen the path (exposure: 400/404 unless served); classify; answer /health and
 //!                          /v1/models; read the whole body (bounded), pick the pool
 //! upstream_peer            (per attempt) snapshot → policy.place → ledger hold → peer; a stale pooled connection
@@ -14,14 +14,17 @@
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count); 429/503: refused → retry elsewhere;
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
+//! response_filter          x-request-id and x-infergate-endpoint on the client's response (access)
 //! response_body_filter     first body byte: release the prefill tokens, learn prefill speed, TTFB
 //! fail_to_connect /        decide retries (only where the engine cannot have started the work)
 //!   error_while_proxy
 //! fail_to_proxy            answer an OpenAI-style error
-//! logging                  count the request; the hold's Drop releases whatever is left on every path
+//! logging                  count the request, write its access-log line (access; also for the router's own
+//!                          answers); the hold's Drop releases whatever is left on every path
 //! request_summary          what Pingora's warn/error lines show: method, normalised path, Host (no query)
 //! ```
 
+mod access;
 mod body;
 mod errors;
 
@@ -89,6 +92,8 @@ pub struct Ctx {
     error: Option<ApiError>,
     /// The status the router answered with itself (counted instead of the absent upstream status).
     answered: Option<u16>,
+    /// Timing and client facts for the access log.
+    log: crate::access_log::RequestLog,
 }
 
 impl Ctx {
@@ -119,6 +124,7 @@ pub struct Router {
     state: RouterState,
     body_budget: BodyBudget,
     exposure: Exposure,
+    access_log: Option<crate::access_log::AccessLog>,
 }
 
 impl Deref for Router {
@@ -136,7 +142,14 @@ impl Router {
             state,
             body_budget,
             exposure,
+            access_log: None,
         }
+    }
+
+    /// Write one line per request to `log`.
+    pub fn with_access_log(mut self, log: Option<crate::access_log::AccessLog>) -> Router {
+        self.access_log = log;
+        self
     }
 
     fn body_limits(&self) -> BodyLimits {
@@ -207,6 +220,7 @@ impl Router {
         if let Some(secs) = retry_after {
             resp.insert_header("retry-after", secs.to_string())?;
         }
+        access::echo_request_id(session, &mut resp)?;
         self.metrics
             .router_responses_total
             .with_label_values(&[status.to_string().as_str()])
@@ -420,6 +434,7 @@ impl ProxyHttp for Router {
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+        crate::request_id::assign(session.req_header_mut());
         // A client may send the next request before reading this response (RFC 9112 §9.3.2): serve them in
         // order instead of dropping the connection and the requests behind it.
         if let pingora_core::protocols::http::ServerSession::H1(s) = session.as_downstream_mut() {
@@ -511,8 +526,10 @@ impl ProxyHttp for Router {
                 ctx.placement = Some(placement);
                 (ep, true)
             }
-            _ => {
+            (_, previous) => {
                 let Some((ep, placement)) = self.place(&pool, ctx, now) else {
+                    // The last attempt's placement stays for the access log.
+                    ctx.placement = previous;
                     let e = if !pool.any_healthy() || ctx.tried.is_empty() {
                         ApiError::no_healthy_endpoint(&pool.name)
                     } else {
@@ -656,6 +673,15 @@ impl ProxyHttp for Router {
         Ok(())
     }
 
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        self.trace_headers(session, resp, ctx)
+    }
+
     fn response_body_filter(
         &self,
         _session: &mut Session,
@@ -663,6 +689,7 @@ impl ProxyHttp for Router {
         _end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<Option<Duration>> {
+        ctx.log.body_chunk(body.as_ref().map_or(0, |b| b.len()));
         if !ctx.first_byte_seen && body.as_ref().is_some_and(|b| !b.is_empty()) {
             ctx.first_byte_seen = true;
             let success = ctx.upstream_status.is_some_and(|s| (200..300).contains(&s));
@@ -693,6 +720,7 @@ impl ProxyHttp for Router {
         if *e.etype() != ErrorType::ConnectTimedout {
             self.record_failure(ctx);
         }
+        ctx.log.upstream_error = Some(e.etype().as_str());
         // Nothing was sent: always safe to try elsewhere.
         self.note_failed_attempt(ctx, "connect failed");
         e.set_retry(ctx.tried.len() <= self.cfg.max_retries);
@@ -784,6 +812,7 @@ impl ProxyHttp for Router {
                 .with_label_values(&[&*pool.name, &ep.label, code.to_string().as_str()])
                 .inc();
         }
+        self.log_request(session, e, ctx);
         ctx.finish_hold();
     }
 
