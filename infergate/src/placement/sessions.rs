@@ -44,6 +44,9 @@ use lru::LruCache;
 
 use super::{Candidate, Reason};
 
+mod persist;
+pub use persist::{ImportOutcome, SavedSession};
+
 /// Prompt lineages remembered per session (LRU among them beyond this).
 pub const MAX_LINEAGES: usize = 4;
 
