@@ -16,3 +16,4 @@ pub mod proxy;
 pub mod request;
 pub mod request_id;
 pub mod server;
+pub mod state_file;

@@ -115,6 +115,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
             state: state.clone(),
         },
     );
+    crate::state_file::install(&mut server, &state);
     let hk_handle = server.add_service(housekeeping);
     let proxy_handle = server.add_service(proxy);
     proxy_handle.add_dependency(&hk_handle);

@@ -11,6 +11,7 @@ mod outlier;
 mod policy;
 mod pool;
 mod server;
+mod state_file;
 #[cfg(test)]
 mod testing;
 mod trusted_proxies;
@@ -27,6 +28,7 @@ pub use policy::{
 use pool::pools_list;
 pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig};
 use server::server_yaml;
+pub use state_file::StateFileConfig;
 use trusted_proxies::trusted_proxies;
 pub use trusted_proxies::Cidr;
 use values::{check_listen_addr, to_usize};
@@ -64,6 +66,8 @@ pub struct Config {
     pub access_log: Option<AccessLogConfig>,
     /// Responses name the serving endpoint in `x-infergate-endpoint` (`endpoint_header`, default true).
     pub endpoint_header: bool,
+    /// Session bindings saved for the next instance (`state_file`); None = off.
+    pub state_file: Option<StateFileConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -184,12 +188,13 @@ const SECTIONS: &[(&str, Reader)] = &[
     ("prefix", |n| PrefixConfig::read(n).map(drop)),
     ("outlier_detection", |n| OutlierConfig::read(n).map(drop)),
     ("access_log", |n| AccessLogConfig::read(n).map(drop)),
+    ("state_file", |n| StateFileConfig::read(n).map(drop)),
 ];
 
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools, expose, trusted, access_log, endpoint_header] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, pools, expose, trusted, access_log, endpoint_header, state_file] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -204,6 +209,7 @@ impl Config {
                 "trusted_proxies",
                 "access_log",
                 "endpoint_header",
+                "state_file",
             ])?;
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
@@ -234,6 +240,7 @@ impl Config {
             trusted_proxies: trusted_proxies(&trusted)?,
             access_log: AccessLogConfig::read_optional(&access_log)?,
             endpoint_header: access_log::endpoint_header(&endpoint_header)?,
+            state_file: StateFileConfig::read_optional(&state_file)?,
         })
     }
 }
