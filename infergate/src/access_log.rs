@@ -40,6 +40,8 @@ pub struct RequestLog {
     pub client_key: Option<std::sync::Arc<str>>,
     /// Why the last failed attempt failed (Pingora's error type), for a request that then got the router's answer.
     pub upstream_error: Option<&'static str>,
+    /// The code of the error the router answered a failed request with (`no_healthy_endpoint`, ...).
+    pub router_error: Option<&'static str>,
 }
 
 impl Default for RequestLog {
@@ -50,6 +52,7 @@ impl Default for RequestLog {
             first_byte: None,
             client_key: None,
             upstream_error: None,
+            router_error: None,
         }
     }
 }

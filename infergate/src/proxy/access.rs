@@ -61,14 +61,18 @@ impl Router {
             (Some(_), Some(_)) => Some(0),
             _ => None,
         };
-        let error = e.map(|e| match (e.etype(), ctx.log.upstream_error) {
-            // The router's own answer after failed attempts: say why they failed.
-            (ErrorType::HTTPStatus(_), Some(why)) => format!("upstream:{why}"),
-            _ => match e.esource() {
-                ErrorSource::Unset => e.etype().as_str().to_string(),
-                s => format!("{}:{}", s.as_str().to_ascii_lowercase(), e.etype().as_str()),
+        let error = e.map(
+            |e| match (e.etype(), ctx.log.upstream_error, ctx.log.router_error) {
+                // The router's own answer after failed attempts: say why they failed.
+                (ErrorType::HTTPStatus(_), Some(why), _) => format!("upstream:{why}"),
+                // The router's own decision (no healthy endpoint, ...): its error code.
+                (ErrorType::HTTPStatus(_), None, Some(code)) => code.to_string(),
+                _ => match e.esource() {
+                    ErrorSource::Unset => e.etype().as_str().to_string(),
+                    s => format!("{}:{}", s.as_str().to_ascii_lowercase(), e.etype().as_str()),
+                },
             },
-        });
+        );
         let id = req
             .headers
             .get(request_id::HEADER)

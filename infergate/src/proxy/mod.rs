@@ -781,6 +781,7 @@ impl ProxyHttp for Router {
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         ctx.release_prefill(ReleaseCause::Aborted);
         let api = ctx.error.take().or_else(|| ApiError::from_proxy_error(e));
+        ctx.log.router_error = api.as_ref().map(|a| a.code);
         let code = match api {
             Some(api) if session.response_written().is_none() => {
                 if let Err(err) = self.respond_error(session, &api).await {
