@@ -306,9 +306,7 @@ impl AccessLog {
         .map_err(|e| format!("access log metric: {e}"))?;
         let queue_full = dropped.with_label_values(&["queue_full"]);
         let write_error = dropped.with_label_values(&["write_error"]);
-        metrics
-            .register(Box::new(dropped))
-            .map_err(|e| format!("access log metric: {e}"))?;
+        metrics.register(Box::new(dropped));
         let (tx, rx) = std::sync::mpsc::sync_channel(cfg.buffer_lines.max(1));
         Ok(AccessLog {
             tx,
