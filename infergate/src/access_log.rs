@@ -36,8 +36,6 @@ pub struct RequestLog {
     pub start_wall: SystemTime,
     /// The first response body byte passed to the client.
     pub first_byte: Option<Instant>,
-    /// The name of the client's key, once client authentication knows it.
-    pub client_key: Option<std::sync::Arc<str>>,
     /// Why the last failed attempt failed (Pingora's error type), for a request that then got the router's answer.
     pub upstream_error: Option<&'static str>,
     /// The code of the error the router answered a failed request with (`no_healthy_endpoint`, ...).
@@ -50,7 +48,6 @@ impl Default for RequestLog {
             start: Instant::now(),
             start_wall: SystemTime::now(),
             first_byte: None,
-            client_key: None,
             upstream_error: None,
             router_error: None,
         }

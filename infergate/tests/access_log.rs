@@ -309,3 +309,52 @@ async fn the_endpoint_header_can_be_turned_off() {
     assert!(header(&resp, "x-request-id").is_some());
     drain(resp).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_key_is_named_never_shown() {
+    const ALICE: &str = "sk-alice-access-log-5e1f9a";
+    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let keys = log_path("keys");
+    std::fs::write(&keys, format!("alice:{ALICE}\n")).unwrap();
+    let path = log_path("keys-json");
+    let yaml = format!(
+        "auth:\n  keys_file: {}\naccess_log: {{ format: json, path: \"{}\" }}\n{}",
+        keys.display(),
+        path.display(),
+        pool_yaml("load_aware", &[eng.url()], "")
+    );
+    let router = start_router(&yaml).await;
+    router.ready().await;
+    for (token, want) in [(ALICE, 200), ("sk-not-a-key-0000", 401)] {
+        let resp = post_json(&client(), &router.url(), CHAT)
+            .header("authorization", format!("Bearer {token}"))
+            .body(marked_body(false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), want);
+        assert!(header(&resp, "x-request-id").is_some());
+        let _ = resp.bytes().await;
+    }
+    let got = lines(&path, 2).await;
+    let v: Vec<Value> = got
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        (&v[0]["client_key"], &v[0]["status"]),
+        (&Value::from("alice"), &Value::from(200))
+    );
+    assert_eq!(
+        (&v[1]["client_key"], &v[1]["status"]),
+        (&Value::Null, &Value::from(401))
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        !text.contains(ALICE) && !text.contains("sk-not-a-key"),
+        "{text}"
+    );
+    drop(router);
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&keys);
+}

@@ -96,7 +96,7 @@ impl Router {
             bytes_in: downstream.body_bytes_read() as u64,
             bytes_out: downstream.body_bytes_sent() as u64,
             retries: u32::try_from(retries).unwrap_or(u32::MAX),
-            client_key: ctx.log.client_key.as_deref(),
+            client_key: Some(ctx.admission.key()).filter(|k| *k != crate::admission::NO_KEY),
             session: ctx.session_key.as_deref().map(session_hash),
             request_id: id,
             error: error.as_deref(),
