@@ -1,5 +1,6 @@
 //! infergate: a Pingora reverse proxy that places each LLM request on the engine pod best able to serve it now.
 
+pub mod access_log;
 pub mod admission;
 pub mod cli;
 pub mod clients;
@@ -18,4 +19,6 @@ pub mod pool;
 pub mod proxy;
 pub mod reload;
 pub mod request;
+pub mod request_id;
 pub mod server;
+pub mod state_file;

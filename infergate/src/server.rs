@@ -97,7 +97,11 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
 
     crate::admission::warn_if_open(&cfg);
     let state = RouterState::new(cfg);
-    let router = Router::new(state.clone());
+    let access_log = match &state.cfg.access_log {
+        Some(c) => Some(crate::access_log::AccessLog::open(c, &state.metrics)?),
+        None => None,
+    };
+    let router = Router::new(state.clone()).with_access_log(access_log);
     // Slow and idle clients and the connection cap: see crate::clients.
     let max_clients = clients::effective_max(
         state.cfg.max_client_connections,
@@ -119,6 +123,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
             state: state.clone(),
         },
     );
+    crate::state_file::install(&mut server, &state);
     let hk_handle = server.add_service(housekeeping);
     let proxy_handle = server.add_service(proxy);
     proxy_handle.add_dependency(&hk_handle);

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+mod access_log;
 mod auth;
 mod clients;
 mod expose_paths;
@@ -13,12 +14,14 @@ mod policy;
 mod pool;
 mod queue;
 mod server;
+mod state_file;
 #[cfg(test)]
 mod testing;
 mod trusted_proxies;
 mod values;
 mod walk;
 
+pub use access_log::{AccessLogConfig, LogFormat, LogTarget};
 pub use auth::{AuthConfig, ClientKey, KeyLimits};
 pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
 use expose_paths::expose_paths;
@@ -31,6 +34,7 @@ use pool::pools_list;
 pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig};
 pub use queue::QueueConfig;
 use server::server_yaml;
+pub use state_file::StateFileConfig;
 use trusted_proxies::trusted_proxies;
 pub use trusted_proxies::Cidr;
 use values::{check_listen_addr, to_usize};
@@ -69,6 +73,12 @@ pub struct Config {
     pub trusted_proxies: Vec<Cidr>,
     /// Client API keys and their limits (`auth`); None = every client is served.
     pub auth: Option<AuthConfig>,
+    /// One line per request (`access_log`); None = off.
+    pub access_log: Option<AccessLogConfig>,
+    /// Responses name the serving endpoint in `x-infergate-endpoint` (`endpoint_header`, default true).
+    pub endpoint_header: bool,
+    /// Session bindings saved for the next instance (`state_file`); None = off.
+    pub state_file: Option<StateFileConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -201,12 +211,14 @@ const SECTIONS: &[(&str, Reader)] = &[
         auth::read_key_limits_section,
     ),
     ("queue", |n| QueueConfig::read(n, Some(1)).map(drop)),
+    ("access_log", |n| AccessLogConfig::read(n).map(drop)),
+    ("state_file", |n| StateFileConfig::read(n).map(drop)),
 ];
 
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools, expose, trusted, auth] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools, expose, trusted, auth, access_log, endpoint_header, state_file] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -221,6 +233,9 @@ impl Config {
                 "expose_paths",
                 "trusted_proxies",
                 "auth",
+                "access_log",
+                "endpoint_header",
+                "state_file",
             ])?;
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
@@ -254,6 +269,9 @@ impl Config {
                 None => None,
                 Some(a) => Some(AuthConfig::read(a)?),
             },
+            access_log: AccessLogConfig::read_optional(&access_log)?,
+            endpoint_header: access_log::endpoint_header(&endpoint_header)?,
+            state_file: StateFileConfig::read_optional(&state_file)?,
         })
     }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
-use super::sessions::{lineage_of, SessionRequest, SessionTable};
+use super::sessions::{lineage_of, ImportOutcome, SavedSession, SessionRequest, SessionTable};
 use super::Reason;
 use crate::config::SessionsConfig;
 
@@ -76,5 +76,19 @@ impl PlacementPolicy for LoadAware {
 
     fn session_count(&self) -> Option<usize> {
         self.sessions.as_ref().map(|t| t.lock().len())
+    }
+
+    fn export_sessions(&self, now: Instant) -> Option<Vec<SavedSession>> {
+        self.sessions.as_ref().map(|t| t.lock().export(now))
+    }
+
+    fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
+        match &self.sessions {
+            Some(t) => t.lock().import(saved, now),
+            None => ImportOutcome {
+                no_sessions: saved.len(),
+                ..ImportOutcome::default()
+            },
+        }
     }
 }

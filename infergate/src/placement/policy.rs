@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use super::sessions::SessionCommit;
+use super::sessions::{ImportOutcome, SavedSession, SessionCommit};
 use super::{Candidate, Reason};
 use crate::config::{PolicyConfig, PoolConfig};
 
@@ -100,6 +100,20 @@ pub trait PlacementPolicy: Send + Sync {
     /// Session bindings held, for policies that keep sessions.
     fn session_count(&self) -> Option<usize> {
         None
+    }
+
+    /// The live session bindings, least recently served first, for the next instance (`state_file`); None for
+    /// policies that keep no sessions.
+    fn export_sessions(&self, _now: Instant) -> Option<Vec<SavedSession>> {
+        None
+    }
+
+    /// Adopt bindings a previous instance saved (endpoint ids already mapped to this process's).
+    fn import_sessions(&self, saved: Vec<SavedSession>, _now: Instant) -> ImportOutcome {
+        ImportOutcome {
+            no_sessions: saved.len(),
+            ..ImportOutcome::default()
+        }
     }
 }
 

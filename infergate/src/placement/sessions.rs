@@ -44,6 +44,9 @@ use lru::LruCache;
 
 use super::{Candidate, Reason};
 
+mod persist;
+pub use persist::{ImportOutcome, SavedSession};
+
 /// Prompt lineages remembered per session (LRU among them beyond this).
 pub const MAX_LINEAGES: usize = 4;
 
@@ -77,6 +80,12 @@ fn session_key(header: &[u8]) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     h.write(header);
     h.finish()
+}
+
+/// The hash of a session header value that names the session outside the table (access log, state file): the table
+/// key itself, so the value is never written anywhere.
+pub fn session_hash(header: &[u8]) -> u64 {
+    session_key(header)
 }
 
 /// One session request to place (policy `load_aware`, the request carries the session header).

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! early_request_filter     header deadline off, keep-alive idle limit on (crate::clients); serve pipelined
-//!                          requests in order
+//!                          requests in order; the request id (request_id: the client's or new)
 //! request_filter           screen the path (exposure: 400/404 unless served); classify; answer /health; client
 //!                          key (401) and key limits (429, `admit`); answer /v1/models; read the whole body
 //!                          (bounded), pick the pool, charge the key's tokens
@@ -19,16 +19,19 @@
 //! upstream_response_filter 2xx: served (policy learns, tokens count); 429/503: refused → retry elsewhere;
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
 //! response_filter          while draining (upgrade, stop): `Connection: close` (lifecycle)
+//! response_filter          x-request-id and x-infergate-endpoint on the client's response (access)
 //! response_body_filter     first body byte: release the prefill tokens, learn prefill speed, TTFB
 //! fail_to_connect /        decide retries (only where the engine cannot have started the work)
 //!   error_while_proxy
 //! fail_to_proxy            answer an OpenAI-style error
-//! logging                  count the request; the hold's Drop releases whatever is left on every path
+//! logging                  count the request, write its access-log line (access; also for the router's own
+//!                          answers); the hold's Drop releases whatever is left on every path
 //! request_summary          what Pingora's warn/error lines show: method, normalised path, Host (no query)
 //! persist_connection_context
 //!                          the connection waits for another request: header deadline on (crate::clients)
 //! ```
 
+mod access;
 mod admit;
 mod body;
 mod errors;
@@ -99,6 +102,8 @@ pub struct Ctx {
     answered: Option<u16>,
     /// The client key and its concurrency slot (given back when the context drops).
     admission: crate::admission::Pass,
+    /// Timing and client facts for the access log.
+    log: crate::access_log::RequestLog,
 }
 
 impl Ctx {
@@ -129,6 +134,7 @@ pub struct Router {
     state: RouterState,
     body_budget: BodyBudget,
     exposure: Exposure,
+    access_log: Option<crate::access_log::AccessLog>,
 }
 
 impl Deref for Router {
@@ -146,7 +152,14 @@ impl Router {
             state,
             body_budget,
             exposure,
+            access_log: None,
         }
+    }
+
+    /// Write one line per request to `log`.
+    pub fn with_access_log(mut self, log: Option<crate::access_log::AccessLog>) -> Router {
+        self.access_log = log;
+        self
     }
 
     fn body_limits(&self) -> BodyLimits {
@@ -217,6 +230,7 @@ impl Router {
         if let Some(secs) = retry_after {
             resp.insert_header("retry-after", secs.to_string())?;
         }
+        access::echo_request_id(session, &mut resp)?;
         self.metrics
             .router_responses_total
             .with_label_values(&[status.to_string().as_str()])
@@ -448,6 +462,7 @@ impl ProxyHttp for Router {
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
         // The header is in: its deadline is off, and a kept-alive connection may idle timeouts.client_idle.
         crate::clients::header_received(session, self.cfg.timeouts.client_idle);
+        crate::request_id::assign(session.req_header_mut());
         // A client may send the next request before reading this response (RFC 9112 §9.3.2): serve them in
         // order instead of dropping the connection and the requests behind it.
         if let pingora_core::protocols::http::ServerSession::H1(s) = session.as_downstream_mut() {
@@ -541,8 +556,10 @@ impl ProxyHttp for Router {
                 ctx.placement = Some(placement);
                 (ep, true)
             }
-            _ => {
+            (_, previous) => {
                 let Some((ep, placement)) = self.place(&pool, ctx, now) else {
+                    // The last attempt's placement stays for the access log.
+                    ctx.placement = previous;
                     let e = if !pool.any_healthy() || ctx.tried.is_empty() {
                         ApiError::no_healthy_endpoint(&pool.name)
                     } else {
@@ -709,12 +726,12 @@ impl ProxyHttp for Router {
     async fn response_filter(
         &self,
         session: &mut Session,
-        _resp: &mut ResponseHeader,
-        _ctx: &mut Ctx,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
     ) -> Result<()> {
         // A request in flight when a drain starts: its client reconnects instead of reusing this connection.
         crate::lifecycle::close_if_draining(session);
-        Ok(())
+        self.trace_headers(session, resp, ctx)
     }
 
     fn response_body_filter(
@@ -724,6 +741,7 @@ impl ProxyHttp for Router {
         _end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<Option<Duration>> {
+        ctx.log.body_chunk(body.as_ref().map_or(0, |b| b.len()));
         if !ctx.first_byte_seen && body.as_ref().is_some_and(|b| !b.is_empty()) {
             ctx.first_byte_seen = true;
             let success = ctx.upstream_status.is_some_and(|s| (200..300).contains(&s));
@@ -754,6 +772,7 @@ impl ProxyHttp for Router {
         if *e.etype() != ErrorType::ConnectTimedout {
             self.record_failure(ctx);
         }
+        ctx.log.upstream_error = Some(e.etype().as_str());
         // Nothing was sent: always safe to try elsewhere.
         self.note_failed_attempt(ctx, "connect failed");
         e.set_retry(ctx.tried.len() <= self.cfg.max_retries);
@@ -814,6 +833,7 @@ impl ProxyHttp for Router {
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         ctx.release_prefill(ReleaseCause::Aborted);
         let api = ctx.error.take().or_else(|| ApiError::from_proxy_error(e));
+        ctx.log.router_error = api.as_ref().map(|a| a.code);
         let code = match api {
             Some(api) if session.response_written().is_none() => {
                 if let Err(err) = self.respond_error(session, &api).await {
@@ -848,6 +868,7 @@ impl ProxyHttp for Router {
                 .with_label_values(&[&*pool.name, &ep.label, code.to_string().as_str()])
                 .inc();
         }
+        self.log_request(session, e, ctx);
         ctx.finish_hold();
     }
 

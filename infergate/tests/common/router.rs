@@ -93,6 +93,25 @@ impl TestRouter {
     }
 }
 
+impl TestRouter {
+    /// Stop as SIGTERM would (`GracefulTerminate`: Pingora's shutdown watch fires, background services run their
+    /// shutdown path, then the grace period and the runtimes' shutdown) and wait, at most 30 s, for the router's
+    /// thread to end. Dropping a `TestRouter` is a fast shutdown, which skips the graceful path.
+    pub async fn stop_gracefully(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(ShutdownSignal::GracefulTerminate).await;
+        }
+        if let Some(t) = self.thread.take() {
+            let joined = tokio::time::timeout(
+                Duration::from_secs(30),
+                tokio::task::spawn_blocking(move || t.join()),
+            )
+            .await;
+            assert!(joined.is_ok(), "the router did not stop within 30 s");
+        }
+    }
+}
+
 impl Drop for TestRouter {
     fn drop(&mut self) {
         if let Some(tx) = self.stop.take() {

@@ -1,0 +1,105 @@
+//! What the proxy adds for request tracing: the request id on every response, the serving endpoint's header, and
+//! the access-log line written from the `logging` hook (for proxied requests and the router's own answers alike).
+
+use pingora_error::{Error, ErrorSource, ErrorType, Result};
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+
+use super::{Ctx, Router};
+use crate::access_log::Line;
+use crate::exposure;
+use crate::placement::sessions::session_hash;
+use crate::request::CallKind;
+use crate::request_id;
+
+/// The response header naming the endpoint that served the request (`host:port`); `endpoint_header: false` drops it.
+pub const ENDPOINT_HEADER: &str = "x-infergate-endpoint";
+
+/// Set the request's id on a response: the value `request_id::assign` left in the request header.
+pub(super) fn echo_request_id(session: &Session, resp: &mut ResponseHeader) -> Result<()> {
+    if let Some(id) = session.req_header().headers.get(request_id::HEADER) {
+        resp.insert_header(request_id::HEADER, id.clone())?;
+    }
+    Ok(())
+}
+
+impl Router {
+    /// Headers of a proxied response: the request id and, unless turned off, the serving endpoint.
+    pub(super) fn trace_headers(
+        &self,
+        session: &Session,
+        resp: &mut ResponseHeader,
+        ctx: &Ctx,
+    ) -> Result<()> {
+        echo_request_id(session, resp)?;
+        if self.cfg.endpoint_header {
+            if let Some(ep) = &ctx.endpoint {
+                resp.insert_header(ENDPOINT_HEADER, ep.label.as_str())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write the request's access-log line (when the log is on).
+    pub(super) fn log_request(&self, session: &Session, e: Option<&Error>, ctx: &Ctx) {
+        let Some(log) = &self.access_log else {
+            return;
+        };
+        let req = session.req_header();
+        let path = match &ctx.target {
+            Some(s) => s.target.path.clone(),
+            None => exposure::normalize(req.raw_path())
+                .map_or_else(|_| "(invalid path)".to_string(), |t| t.path),
+        };
+        let endpoint = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());
+        let tokens = match (&ctx.pool, &ctx.placement) {
+            (Some(pool), Some(p))
+                if ctx.kind == CallKind::Generate && pool.policy.counts_tokens() =>
+            {
+                Some(self.estimate(pool, p.estimate_bytes))
+            }
+            (Some(_), Some(_)) => Some(0),
+            _ => None,
+        };
+        let error = e.map(
+            |e| match (e.etype(), ctx.log.upstream_error, ctx.log.router_error) {
+                // The router's own answer after failed attempts: say why they failed.
+                (ErrorType::HTTPStatus(_), Some(why), _) => format!("upstream:{why}"),
+                // The router's own decision (no healthy endpoint, ...): its error code.
+                (ErrorType::HTTPStatus(_), None, Some(code)) => code.to_string(),
+                _ => match e.esource() {
+                    ErrorSource::Unset => e.etype().as_str().to_string(),
+                    s => format!("{}:{}", s.as_str().to_ascii_lowercase(), e.etype().as_str()),
+                },
+            },
+        );
+        let id = req
+            .headers
+            .get(request_id::HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-");
+        let downstream = session.as_downstream();
+        let retries = ctx.tried.len() + usize::from(ctx.fresh_retry_used);
+        log.write(&Line {
+            time: Some(ctx.log.start_wall),
+            client: session.client_addr().and_then(|a| a.as_inet()).copied(),
+            method: req.method.as_str(),
+            path: &path,
+            model: ctx.scan.model.as_deref(),
+            pool: ctx.pool.as_ref().map(|p| &*p.name),
+            endpoint: endpoint.map(|e| e.label.as_str()),
+            reason: ctx.placement.as_ref().map(|p| p.reason.as_str()),
+            status: session.response_written().map_or(0, |r| r.status.as_u16()),
+            tokens,
+            ttfb: ctx.log.first_byte.map(|t| t.duration_since(ctx.log.start)),
+            duration: ctx.log.start.elapsed(),
+            bytes_in: downstream.body_bytes_read() as u64,
+            bytes_out: downstream.body_bytes_sent() as u64,
+            retries: u32::try_from(retries).unwrap_or(u32::MAX),
+            client_key: Some(ctx.admission.key()).filter(|k| *k != crate::admission::NO_KEY),
+            session: ctx.session_key.as_deref().map(session_hash),
+            request_id: id,
+            error: error.as_deref(),
+        });
+    }
+}
