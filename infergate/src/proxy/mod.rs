@@ -89,6 +89,8 @@ pub struct Ctx {
     error: Option<ApiError>,
     /// The status the router answered with itself (counted instead of the absent upstream status).
     answered: Option<u16>,
+    /// When the request head was read (`infergate_request_duration_seconds`).
+    started: Option<Instant>,
 }
 
 impl Ctx {
@@ -416,7 +418,10 @@ impl ProxyHttp for Router {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        Ctx::default()
+        Ctx {
+            started: Some(Instant::now()),
+            ..Ctx::default()
+        }
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
@@ -672,10 +677,8 @@ impl ProxyHttp for Router {
                     ep.prefill_speed.observe(h.estimate(), h.age());
                 }
             }
-            if let (Some(t0), Some(pool), true) = (ctx.dispatched_at, &ctx.pool, success) {
-                self.metrics
-                    .ttfb(&pool.name)
-                    .observe(t0.elapsed().as_secs_f64());
+            if let (Some(t0), Some(ep), true) = (ctx.dispatched_at, &ctx.endpoint, success) {
+                self.metrics.observe_ttfb(ep, t0.elapsed());
             }
         }
         Ok(None)
@@ -783,6 +786,9 @@ impl ProxyHttp for Router {
                 .requests_total
                 .with_label_values(&[&*pool.name, &ep.label, code.to_string().as_str()])
                 .inc();
+            if let Some(t0) = ctx.started {
+                self.metrics.observe_duration(ep, t0.elapsed());
+            }
         }
         ctx.finish_hold();
     }
