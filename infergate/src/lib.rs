@@ -14,3 +14,4 @@ pub mod pool;
 pub mod proxy;
 pub mod request;
 pub mod server;
+pub mod status;

@@ -298,6 +298,26 @@ impl Metrics {
         }
     }
 
+    /// The values of gauge `name` by its `pool` label, if the registry has such a gauge (the status page reads
+    /// `infergate_queue_length` this way where the wait queue exists).
+    pub fn gauge_by_pool(&self, name: &str) -> Option<HashMap<String, f64>> {
+        let family = self
+            .registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == name)?;
+        Some(
+            family
+                .get_metric()
+                .iter()
+                .filter_map(|m| {
+                    let pool = m.get_label().iter().find(|l| l.name() == "pool")?;
+                    Some((pool.value().to_string(), m.get_gauge().value()))
+                })
+                .collect(),
+        )
+    }
+
     /// The text exposition of every series.
     pub fn render(&self) -> Vec<u8> {
         let mut buf = Vec::with_capacity(16 * 1024);

@@ -335,6 +335,8 @@ pub struct Pool {
     pub outlier: OutlierConfig,
     /// Models the engines of a `"*"` pool report on `GET /v1/models` (refreshed by housekeeping).
     discovered_models: RwLock<Vec<String>>,
+    /// The latest placements and the reasons of the last minute, for the status page.
+    pub recent: crate::status::RecentPlacements,
 }
 
 /// Forwards discovery to the shared membership so the pool can swap members.
@@ -367,6 +369,7 @@ impl Pool {
             policy: policy::build(cfg),
             outlier: cfg.outlier.clone(),
             discovered_models: RwLock::new(Vec::new()),
+            recent: crate::status::RecentPlacements::default(),
         });
         pool.set_endpoints(&cfg.endpoints, None);
         pool

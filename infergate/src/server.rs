@@ -119,6 +119,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
             "infergate metrics".to_string(),
             MetricsApp {
                 metrics: state.metrics.clone(),
+                pools: state.pools.clone(),
             },
         );
         metrics.add_tcp(addr);
@@ -127,9 +128,10 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     Ok((server, state))
 }
 
-/// Serves `GET /metrics` in the Prometheus text format.
+/// Serves `GET /metrics` in the Prometheus text format, and the status page (`status.rs`).
 struct MetricsApp {
     metrics: Arc<Metrics>,
+    pools: Arc<Pools>,
 }
 
 #[async_trait]
@@ -138,11 +140,13 @@ impl ServeHttp for MetricsApp {
         let path = session.req_header().uri.path();
         let (status, ctype, body) = if path == "/metrics" {
             (200, "text/plain; version=0.0.4", self.metrics.render())
+        } else if let Some(status) = crate::status::respond(path, &self.pools, &self.metrics) {
+            status
         } else {
             (
                 404,
                 "text/plain",
-                b"not found: metrics are on /metrics\n".to_vec(),
+                b"not found: metrics are on /metrics, the status page on /status\n".to_vec(),
             )
         };
         http::Response::builder()

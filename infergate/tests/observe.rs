@@ -1,6 +1,14 @@
-//! What an operator watches: every series exists from the start and leaves with its endpoint.
+//! What an operator watches: every series exists from the start and leaves with its endpoint; the status page
+//! renders every endpoint in headless Chromium while `/metrics` answers as before.
+//!
+//! Chromium (Debian `chromium`) is installed by `scripts/ensure-test-tools.sh` when missing; a test fails if it
+//! still is, unless `INFERGATE_SKIP_TOOL_TESTS` is set.
 
 mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 use infergate::metrics::{COMMIT, REQUEST_CODES, ROUTER_CODES, VERSION};
@@ -14,6 +22,13 @@ const SESSION_REASONS: [&str; 6] = [
     "fallback",
     "headerless",
 ];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
 
 /// A router with sessions and engine stats in front of `engines`.
 async fn router_for(engines: &[infergate_sim::EngineHandle]) -> TestRouter {
@@ -176,4 +191,230 @@ async fn every_series_exists_at_zero_from_start_and_leaves_with_its_endpoint() {
         metric_value(&m, "infergate_placements_total", &[&e, r]),
         Some(0.0)
     );
+}
+
+/// A command-line tool on PATH; when missing, `scripts/ensure-test-tools.sh` installs it (once per process).
+/// None only when it is still missing and `INFERGATE_SKIP_TOOL_TESTS` is set; otherwise that panics.
+fn tool(name: &str) -> Option<PathBuf> {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let find = || {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    };
+    let _one_at_a_time = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = find() {
+        return Some(p);
+    }
+    if std::env::var_os("INFERGATE_SKIP_TOOL_TESTS").is_some() {
+        eprintln!("SKIPPED: {name} is not installed and INFERGATE_SKIP_TOOL_TESTS is set");
+        return None;
+    }
+    let script = repo().join("scripts/ensure-test-tools.sh");
+    let status = Command::new("bash").arg(&script).status();
+    find().or_else(|| {
+        panic!(
+            "{name} is missing and {} could not install it ({status:?}); install it (Debian packages \
+             prometheus, chromium) or set INFERGATE_SKIP_TOOL_TESTS=1",
+            script.display()
+        )
+    })
+}
+
+/// Run a command (bounded by `timeout`), panicking with its output when it fails; its stdout.
+fn run(cmd: &mut Command, limit_secs: u32) -> String {
+    let shown = format!("{cmd:?}");
+    let mut bounded = Command::new("timeout");
+    bounded
+        .arg(limit_secs.to_string())
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    if let Some(dir) = cmd.get_current_dir() {
+        bounded.current_dir(dir);
+    }
+    let out = bounded.output().expect("command starts");
+    assert!(
+        out.status.success(),
+        "{shown} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Headless Chromium on `url` with the given mode arguments (`--dump-dom`, `--screenshot=...`), in a fresh
+/// profile; its stdout.
+fn chromium(chrome: &Path, url: &str, mode: &[&str]) -> String {
+    let profile = std::env::temp_dir().join(format!(
+        "infergate-chromium-{}-{}",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    let mut cmd = Command::new(chrome);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+        // Let the page's 2 s refresh run once (virtual time waits for the fetch).
+        "--virtual-time-budget=3000",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .args(mode)
+    .arg(url);
+    let out = run(&mut cmd, 90);
+    let _ = std::fs::remove_dir_all(profile);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_page_shows_every_endpoint_in_chromium_and_metrics_answer_as_before() {
+    // Slow prefill, so requests are seen in flight on the page.
+    let engines = engines(2, slow_prefill()).await;
+    let router = router_for(&engines).await;
+    let eps = labels_of(&router);
+    let base = format!("http://{}", router.metrics_addr);
+    let c = client();
+
+    // /metrics exactly as before; other paths 404.
+    let r = c.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/plain; version=0.0.4");
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("# TYPE infergate_requests_total counter"));
+    let r = c.get(format!("{base}/nothing")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+
+    // Three sessions (large enough first turns to learn the prefill speed), two of them back for a second turn,
+    // and two more still prefilling while the page is read.
+    for s in ["a", "b", "c"] {
+        assert_eq!(
+            post_chat_in_session(&router.url(), s, chat_body(8000, true, 2)).await,
+            200
+        );
+    }
+    for s in ["a", "b"] {
+        assert_eq!(
+            post_chat_in_session(&router.url(), s, chat_body(9000, true, 2)).await,
+            200
+        );
+    }
+    let mut inflight = Vec::new();
+    for s in ["d", "e"] {
+        let url = router.url();
+        inflight.push(tokio::spawn(async move {
+            post_chat_in_session(&url, s, chat_body(400_000, true, 2)).await
+        }));
+    }
+    router
+        .wait_for("prefill in flight", Duration::from_secs(10), |r| {
+            r.totals().0 > 0
+        })
+        .await;
+
+    let json = get_json(&base, "/status.json").await;
+    let pool = &json["pools"][0];
+    assert_eq!(pool["name"], "default");
+    assert_eq!(json["version"], VERSION);
+    let listed: Vec<&str> = pool["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["endpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, eps);
+    for e in pool["endpoints"].as_array().unwrap() {
+        assert_eq!(e["health"], "healthy");
+        assert_eq!(e["ejected"], false);
+        assert!(e["engine_stats"]["state"].is_string());
+    }
+    let in_flight: u64 = pool["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["prefill_tokens"].as_u64().unwrap())
+        .sum();
+    assert!(in_flight > 0, "prefill tokens in flight: {pool}");
+    assert!(pool["sessions"].as_u64().unwrap() >= 3);
+    let reasons: Vec<&str> = pool["placements_last_minute"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasons, SESSION_REASONS);
+    let count = |i: usize| pool["placements_last_minute"][i]["count"].as_u64();
+    assert_eq!(
+        (count(0), count(1)),
+        (Some(5), Some(2)),
+        "new sessions, sticky turns"
+    );
+    assert_eq!(pool["recent_placements"].as_array().unwrap().len(), 7);
+    assert_eq!(pool["recent_placements"][0]["reason"], "new_session");
+    assert!(
+        pool["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["prefill_tokens_per_second"].as_f64().is_some()),
+        "a learned prefill speed: {pool}"
+    );
+    assert!(
+        pool["queue_length"].is_null(),
+        "no wait queue in this build"
+    );
+
+    let r = c.get(format!("{base}/status")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/html; charset=utf-8");
+    let html = r.text().await.unwrap();
+    for external in ["http://", "https://", "<link", "src="] {
+        assert!(!html.contains(external), "external asset: {external}");
+    }
+
+    if let Some(chrome) = tool("chromium") {
+        let url = format!("{base}/status");
+        let dom = tokio::task::spawn_blocking({
+            let (chrome, url) = (chrome.clone(), url.clone());
+            move || chromium(&chrome, &url, &["--dump-dom"])
+        })
+        .await
+        .unwrap();
+        for ep in &eps {
+            assert!(
+                dom.contains(&format!("<tr data-endpoint=\"{ep}\">")),
+                "{ep} not rendered:\n{dom}"
+            );
+        }
+        assert!(
+            dom.contains("data-source=\"live\""),
+            "the page did not refresh from /status.json:\n{dom}"
+        );
+        // A screenshot: INFERGATE_STATUS_SCREENSHOT=docs/status.png (from the workspace root) renews the README's.
+        let png = std::env::var_os("INFERGATE_STATUS_SCREENSHOT")
+            .map(|p| repo().join(p))
+            .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("status.png"));
+        let _ = std::fs::remove_file(&png);
+        let shot = format!("--screenshot={}", png.display());
+        tokio::task::spawn_blocking(move || {
+            chromium(&chrome, &url, &["--window-size=1100,330", &shot])
+        })
+        .await
+        .unwrap();
+        let bytes = std::fs::read(&png).expect("screenshot written");
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+    }
+
+    for t in inflight {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    router.wait_idle().await;
 }

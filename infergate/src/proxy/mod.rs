@@ -536,6 +536,7 @@ impl ProxyHttp for Router {
                         .placements_total
                         .with_label_values(&[&*pool.name, &ep.label, placement.reason.as_str()])
                         .inc();
+                    pool.recent.record(ep.id, placement.reason, now);
                     pool.policy.dispatched(ep.id, &placement.ticket, now);
                 }
                 ctx.placement = Some(placement);
