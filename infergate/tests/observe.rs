@@ -1,11 +1,13 @@
-//! What an operator watches: every series exists from the start and leaves with its endpoint; the status page
-//! renders every endpoint in headless Chromium while `/metrics` answers as before.
+//! What an operator watches: every series exists from the start and leaves with its endpoint; the shipped Grafana
+//! dashboard and Prometheus alert rules use only metrics a live router exports (and pass `promtool`); the status
+//! page renders every endpoint in headless Chromium while `/metrics` answers as before.
 //!
-//! Chromium (Debian `chromium`) is installed by `scripts/ensure-test-tools.sh` when missing; a test fails if it
-//! still is, unless `INFERGATE_SKIP_TOOL_TESTS` is set.
+//! promtool (Debian `prometheus`) and Chromium (Debian `chromium`) are installed by `scripts/ensure-test-tools.sh`
+//! when missing; a test fails if they still are, unless `INFERGATE_SKIP_TOOL_TESTS` is set.
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -22,6 +24,10 @@ const SESSION_REASONS: [&str; 6] = [
     "fallback",
     "headerless",
 ];
+
+/// Metrics the alert rules use that this build does not export yet: the wait queue's histogram (a pool's `queue`)
+/// comes from another branch. Until a router exports it the rule matches nothing.
+const NOT_YET_EXPORTED: [&str; 1] = ["infergate_queue_wait_seconds_bucket"];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -193,6 +199,148 @@ async fn every_series_exists_at_zero_from_start_and_leaves_with_its_endpoint() {
     );
 }
 
+/// Every metric name a scrape declares (`# TYPE`), with the `_bucket`, `_sum` and `_count` series of
+/// histograms and summaries.
+fn exported_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for l in text.lines() {
+        let mut w = l.split_whitespace();
+        if (w.next(), w.next()) != (Some("#"), Some("TYPE")) {
+            continue;
+        }
+        let (Some(name), Some(kind)) = (w.next(), w.next()) else {
+            continue;
+        };
+        names.insert(name.to_string());
+        if kind == "histogram" || kind == "summary" {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                names.insert(format!("{name}{suffix}"));
+            }
+        }
+    }
+    names
+}
+
+/// The metric names a PromQL expression selects: identifiers outside strings, label matchers, ranges and
+/// grouping label lists that are neither functions, aggregations, keywords nor Grafana variables.
+fn promql_metric_names(expr: &str) -> Vec<String> {
+    const KEYWORDS: [&str; 26] = [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "inf",
+        "nan",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "count",
+        "group",
+        "stddev",
+        "stdvar",
+        "topk",
+        "bottomk",
+        "quantile",
+        "count_values",
+        "atan2",
+    ];
+    const GROUPING: [&str; 6] = [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    let c: Vec<char> = expr.chars().collect();
+    let mut names = Vec::new();
+    let mut i = 0;
+    // Skip from an opening delimiter at `i` to just past its closing one (no nesting inside these).
+    let skip_to = |i: usize, close: char| -> usize {
+        let mut j = i + 1;
+        while j < c.len() && c[j] != close {
+            if c[j] == '\\' {
+                j += 1;
+            }
+            j += 1;
+        }
+        j + 1
+    };
+    while i < c.len() {
+        match c[i] {
+            '"' | '\'' | '`' => i = skip_to(i, c[i]),
+            '{' => i = skip_to(i, '}'),
+            '[' => i = skip_to(i, ']'),
+            '$' => {
+                i += 1;
+                while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                    i += 1;
+                }
+            }
+            ch if ch.is_ascii_digit() || ch == '.' => {
+                while i < c.len() && (c[i].is_alphanumeric() || c[i] == '.') {
+                    i += 1;
+                }
+            }
+            ch if ch.is_alphabetic() || ch == '_' || ch == ':' => {
+                let start = i;
+                while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_' || c[i] == ':') {
+                    i += 1;
+                }
+                let word: String = c[start..i].iter().collect();
+                let mut j = i;
+                while j < c.len() && c[j].is_whitespace() {
+                    j += 1;
+                }
+                let call = j < c.len() && c[j] == '(';
+                if GROUPING.contains(&word.as_str()) && call {
+                    i = skip_to(j, ')');
+                } else if !call && !KEYWORDS.contains(&word.as_str()) {
+                    names.push(word);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    names
+}
+
+#[test]
+fn promql_names_are_found_and_nothing_else() {
+    let e = r#"sum by (pool, le) (rate(infergate_x_bucket{pool=~"$pool",code=~"5.."}[$__rate_interval]))
+        / on(pool) group_left(endpoint) max without (endpoint) (infergate_y) > 0.5 and infergate_z offset 5m"#;
+    assert_eq!(
+        promql_metric_names(e),
+        ["infergate_x_bucket", "infergate_y", "infergate_z"]
+    );
+    assert_eq!(
+        promql_metric_names("histogram_quantile(0.95, x) == bool 1"),
+        ["x"]
+    );
+}
+
+/// Every `expr` of a dashboard's panels (rows' nested panels too).
+fn panel_exprs(panels: &[serde_json::Value], out: &mut Vec<(String, String)>) {
+    for p in panels {
+        let title = p["title"].as_str().unwrap_or("").to_string();
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().expect("every target has an expr");
+            out.push((title.clone(), expr.to_string()));
+        }
+        if let Some(nested) = p["panels"].as_array() {
+            panel_exprs(nested, out);
+        }
+    }
+}
+
 /// A command-line tool on PATH; when missing, `scripts/ensure-test-tools.sh` installs it (once per process).
 /// None only when it is still missing and `INFERGATE_SKIP_TOOL_TESTS` is set; otherwise that panics.
 fn tool(name: &str) -> Option<PathBuf> {
@@ -241,6 +389,122 @@ fn run(cmd: &mut Command, limit_secs: u32) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_and_alert_rules_use_only_exported_metrics_and_pass_promtool() {
+    let engines = engines(2, SimConfig::default()).await;
+    let router = router_for(&engines).await;
+    let exported = exported_names(&router.metrics_text().await);
+    drop(router);
+
+    // The dashboard: valid JSON, unique panel ids, every panel's queries select only exported metrics.
+    let path = repo().join("conf/grafana/infergate.json");
+    let dash: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("dashboard")).expect("JSON");
+    assert_eq!(dash["uid"], "infergate");
+    let panels = dash["panels"].as_array().expect("panels");
+    let ids: Vec<u64> = panels.iter().filter_map(|p| p["id"].as_u64()).collect();
+    assert_eq!(ids.len(), panels.len(), "every panel has an id");
+    assert_eq!(
+        ids.iter().collect::<BTreeSet<_>>().len(),
+        ids.len(),
+        "panel ids are unique"
+    );
+    for p in panels {
+        assert!(p["type"].is_string() && p["title"].is_string() && p["gridPos"]["w"].is_u64());
+        if p["type"] != "row" {
+            assert!(
+                p["targets"].as_array().is_some_and(|t| !t.is_empty()),
+                "panel {} has queries",
+                p["title"]
+            );
+        }
+    }
+    let mut exprs = Vec::new();
+    panel_exprs(panels, &mut exprs);
+    for v in dash["templating"]["list"].as_array().expect("templating") {
+        if let Some(q) = v["definition"].as_str() {
+            // label_values(METRIC{...}, label): the metric part.
+            let inner = q
+                .strip_prefix("label_values(")
+                .and_then(|s| s.rsplit_once(','))
+                .map(|(m, _)| m.to_string())
+                .unwrap_or_else(|| q.to_string());
+            exprs.push((format!("variable {}", v["name"]), inner));
+        }
+    }
+    assert!(exprs.len() >= 20, "{} queries", exprs.len());
+    let mut used = BTreeSet::new();
+    for (title, expr) in &exprs {
+        let names = promql_metric_names(expr);
+        assert!(!names.is_empty(), "{title}: no metric in {expr}");
+        for n in names {
+            assert!(
+                exported.contains(&n),
+                "dashboard panel {title}: {n} is not exported by the router ({expr})"
+            );
+            used.insert(n);
+        }
+    }
+
+    // The alert rules: the same check on every expression, then promtool.
+    let rules_path = repo().join("conf/prometheus/infergate-alerts.yml");
+    let rules: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(&rules_path).expect("rules"))
+            .expect("YAML");
+    let mut alerts = BTreeSet::new();
+    for rule in rules["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules").iter())
+    {
+        let name = rule["alert"].as_str().expect("alert name");
+        assert!(alerts.insert(name.to_string()), "duplicate alert {name}");
+        assert!(rule["labels"]["severity"].is_string(), "{name}: severity");
+        assert!(
+            rule["annotations"]["summary"].is_string(),
+            "{name}: summary"
+        );
+        let expr = rule["expr"].as_str().expect("expr");
+        for n in promql_metric_names(expr) {
+            assert!(
+                exported.contains(&n) || NOT_YET_EXPORTED.contains(&n.as_str()),
+                "alert {name}: {n} is not exported by the router ({expr})"
+            );
+        }
+    }
+    for wanted in [
+        "InfergateEndpointUnhealthy",
+        "InfergateEndpointEjected",
+        "InfergateEngineStatsNotFresh",
+        "InfergatePrefillTokensStuck",
+        "InfergateErrorRatioHigh",
+        "InfergateJanitorReleases",
+        "InfergateQueueWaitHigh",
+    ] {
+        assert!(alerts.contains(wanted), "missing alert {wanted}");
+    }
+
+    let Some(promtool) = tool("promtool") else {
+        return;
+    };
+    let dir = repo().join("conf/prometheus");
+    let checked = run(
+        Command::new(&promtool)
+            .args(["check", "rules", "infergate-alerts.yml"])
+            .current_dir(&dir),
+        60,
+    );
+    assert!(checked.contains("SUCCESS"), "{checked}");
+    let tested = run(
+        Command::new(&promtool)
+            .args(["test", "rules", "infergate-alerts.test.yml"])
+            .current_dir(&dir),
+        60,
+    );
+    assert!(tested.contains("SUCCESS"), "{tested}");
 }
 
 /// Headless Chromium on `url` with the given mode arguments (`--dump-dom`, `--screenshot=...`), in a fresh
