@@ -199,6 +199,41 @@ async fn every_series_exists_at_zero_from_start_and_leaves_with_its_endpoint() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_ends_after_its_endpoint_left_does_not_bring_its_series_back() {
+    let engines = engines(2, slow_prefill()).await;
+    let router = router_for(&engines).await;
+    // A long prefill (about 4 s) in flight on one endpoint while a reload removes that endpoint.
+    let url = router.url();
+    let stream = tokio::spawn(async move { post_chat(&url, chat_body(400_000, true, 2)).await });
+    router
+        .wait_for("the request in flight", Duration::from_secs(10), |r| {
+            r.totals().1 == 1
+        })
+        .await;
+    let busy = (0..2).find(|&i| router.endpoint_load(i).1 == 1).unwrap();
+    let mut cfg = (*router.state.cfg).clone();
+    let gone = cfg.pools[0].endpoints.remove(busy).label;
+    assert!(router.state.reload_endpoints(&cfg).is_empty());
+    let series = format!("endpoint=\"{gone}\"");
+    assert!(!router.metrics_text().await.contains(&series));
+
+    assert_eq!(
+        stream.await.unwrap(),
+        200,
+        "the stream finishes on the departed endpoint"
+    );
+    // Wait for the request to be counted somewhere it may be counted: nowhere, so give the logging hook time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = router.metrics_text().await;
+    let back: Vec<&str> = m.lines().filter(|l| l.contains(&series)).collect();
+    assert!(
+        back.is_empty(),
+        "series of {gone} came back:\n{}",
+        back.join("\n")
+    );
+}
+
 /// Every metric name a scrape declares (`# TYPE`), with the `_bucket`, `_sum` and `_count` series of
 /// histograms and summaries.
 fn exported_names(text: &str) -> BTreeSet<String> {
@@ -579,9 +614,11 @@ async fn status_page_shows_every_endpoint_in_chromium_and_metrics_answer_as_befo
         }));
     }
     router
-        .wait_for("prefill in flight", Duration::from_secs(10), |r| {
-            r.totals().0 > 0
-        })
+        .wait_for(
+            "both long prefills in flight",
+            Duration::from_secs(10),
+            |r| r.totals().1 == 2,
+        )
         .await;
 
     let json = get_json(&base, "/status.json").await;

@@ -776,20 +776,14 @@ impl ProxyHttp for Router {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let ep = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());
-        if let (Some(pool), Some(ep)) = (&ctx.pool, ep) {
+        if let (Some(_), Some(ep)) = (&ctx.pool, ep) {
             let code = match (ctx.answered, e) {
                 (Some(code), _) => code,
                 // Stream broken or client gone: the status line may say 200, but the request failed.
                 (None, Some(_)) => ctx.upstream_status.filter(|s| *s >= 500).unwrap_or(0),
                 (None, None) => session.response_written().map_or(0, |r| r.status.as_u16()),
             };
-            self.metrics
-                .requests_total
-                .with_label_values(&[&*pool.name, &ep.label, code.to_string().as_str()])
-                .inc();
-            if let Some(t0) = ctx.started {
-                self.metrics.observe_duration(ep, t0.elapsed());
-            }
+            self.metrics.request_done(ep, code, ctx.started);
         }
         ctx.finish_hold();
     }
