@@ -6,6 +6,8 @@ COPY Cargo.toml Cargo.lock ./
 COPY infergate ./infergate
 COPY infergate-sim ./infergate-sim
 COPY infergate-loadgen ./infergate-loadgen
+# The patched pingora-proxy the workspace uses ([patch.crates-io] in Cargo.toml).
+COPY vendor ./vendor
 RUN cargo build --release --locked --bin infergate --bin engine-sim \
  && strip target/release/infergate target/release/engine-sim
 

@@ -117,6 +117,9 @@ pub struct Ledger {
 /// Called when tokens are released: (tokens, served, cause). The proxy wires metrics through it.
 pub type ReleaseHook = Arc<dyn Fn(u64, bool, ReleaseCause) + Send + Sync>;
 
+/// Called once a hold's request slot was given back: wakes a request waiting for room (the pool's wait queue).
+pub type FinishHook = Arc<dyn Fn() + Send + Sync>;
+
 impl Ledger {
     pub fn new() -> Arc<Ledger> {
         Arc::new(Ledger::default())
@@ -153,6 +156,7 @@ impl Ledger {
             entry,
             ledger: self.clone(),
             finished: false,
+            on_finish: None,
         }
     }
 
@@ -199,6 +203,7 @@ pub struct Hold {
     entry: Arc<HoldEntry>,
     ledger: Arc<Ledger>,
     finished: bool,
+    on_finish: Option<FinishHook>,
 }
 
 impl std::fmt::Debug for Hold {
@@ -264,6 +269,11 @@ impl Hold {
         self.entry.release_prefill(cause)
     }
 
+    /// Call `hook` once the request slot is given back.
+    pub fn on_finish(&mut self, hook: FinishHook) {
+        self.on_finish = Some(hook);
+    }
+
     /// End the request: release the tokens if still held, then the request slot (idempotent).
     pub fn finish(&mut self) {
         if self.finished {
@@ -273,6 +283,9 @@ impl Hold {
         self.release_prefill(ReleaseCause::Aborted);
         self.entry.load.sub_request();
         self.ledger.holds().remove(&self.id);
+        if let Some(hook) = self.on_finish.take() {
+            hook();
+        }
     }
 }
 
@@ -314,6 +327,23 @@ mod tests {
         assert_eq!((load.requests(), load.prefill_tokens()), (0, 0));
         assert_eq!(released.load(Ordering::Relaxed), 1000);
         assert_eq!(ledger.outstanding(), 0);
+    }
+
+    #[test]
+    fn finishing_calls_the_finish_hook_once_after_the_slot_is_free() {
+        let ledger = Ledger::new();
+        let load = Arc::new(EndpointLoad::default());
+        let (hook, _) = counting_hook();
+        let calls = Arc::new(AtomicU64::new(0));
+        let mut h = ledger.hold(load.clone(), 5, hook);
+        let (c, l) = (calls.clone(), load.clone());
+        h.on_finish(Arc::new(move || {
+            assert_eq!(l.requests(), 0, "the slot is free when the hook runs");
+            c.fetch_add(1, Ordering::Relaxed);
+        }));
+        h.finish();
+        drop(h);
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -87,6 +87,12 @@ pub struct Metrics {
     pub session_evictions_total: IntCounterVec,
     pub router_responses_total: IntCounterVec,
     pub config_info: IntGauge,
+    /// Client keys and the pools' wait queues (`admission`).
+    pub client_requests_total: IntCounterVec,
+    pub client_rate_limited_total: IntCounterVec,
+    pub queue_length: IntGaugeVec,
+    pub queue_wait_seconds: HistogramVec,
+    pub queue_rejected_total: IntCounterVec,
 }
 
 fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
@@ -218,8 +224,60 @@ impl Metrics {
                 &ROUTER_CODES,
             ),
             config_info,
+            client_requests_total: counter(
+                &registry,
+                "infergate_client_requests_total",
+                "Requests by client key name (\"-\": auth off or no valid key) and final status code (0 = no response).",
+                &["key", "code"],
+            ),
+            client_rate_limited_total: counter(
+                &registry,
+                "infergate_client_rate_limited_total",
+                "Requests refused with 429 by a client key's limit, by key name and limit.",
+                &["key", "limit"],
+            ),
+            queue_length: registered(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new("infergate_queue_length", "Requests waiting in the pool's wait queue."),
+                    &["pool"],
+                ),
+            ),
+            queue_wait_seconds: registered(
+                &registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "infergate_queue_wait_seconds",
+                        "Time requests waited for room (every endpoint at max_in_flight_per_endpoint) in the pool's wait queue, until placed or timed out.",
+                    )
+                    .buckets(vec![
+                        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0,
+                    ]),
+                    &["pool"],
+                ),
+            ),
+            queue_rejected_total: counter(
+                &registry,
+                "infergate_queue_rejected_total",
+                "Requests answered 503 by the pool's wait queue, by reason (full, timeout).",
+                &["pool", "reason"],
+            ),
             registry,
         })
+    }
+
+    /// Register a series defined by another module (e.g. `crate::clients`) in this router's registry.
+    pub fn register(&self, collector: Box<dyn Collector>) {
+        if let Err(e) = self.registry.register(collector) {
+            log::error!("cannot register a metric: {e}");
+        }
+    }
+
+    /// Delete every series of a client key that left the keys file.
+    pub fn remove_client(&self, key: &str) {
+        for vec in [&self.client_requests_total, &self.client_rate_limited_total] {
+            remove_series_where(vec, "key", key);
+        }
     }
 
     /// Register the scrape-time collector for live gauges. Holds the source weakly: a dropped router exports none.
@@ -341,6 +399,31 @@ impl Metrics {
                 self.session_evictions_total
                     .with_label_values(&[pool, cause])
                     .inc_by(n);
+            }
+        }
+    }
+}
+
+/// Register a metric built from a static definition.
+fn registered<M: Collector + Clone + 'static>(registry: &Registry, m: prometheus::Result<M>) -> M {
+    let m = m.expect("static metric definition");
+    registry
+        .register(Box::new(m.clone()))
+        .expect("unique metric name");
+    m
+}
+
+/// Remove every series of `vec` whose label `name` is `value`.
+fn remove_series_where(vec: &IntCounterVec, name: &str, value: &str) {
+    for family in vec.collect() {
+        for m in family.get_metric() {
+            let labels: HashMap<&str, &str> = m
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get(name) == Some(&value) {
+                let _ = vec.remove(&labels);
             }
         }
     }

@@ -13,6 +13,8 @@ use pingora_core::services::background::BackgroundService;
 use pingora_core::services::listening::Service;
 use pingora_core::services::ServiceReadyNotifier;
 
+use crate::admission::Admission;
+use crate::clients::{self, ClientGate};
 use crate::config::Config;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
@@ -32,6 +34,8 @@ pub struct RouterState {
     pub pools: Arc<Pools>,
     pub ledger: Arc<Ledger>,
     pub metrics: Arc<Metrics>,
+    /// Client keys, their limits and the pools' wait queues.
+    pub admission: Arc<Admission>,
 }
 
 impl RouterState {
@@ -39,6 +43,7 @@ impl RouterState {
         let metrics = Metrics::new();
         RouterState {
             pools: Pools::new(&cfg, metrics.clone()),
+            admission: Admission::new(&cfg, metrics.clone()),
             cfg: Arc::new(cfg),
             ledger: Ledger::new(),
             metrics,
@@ -65,16 +70,23 @@ impl RouterState {
         unmatched
     }
 
-    /// Re-read the config file and apply its endpoint lists; anything invalid leaves the running state as is.
+    /// Apply a re-read configuration's client keys and their limits (SIGHUP).
+    pub fn reload_keys(&self, cfg: &Config) {
+        self.admission.reload_keys(cfg.auth.as_ref());
+    }
+
+    /// Re-read the config file and apply its endpoint lists and client keys; anything invalid (a bad keys file
+    /// included) leaves the running state as is.
     pub fn reload_from_file(&self) {
         let path = &self.cfg.source;
         match Config::load(path) {
             Ok(new) => {
                 let unmatched = self.reload_endpoints(&new);
+                self.reload_keys(&new);
                 log::info!("reloaded endpoints from {}", path.display());
                 if !unmatched.is_empty() {
                     log::warn!(
-                        "pools added or removed ({}) and settings other than endpoints take effect only on a \
+                        "pools added or removed ({}) and settings other than endpoints and client keys take effect only on a \
                          restart or graceful upgrade (systemctl reload)",
                         unmatched.join(", ")
                     );
@@ -95,15 +107,23 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
     server.bootstrap();
 
+    crate::admission::warn_if_open(&cfg);
     let state = RouterState::new(cfg);
     let router = Router::new(state.clone());
-    let mut proxy = pingora_proxy::http_proxy_service_with_name(
-        &server.configuration,
-        router,
-        "infergate proxy",
+    // Slow and idle clients and the connection cap: see crate::clients.
+    let max_clients = clients::effective_max(
+        state.cfg.max_client_connections,
+        clients::open_files_limit(),
     );
+    let gate = ClientGate::new(
+        pingora_proxy::http_proxy(&server.configuration, router),
+        &state.cfg,
+        max_clients,
+        &state.metrics,
+    );
+    let mut proxy = Service::new("infergate proxy".to_string(), gate);
     for addr in &state.cfg.listen {
-        proxy.add_tcp(addr);
+        proxy.add_listener(clients::listener(addr));
     }
     let housekeeping = pingora_core::services::background::background_service(
         "infergate housekeeping",
@@ -128,7 +148,8 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     Ok((server, state))
 }
 
-/// Serves `GET /metrics` in the Prometheus text format, and the status page (`status.rs`).
+/// Serves `GET /metrics` in the Prometheus text format, `GET /health` as the proxy does (this listener is not
+/// under the client connection cap, so it answers while the proxy port is full), and the status page (`status.rs`).
 struct MetricsApp {
     metrics: Arc<Metrics>,
     pools: Arc<Pools>,
@@ -140,6 +161,9 @@ impl ServeHttp for MetricsApp {
         let path = session.req_header().uri.path();
         let (status, ctype, body) = if path == "/metrics" {
             (200, "text/plain; version=0.0.4", self.metrics.render())
+        } else if path == "/health" {
+            let (status, body) = clients::health(&self.pools);
+            (status, "application/json", body.as_bytes().to_vec())
         } else if let Some(status) = crate::status::respond(path, &self.pools, &self.metrics) {
             status
         } else {

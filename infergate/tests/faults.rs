@@ -203,3 +203,41 @@ async fn a_4xx_teaches_nothing() {
         0.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_on_an_ejected_engine_falls_back_and_is_served() {
+    let eng = engines(2, SimConfig::default()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), &sessions_yaml(100))).await;
+    router.all_healthy().await;
+    assert_eq!(
+        post_chat_in_session(&router.url(), "s", chat_body(2000, true, 2)).await,
+        200
+    );
+    let bound = if generate_requests(&eng[0]) == 1 {
+        0
+    } else {
+        1
+    };
+    // Its engine starts failing (health still 200): 500s eject it.
+    eng[bound].control.set_fail_status(Some(500));
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        statuses.push(
+            post_chat_in_session(&router.url(), "s", chat_body(2100 + i * 100, true, 2)).await,
+        );
+    }
+    // At most the 3 failures that eject it; then the session is placed elsewhere and served.
+    assert!(
+        statuses.iter().filter(|s| **s == 500).count() <= 3,
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.last(), Some(&200), "{statuses:?}");
+    assert!(
+        generate_requests(&eng[1 - bound]) >= 1,
+        "served by the other engine"
+    );
+    let m = router.metrics_text().await;
+    assert!(metric_sum(&m, "infergate_placements_total", &["reason=\"fallback\""]) >= 1.0);
+    eng[bound].control.set_fail_status(None);
+    router.wait_idle().await;
+}

@@ -8,6 +8,7 @@ use serde_norway::Value;
 use super::expose_paths::expose_paths;
 use super::outlier::OutlierConfig;
 use super::policy::{EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, SessionsConfig};
+use super::queue::QueueConfig;
 use super::values::{parse_http_url, resolve, to_usize};
 use super::walk::{Field, Node};
 use super::ConfigError;
@@ -31,6 +32,8 @@ pub struct PoolConfig {
     pub engine_stats: Option<EngineStatsConfig>,
     /// Paths beyond the inference API forwarded to this pool only (`expose_paths`, normalised).
     pub expose_paths: Vec<String>,
+    /// The router-side wait queue (needs `max_in_flight_per_endpoint`); None = off.
+    pub queue: Option<QueueConfig>,
 }
 
 /// `pools`: each pool, then the names and models that must be unique across pools.
@@ -83,7 +86,7 @@ pub(super) fn pools_list(f: &Field<'_>) -> Result<Vec<PoolConfig>, ConfigError> 
 
 impl PoolConfig {
     pub(super) fn read(n: Node<'_>) -> Result<PoolConfig, ConfigError> {
-        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix, outlier_detection, expose] =
+        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix, outlier_detection, expose, queue] =
             n.keys([
                 "name",
                 "models",
@@ -97,6 +100,7 @@ impl PoolConfig {
                 "prefix",
                 "outlier_detection",
                 "expose_paths",
+                "queue",
             ])?;
         let name = {
             let s = name.string()?.trim().to_string();
@@ -131,6 +135,10 @@ impl PoolConfig {
         };
         let prefix = PrefixConfig::read(prefix.section()?)?;
         let outlier = OutlierConfig::read(outlier_detection.section()?)?;
+        let queue = match queue.optional_section()? {
+            None => None,
+            Some(q) => Some(QueueConfig::read(q, max_in_flight_per_endpoint)?),
+        };
         Ok(PoolConfig {
             name,
             models,
@@ -142,6 +150,7 @@ impl PoolConfig {
             engine_stats,
             outlier,
             expose_paths: expose_paths(&expose)?,
+            queue,
         })
     }
 }

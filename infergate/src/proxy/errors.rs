@@ -131,6 +131,57 @@ impl ApiError {
         .retry_after(1)
     }
 
+    /// Auth is on and the request carries no key.
+    pub fn missing_api_key() -> Self {
+        Self::new(
+            401,
+            "invalid_request_error",
+            "invalid_api_key",
+            "Missing API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`.",
+        )
+    }
+
+    /// Auth is on and the request's key is not one of the configured keys (the key is never echoed).
+    pub fn invalid_api_key() -> Self {
+        Self::new(
+            401,
+            "invalid_request_error",
+            "invalid_api_key",
+            "Incorrect API key provided.",
+        )
+    }
+
+    /// A client key's limit refused the request; `kind` is OpenAI's `requests` or `tokens`.
+    pub fn rate_limited(kind: &'static str, message: String, retry_after: u32) -> Self {
+        Self::new(429, kind, "rate_limit_exceeded", message).retry_after(retry_after)
+    }
+
+    /// Every endpoint of the pool is at its in-flight limit and its wait queue is full.
+    pub fn queue_full(pool: &str, retry_after: u32) -> Self {
+        Self::new(
+            503,
+            "service_unavailable",
+            "queue_full",
+            format!(
+                "every endpoint of pool `{pool}` is busy and its wait queue is full; retry later"
+            ),
+        )
+        .retry_after(retry_after)
+    }
+
+    /// The request waited in the pool's queue for its longest wait without an endpoint freeing up for it.
+    pub fn queue_timeout(pool: &str, retry_after: u32) -> Self {
+        Self::new(
+            503,
+            "service_unavailable",
+            "queue_timeout",
+            format!(
+                "every endpoint of pool `{pool}` stayed busy while the request waited; retry later"
+            ),
+        )
+        .retry_after(retry_after)
+    }
+
     pub fn upstream_timeout() -> Self {
         Self::new(
             504,

@@ -4,13 +4,17 @@
 //! Which hook does what, in the order Pingora calls them:
 //!
 //! ```text
-//! early_request_filter     serve pipelined requests in order
-//! request_filter           screen the path (exposure: 400/404 unless served); classify; answer /health and
-//!                          /v1/models; read the whole body (bounded), pick the pool
-//! upstream_peer            (per attempt) snapshot → policy.place → ledger hold → peer; a stale pooled connection
-//!                          is retried once on the same endpoint over a fresh connection
-//! upstream_request_filter  Host, the engine's key (never the client's), one Content-Length, no Expect, the
-//!                          normalised path, X-Forwarded-For / Forwarded / X-Real-IP (forwarded)
+//! early_request_filter     header deadline off, keep-alive idle limit on (crate::clients); serve pipelined
+//!                          requests in order
+//! request_filter           screen the path (exposure: 400/404 unless served); classify; answer /health; client
+//!                          key (401) and key limits (429, `admit`); answer /v1/models; read the whole body
+//!                          (bounded), pick the pool, charge the key's tokens
+//! upstream_peer            (per attempt) the pool's wait queue (first attempt) → snapshot → policy.place → ledger
+//!                          hold → peer; a stale pooled connection is retried once on the same endpoint over a
+//!                          fresh connection
+//! upstream_request_filter  Host, the engine's key (never the client's Authorization or x-api-key), one
+//!                          Content-Length, no Expect, the normalised path, X-Forwarded-For / Forwarded /
+//!                          X-Real-IP (forwarded)
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count); 429/503: refused → retry elsewhere;
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
@@ -20,8 +24,11 @@
 //! fail_to_proxy            answer an OpenAI-style error
 //! logging                  count the request; the hold's Drop releases whatever is left on every path
 //! request_summary          what Pingora's warn/error lines show: method, normalised path, Host (no query)
+//! persist_connection_context
+//!                          the connection waits for another request: header deadline on (crate::clients)
 //! ```
 
+mod admit;
 mod body;
 mod errors;
 
@@ -89,6 +96,8 @@ pub struct Ctx {
     error: Option<ApiError>,
     /// The status the router answered with itself (counted instead of the absent upstream status).
     answered: Option<u16>,
+    /// The client key and its concurrency slot (given back when the context drops).
+    admission: crate::admission::Pass,
     /// When the request head was read (`infergate_request_duration_seconds`).
     started: Option<Instant>,
 }
@@ -258,7 +267,17 @@ impl Router {
                 ids: &ids,
                 now,
             };
-            pool.policy.place(&req, &snap, &mut rng)?
+            let p = pool.policy.place(&req, &snap, &mut rng)?;
+            match self.below_limit(pool, &cands, p.index) {
+                Some(room) => {
+                    let snap = Snapshot {
+                        cands: &room,
+                        ..snap
+                    };
+                    pool.policy.place(&req, &snap, &mut rng).unwrap_or(p)
+                }
+                None => p,
+            }
         } else {
             // Passive calls go to the least busy endpoint and count as no placement.
             let i = placement::least_request(&cands, &mut rng)?;
@@ -425,6 +444,8 @@ impl ProxyHttp for Router {
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+        // The header is in: its deadline is off, and a kept-alive connection may idle timeouts.client_idle.
+        crate::clients::header_received(session, self.cfg.timeouts.client_idle);
         // A client may send the next request before reading this response (RFC 9112 §9.3.2): serve them in
         // order instead of dropping the connection and the requests behind it.
         if let pingora_core::protocols::http::ServerSession::H1(s) = session.as_downstream_mut() {
@@ -445,16 +466,12 @@ impl ProxyHttp for Router {
                 return Ok(true);
             }
         }
+        if !self.admit_before_body(session, ctx).await? {
+            return Ok(true);
+        }
         match ctx.kind {
             CallKind::RouterHealth => {
-                let (status, body) = if self.pools.any_healthy() {
-                    (200, r#"{"status":"ok"}"#)
-                } else {
-                    (
-                        503,
-                        r#"{"status":"unavailable","reason":"no healthy endpoint in any pool"}"#,
-                    )
-                };
+                let (status, body) = crate::clients::health(&self.pools);
                 let retry_after = (status == 503).then_some(2);
                 self.respond(
                     session,
@@ -486,6 +503,9 @@ impl ProxyHttp for Router {
                 return Ok(true);
             }
         };
+        if !self.admit_with_body(session, ctx, &pool).await? {
+            return Ok(true);
+        }
         if let Some(s) = pool.cfg.policy.sessions() {
             ctx.session_key = session
                 .req_header()
@@ -507,6 +527,8 @@ impl ProxyHttp for Router {
         ctx.body_sent = false;
         ctx.upstream_status = None;
         ctx.first_byte_seen = false;
+        // Held until this attempt's hold exists (end of this function).
+        let _turn = self.wait_turn(&pool, ctx).await?;
         let now = Instant::now();
 
         let fresh = ctx.fresh_retry.take();
@@ -551,9 +573,10 @@ impl ProxyHttp for Router {
         } else {
             0
         };
-        let hold = self
+        let mut hold = self
             .ledger
             .hold(ep.load.clone(), tokens, self.release_hook(&ep));
+        self.wake_queue_on_finish(&pool, &mut hold);
         if tokens > 0 && !ctx.is_stream() {
             let after =
                 non_streaming_release(ep.prefill_speed.estimate(tokens), &self.cfg.timeouts);
@@ -582,6 +605,8 @@ impl ProxyHttp for Router {
                 }
             }
         }
+        // The client's Anthropic-style key is for the router too.
+        req.remove_header("x-api-key");
         // The router answered `Expect` itself and holds the whole body: send it with one exact length.
         req.remove_header("expect");
         if let Some(b) = &ctx.body {
@@ -775,14 +800,17 @@ impl ProxyHttp for Router {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let code = match (ctx.answered, e) {
+            (Some(code), _) => code,
+            // Stream broken or client gone: the status line may say 200, but the request failed.
+            (None, Some(_)) => ctx.upstream_status.filter(|s| *s >= 500).unwrap_or(0),
+            (None, None) => session.response_written().map_or(0, |r| r.status.as_u16()),
+        };
+        if ctx.kind != CallKind::RouterHealth {
+            self.admission.count(&ctx.admission, code);
+        }
         let ep = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());
         if let (Some(_), Some(ep)) = (&ctx.pool, ep) {
-            let code = match (ctx.answered, e) {
-                (Some(code), _) => code,
-                // Stream broken or client gone: the status line may say 200, but the request failed.
-                (None, Some(_)) => ctx.upstream_status.filter(|s| *s >= 500).unwrap_or(0),
-                (None, None) => session.response_written().map_or(0, |r| r.status.as_u16()),
-            };
             self.metrics.request_done(ep, code, ctx.started);
         }
         ctx.finish_hold();
@@ -790,6 +818,16 @@ impl ProxyHttp for Router {
 
     fn request_summary(&self, session: &Session, ctx: &Ctx) -> String {
         exposure::request_summary(session.req_header(), ctx.target.as_ref())
+    }
+
+    fn persist_connection_context(
+        &self,
+        session: &Session,
+        _ctx: &Ctx,
+    ) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        // The connection will wait for another request: its header gets timeouts.request_header again.
+        crate::clients::awaiting_next_request(session);
+        None
     }
 }
 

@@ -1,0 +1,306 @@
+//! Admission: who may send (client keys), how much (per-key limits) and when (each pool's wait queue); the state
+//! the proxy consults before a request's body is read, once the body is known, and before it is placed.
+//!
+//! The pure rules live in `keys` (matching), `limits` (token buckets) and `fair_queue` (turn order); this module
+//! holds their run-time state, reloads keys, counts metrics and words the answers.
+
+pub mod fair_queue;
+pub mod keys;
+pub mod limits;
+pub mod queue;
+
+use std::net::ToSocketAddrs;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwapOption;
+use parking_lot::Mutex;
+
+use crate::config::{AuthConfig, Config};
+use crate::metrics::Metrics;
+use crate::proxy::ApiError;
+use keys::Presented;
+use limits::{Denied, KeyLimiter, Limit};
+use queue::{PoolQueue, QueueMetrics};
+
+/// The `key` label of requests without a (valid) client key: auth off, or refused with 401.
+pub const NO_KEY: &str = "-";
+
+/// One configured client.
+pub struct Client {
+    pub name: Arc<str>,
+    secret: Box<[u8]>,
+    /// Shared by the clients of the same name across reloads, so a reload neither resets a key's buckets nor
+    /// forgets its requests in flight.
+    limiter: Arc<Mutex<KeyLimiter>>,
+}
+
+/// The keys in force.
+struct KeyTable {
+    source: String,
+    clients: Vec<Arc<Client>>,
+}
+
+impl KeyTable {
+    fn new(auth: &AuthConfig, previous: Option<&KeyTable>, now: Instant) -> KeyTable {
+        let clients = auth
+            .keys
+            .iter()
+            .map(|k| {
+                let limiter = match previous.and_then(|p| p.client(&k.name)) {
+                    Some(old) => {
+                        old.limiter.lock().set_limits(k.limits, now);
+                        old.limiter.clone()
+                    }
+                    None => Arc::new(Mutex::new(KeyLimiter::new(k.limits, now))),
+                };
+                Arc::new(Client {
+                    name: Arc::from(k.name.as_str()),
+                    secret: k.secret.as_bytes().into(),
+                    limiter,
+                })
+            })
+            .collect();
+        KeyTable {
+            source: auth.source.clone(),
+            clients,
+        }
+    }
+
+    fn client(&self, name: &str) -> Option<&Arc<Client>> {
+        self.clients.iter().find(|c| &*c.name == name)
+    }
+}
+
+/// One request's admission state, kept in the proxy's context: its client and its concurrency slot, given back
+/// when the context is dropped (every path).
+#[derive(Default)]
+pub struct Pass {
+    client: Option<Arc<Client>>,
+    holds_slot: bool,
+}
+
+impl Pass {
+    /// The `key` metric label: the client's configured name, or `-`.
+    pub fn key(&self) -> &str {
+        self.client.as_ref().map_or(NO_KEY, |c| &*c.name)
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        if let (true, Some(c)) = (self.holds_slot, &self.client) {
+            c.limiter.lock().end();
+        }
+    }
+}
+
+pub struct Admission {
+    /// None: authentication is off.
+    keys: ArcSwapOption<KeyTable>,
+    queues: Vec<(String, Arc<PoolQueue>)>,
+    metrics: Arc<Metrics>,
+}
+
+impl Admission {
+    pub fn new(cfg: &Config, metrics: Arc<Metrics>) -> Arc<Admission> {
+        let now = Instant::now();
+        let queues = cfg
+            .pools
+            .iter()
+            .filter_map(|p| {
+                let q = p.queue?;
+                let name = p.name.as_str();
+                let m = QueueMetrics {
+                    length: metrics.queue_length.with_label_values(&[name]),
+                    wait: metrics.queue_wait_seconds.with_label_values(&[name]),
+                    full: metrics
+                        .queue_rejected_total
+                        .with_label_values(&[name, "full"]),
+                    timeout: metrics
+                        .queue_rejected_total
+                        .with_label_values(&[name, "timeout"]),
+                };
+                Some((p.name.clone(), PoolQueue::new(q, m)))
+            })
+            .collect();
+        Arc::new(Admission {
+            keys: ArcSwapOption::from(
+                cfg.auth
+                    .as_ref()
+                    .map(|a| Arc::new(KeyTable::new(a, None, now))),
+            ),
+            queues,
+            metrics,
+        })
+    }
+
+    pub fn auth_enabled(&self) -> bool {
+        self.keys.load().is_some()
+    }
+
+    /// The pool's wait queue, if it has one.
+    pub fn queue(&self, pool: &str) -> Option<&Arc<PoolQueue>> {
+        self.queues.iter().find(|(n, _)| n == pool).map(|(_, q)| q)
+    }
+
+    /// Check the request's key (`Authorization: Bearer KEY` or `x-api-key: KEY`) when auth is on: 401 when it is
+    /// missing or wrong.
+    pub fn authenticate(&self, headers: &http::HeaderMap, pass: &mut Pass) -> Result<(), ApiError> {
+        let Some(table) = self.keys.load_full() else {
+            return Ok(());
+        };
+        let presented = Presented::from_headers(
+            headers
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+            headers.get("x-api-key").map(|v| v.as_bytes()),
+        );
+        if presented.is_empty() {
+            return Err(ApiError::missing_api_key());
+        }
+        let secrets: Vec<&[u8]> = table.clients.iter().map(|c| &*c.secret).collect();
+        match keys::match_key(&secrets, &presented) {
+            Some(i) => {
+                pass.client = table.clients.get(i).cloned();
+                Ok(())
+            }
+            None => Err(ApiError::invalid_api_key()),
+        }
+    }
+
+    /// Before the body is read: the key's concurrency slot and a look at its requests-per-minute bucket.
+    pub fn begin(&self, pass: &mut Pass) -> Result<(), ApiError> {
+        let Some(c) = &pass.client else {
+            return Ok(());
+        };
+        let r = c.limiter.lock().begin(Instant::now());
+        match r {
+            Ok(()) => {
+                pass.holds_slot = true;
+                Ok(())
+            }
+            Err(d) => Err(self.refuse(c, d)),
+        }
+    }
+
+    /// Once the body is known: charge one request and its estimated prompt tokens.
+    pub fn charge(&self, pass: &Pass, tokens: u64) -> Result<(), ApiError> {
+        let Some(c) = &pass.client else {
+            return Ok(());
+        };
+        let r = c.limiter.lock().charge(tokens, Instant::now());
+        r.map_err(|d| self.refuse(c, d))
+    }
+
+    fn refuse(&self, c: &Client, d: Denied) -> ApiError {
+        self.metrics
+            .client_rate_limited_total
+            .with_label_values(&[&*c.name, d.limit.as_str()])
+            .inc();
+        let limits = c.limiter.lock().limits();
+        let (what, limit, kind) = match d.limit {
+            Limit::Requests => (
+                "requests per minute",
+                limits.requests_per_minute,
+                "requests",
+            ),
+            Limit::Tokens => (
+                "estimated prompt tokens per minute",
+                limits.prompt_tokens_per_minute,
+                "tokens",
+            ),
+            Limit::Concurrency => (
+                "concurrent requests",
+                limits.concurrent_requests,
+                "requests",
+            ),
+        };
+        let secs = d.retry_after_secs();
+        ApiError::rate_limited(
+            kind,
+            format!(
+                "Rate limit reached for key `{}` on {what} (limit {}); retry after {secs} s.",
+                c.name,
+                limit.unwrap_or(0)
+            ),
+            secs,
+        )
+    }
+
+    /// Count a finished request by key and final status.
+    pub fn count(&self, pass: &Pass, code: u16) {
+        self.metrics
+            .client_requests_total
+            .with_label_values(&[pass.key(), code.to_string().as_str()])
+            .inc();
+    }
+
+    /// Apply a reloaded `auth` section. Keys of the same name keep their buckets and in-flight counts; departed
+    /// names lose their metric series. Logs names and counts, never keys.
+    pub fn reload_keys(&self, auth: Option<&AuthConfig>) {
+        let old = self.keys.load_full();
+        let new = auth.map(|a| Arc::new(KeyTable::new(a, old.as_deref(), Instant::now())));
+        let names = |t: &Option<Arc<KeyTable>>| -> Vec<Arc<str>> {
+            t.iter()
+                .flat_map(|t| t.clients.iter().map(|c| c.name.clone()))
+                .collect()
+        };
+        let (before, after) = (names(&old), names(&new));
+        for gone in before.iter().filter(|n| !after.contains(n)) {
+            self.metrics.remove_client(gone);
+        }
+        match (&old, &new) {
+            (_, Some(t)) => {
+                let added = after.iter().filter(|n| !before.contains(n)).count();
+                let removed = before.iter().filter(|n| !after.contains(n)).count();
+                log::info!(
+                    "client keys reloaded from {}: {} keys ({added} added, {removed} removed)",
+                    t.source,
+                    t.clients.len()
+                );
+            }
+            (Some(_), None) => log::warn!("client authentication turned off by reload"),
+            (None, None) => {}
+        }
+        self.keys.store(new);
+    }
+}
+
+/// Warn about every listener reachable from outside the host while auth is off.
+pub fn warn_if_open(cfg: &Config) {
+    if cfg.auth.is_some() {
+        return;
+    }
+    for addr in cfg.listen.iter().filter(|a| !is_loopback(a)) {
+        log::warn!(
+            "listener {addr} is not loopback-only and `auth` is off: anyone who reaches it can use every pool; \
+             configure auth.keys_file (see README, Security)"
+        );
+    }
+}
+
+/// Every address `addr` ("host:port") resolves to is a loopback address.
+fn is_loopback(addr: &str) -> bool {
+    match addr.to_socket_addrs() {
+        Ok(addrs) => {
+            let addrs: Vec<_> = addrs.collect();
+            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
+        }
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_listeners() {
+        assert!(is_loopback("127.0.0.1:8000"));
+        assert!(is_loopback("[::1]:8000"));
+        assert!(!is_loopback("0.0.0.0:8000"));
+        assert!(!is_loopback("[::]:8000"));
+        assert!(!is_loopback("10.1.2.3:8000"));
+    }
+}
