@@ -273,6 +273,22 @@ impl Metrics {
         }
     }
 
+    /// Create a client key's series at 0: requests by each of `REQUEST_CODES` (and `401` for the anonymous `-`,
+    /// which counts requests without a valid key) and, for a named key, 429s by each of `limits`.
+    pub fn add_client(&self, key: &str, anonymous: bool, limits: &[&str]) {
+        for code in REQUEST_CODES {
+            self.client_requests_total.with_label_values(&[key, code]);
+        }
+        if anonymous {
+            self.client_requests_total.with_label_values(&[key, "401"]);
+        } else {
+            for limit in limits {
+                self.client_rate_limited_total
+                    .with_label_values(&[key, limit]);
+            }
+        }
+    }
+
     /// Delete every series of a client key that left the keys file.
     pub fn remove_client(&self, key: &str) {
         for vec in [&self.client_requests_total, &self.client_rate_limited_total] {

@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+use infergate::config::Config;
 use infergate::metrics::{COMMIT, REQUEST_CODES, ROUTER_CODES, VERSION};
 use infergate_sim::SimConfig;
 
@@ -232,6 +233,116 @@ async fn a_request_that_ends_after_its_endpoint_left_does_not_bring_its_series_b
         "series of {gone} came back:\n{}",
         back.join("\n")
     );
+}
+
+/// A router whose pool has a wait queue and whose clients need keys (alice, bob) from a file in `dir`.
+async fn router_with_keys_and_queue(
+    engines: &[infergate_sim::EngineHandle],
+    dir: &Path,
+) -> (TestRouter, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let keys = dir.join("client-keys");
+    std::fs::write(
+        &keys,
+        "alice:sk-alice-0123456789abcdef\nbob:sk-bob-fedcba9876543210\n",
+    )
+    .unwrap();
+    let extra = format!(
+        "{}{}    max_in_flight_per_endpoint: 8\n    queue: {{ max_length: 16, max_wait: 2s }}\n",
+        sessions_yaml(1000),
+        ENGINE_STATS
+    );
+    let yaml = format!(
+        "auth:\n  keys_file: {}\n{}",
+        keys.display(),
+        pool_yaml("load_aware", &urls(engines), &extra)
+    );
+    let router = start_router(&yaml).await;
+    router.all_healthy().await;
+    (router, keys)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_key_and_wait_queue_series_exist_from_start_and_the_page_shows_the_queue() {
+    let engines = engines(2, SimConfig::default()).await;
+    let dir = std::env::temp_dir().join(format!("infergate-observe-keys-{}", std::process::id()));
+    let (router, keys) = router_with_keys_and_queue(&engines, &dir).await;
+    let m = router.metrics_text().await;
+    for key in ["alice", "bob"] {
+        let k = format!("key=\"{key}\"");
+        for code in REQUEST_CODES {
+            let c = format!("code=\"{code}\"");
+            assert_eq!(
+                metric_value(&m, "infergate_client_requests_total", &[&k, &c]),
+                Some(0.0),
+                "{key} {code}"
+            );
+        }
+        for limit in [
+            "requests_per_minute",
+            "prompt_tokens_per_minute",
+            "concurrent_requests",
+        ] {
+            let l = format!("limit=\"{limit}\"");
+            assert_eq!(
+                metric_value(&m, "infergate_client_rate_limited_total", &[&k, &l]),
+                Some(0.0),
+                "{key} {limit}"
+            );
+        }
+    }
+    assert_eq!(
+        metric_value(
+            &m,
+            "infergate_client_requests_total",
+            &["key=\"-\"", "code=\"401\""]
+        ),
+        Some(0.0)
+    );
+    let p = "pool=\"default\"";
+    for (name, labels) in [
+        ("infergate_queue_length", vec![p]),
+        ("infergate_queue_wait_seconds_count", vec![p]),
+        ("infergate_queue_rejected_total", vec![p, "reason=\"full\""]),
+        (
+            "infergate_queue_rejected_total",
+            vec![p, "reason=\"timeout\""],
+        ),
+    ] {
+        assert_eq!(metric_value(&m, name, &labels), Some(0.0), "{name}");
+    }
+    // The status page reads the queue's length.
+    let base = format!("http://{}", router.metrics_addr);
+    let json = get_json(&base, "/status.json").await;
+    assert_eq!(json["pools"][0]["queue_length"], 0);
+    assert_eq!(json["pools"][0]["max_in_flight_per_endpoint"], 8);
+
+    // A key added by a reload starts at 0; a departed one loses its series.
+    std::fs::write(
+        &keys,
+        "alice:sk-alice-0123456789abcdef\ncarol:sk-carol-0011223344556677\n",
+    )
+    .unwrap();
+    let text = format!(
+        "auth:\n  keys_file: {}\n{}",
+        keys.display(),
+        pool_yaml("load_aware", &urls(&engines), "")
+            .replace("{listen}", &router.addr.to_string())
+            .replace("{metrics}", &router.metrics_addr.to_string())
+    );
+    let cfg = Config::parse(Path::new("test.yaml"), &text).expect("reloaded config");
+    router.state.reload_keys(&cfg);
+    let m = router.metrics_text().await;
+    assert!(!m.contains("key=\"bob\""), "bob's series left");
+    assert_eq!(
+        metric_value(
+            &m,
+            "infergate_client_requests_total",
+            &["key=\"carol\"", "code=\"200\""]
+        ),
+        Some(0.0)
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Every metric name a scrape declares (`# TYPE`), with the `_bucket`, `_sum` and `_count` series of
