@@ -1,4 +1,5 @@
-//! Records the git commit the binary is built from for `infergate --version` (`INFERGATE_GIT_COMMIT`).
+//! Records the git commit the binary is built from for `infergate --version` and `infergate_build_info`
+//! (`INFERGATE_GIT_COMMIT`, `INFERGATE_COMMIT`).
 //!
 //! Taken from the environment when set (a packager building from a tarball), else from `git rev-parse HEAD`,
 //! else "unknown" (no git, or not a checkout). Rebuilt when HEAD or the branch it points to moves.
@@ -18,7 +19,12 @@ fn git(args: &[&str]) -> Option<String> {
 
 fn main() {
     println!("cargo:rerun-if-env-changed={VAR}");
-    let given = std::env::var(VAR).ok().filter(|c| !c.is_empty());
+    println!("cargo:rerun-if-env-changed=INFERGATE_COMMIT");
+    // INFERGATE_COMMIT is the same, under the name a container build passes (`--build-arg`).
+    let given = std::env::var(VAR)
+        .ok()
+        .or_else(|| std::env::var("INFERGATE_COMMIT").ok())
+        .filter(|c| !c.trim().is_empty());
     let source = if given.is_some() { "env" } else { "git" };
     let commit = given.or_else(|| git(&["rev-parse", "--short=12", "HEAD"]));
     // Rerun when HEAD moves: HEAD itself (a checkout), its reflog (every commit, reset or checkout in this
@@ -39,10 +45,10 @@ fn main() {
         // Not a checkout: nothing to watch but this file.
         println!("cargo:rerun-if-changed=build.rs");
     }
-    println!(
-        "cargo:rustc-env={VAR}={}",
-        commit.as_deref().unwrap_or("unknown")
-    );
+    let shown = commit.as_deref().unwrap_or("unknown");
+    println!("cargo:rustc-env={VAR}={shown}");
+    // The same value for `infergate_build_info{commit}`.
+    println!("cargo:rustc-env=INFERGATE_COMMIT={shown}");
     // Where it came from (env, git, unknown): the tests compare a git commit with the checkout's HEAD.
     let source = if commit.is_some() { source } else { "unknown" };
     println!("cargo:rustc-env={VAR}_SOURCE={source}");

@@ -69,7 +69,7 @@ live_view() {
     /^infergate_placements_total\{/ {
       match($0, /endpoint="[^"]*"/); e=substr($0, RSTART+10, RLENGTH-11)
       match($0, /reason="[^"]*"/); r=substr($0, RSTART+8, RLENGTH-9)
-      pl[e]=pl[e] sprintf(" %s=%d", r, $NF) }
+      if ($NF > 0) pl[e]=pl[e] sprintf(" %s=%d", r, $NF) }
     END { for (e in eps) printf "%-17s %9d %14d %s\n", e, req[e], pre[e], pl[e] }' | sort
 }
 

@@ -22,3 +22,4 @@ pub mod request;
 pub mod request_id;
 pub mod server;
 pub mod state_file;
+pub mod status;

@@ -2,17 +2,45 @@
 //!
 //! Gauges of live state (requests and prefill tokens in flight, health, engine-stats state) are read from the
 //! pools at scrape time by a collector, so the request path only touches atomics and a removed endpoint's gauges
-//! vanish with it. Counters live in vectors whose series are removed when an endpoint departs.
+//! vanish with it. Counters and histograms live in vectors: their series are created at 0 when a pool or an
+//! endpoint is added (`add_pool`, `add_endpoint`, so `rate()` sees the first event) and removed when an endpoint
+//! departs (`remove_endpoint`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-use prometheus::core::{Collector, Desc};
+use std::time::{Duration, Instant};
+
+use prometheus::core::{Collector, Desc, MetricVec, MetricVecBuilder};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
+
+use crate::placement::Reason;
+use crate::pool::Endpoint;
+
+/// The crate version, `infergate_build_info{version}`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The commit the binary was built from (build.rs), `infergate_build_info{commit}`.
+pub const COMMIT: &str = env!("INFERGATE_COMMIT");
+
+/// `code` series of `infergate_requests_total` created with each endpoint: success, no response (client gone or
+/// stream broken), the client's errors that matter, refusals and the engine's or the router's 5xx.
+pub const REQUEST_CODES: [&str; 8] = ["200", "0", "400", "429", "500", "502", "503", "504"];
+
+/// `code` series of `infergate_router_responses_total` created at start: `/health` and `/v1/models`, refused
+/// requests (bad request, unknown path or model, body too large) and the router's own 5xx.
+pub const ROUTER_CODES: [&str; 7] = ["200", "400", "404", "413", "502", "503", "504"];
+
+/// Causes of `infergate_session_evictions_total`.
+pub const EVICTION_CAUSES: [&str; 2] = ["ttl", "capacity"];
+
+/// Buckets of the latency histograms (seconds): 5 ms to about two minutes, roughly doubling.
+const LATENCY_BUCKETS: [f64; 15] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0,
+];
 
 /// One endpoint's live values for the scrape-time collector.
 #[derive(Debug, Clone)]
@@ -26,6 +54,8 @@ pub struct EndpointSample {
     pub ejected: bool,
     /// Engine stats state name (fresh, stale, missing, down, off).
     pub stats_state: &'static str,
+    /// Learned prefill speed in estimated tokens per second; 0 until learned.
+    pub prefill_tokens_per_sec: f64,
 }
 
 /// Live state the collector reads at scrape time.
@@ -43,7 +73,14 @@ pub struct Metrics {
     pub prefill_tokens_estimated_total: IntCounterVec,
     pub placements_total: IntCounterVec,
     pub requests_total: IntCounterVec,
+    /// {pool, endpoint}: dispatch to the first response body byte of a successful answer.
     pub time_to_first_byte: HistogramVec,
+    /// {pool, endpoint}: request head read to response end, of every request sent to an endpoint.
+    pub request_duration: HistogramVec,
+    /// {version, commit}, always 1.
+    pub build_info: IntGaugeVec,
+    /// When this router's metrics were created (its start), for the status page's uptime.
+    pub started: Instant,
     pub janitor_released_total: IntCounterVec,
     pub retries_total: IntCounterVec,
     pub ejections_total: IntCounterVec,
@@ -58,6 +95,26 @@ pub struct Metrics {
     pub queue_rejected_total: IntCounterVec,
 }
 
+fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+        labels,
+    )
+    .expect("static metric definition");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("unique metric name");
+    h
+}
+
+/// `vec` (labelled `code` only) with a series at 0 for each of `codes`.
+fn with_codes(vec: IntCounterVec, codes: &[&str]) -> IntCounterVec {
+    for code in codes {
+        vec.with_label_values(&[code]);
+    }
+    vec
+}
+
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
     registry
@@ -70,21 +127,39 @@ impl Metrics {
     /// A fresh registry with every infergate series. Called once per router at start (not on a request path).
     pub fn new() -> Arc<Metrics> {
         let registry = Registry::new();
-        let ttfb = HistogramVec::new(
-            HistogramOpts::new(
-                "infergate_time_to_first_byte_seconds",
-                "Time from dispatch to the first response body byte (covers the engine's prefill).",
-            )
-            .buckets(vec![
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0,
-                128.0,
-            ]),
-            &["pool"],
+        let ttfb = histogram(
+            &registry,
+            "infergate_time_to_first_byte_seconds",
+            "Time from dispatch to the first response body byte of a successful answer (covers the engine's \
+             prefill), per endpoint.",
+            &["pool", "endpoint"],
+        );
+        let request_duration = histogram(
+            &registry,
+            "infergate_request_duration_seconds",
+            "Time from the request head to the end of the response (or the failure), of every request sent to \
+             an endpoint.",
+            &["pool", "endpoint"],
+        );
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "infergate_build_info",
+                "Always 1; the labels say which build runs.",
+            ),
+            &["version", "commit"],
         )
         .expect("static metric definition");
+        build_info.with_label_values(&[VERSION, COMMIT]).set(1);
         registry
-            .register(Box::new(ttfb.clone()))
+            .register(Box::new(build_info.clone()))
             .expect("unique metric name");
+        // CPU seconds, resident and virtual memory, open and maximum file descriptors, threads, start time.
+        #[cfg(target_os = "linux")]
+        if let Err(e) = registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        )) {
+            log::error!("cannot register process metrics: {e}");
+        }
         let config_info = IntGauge::new("infergate_up", "1 while the router runs.")
             .expect("static metric definition");
         config_info.set(1);
@@ -112,6 +187,9 @@ impl Metrics {
                 &["pool", "endpoint", "code"],
             ),
             time_to_first_byte: ttfb,
+            request_duration,
+            build_info,
+            started: Instant::now(),
             janitor_released_total: counter(
                 &registry,
                 "infergate_prefill_janitor_released_total",
@@ -136,11 +214,14 @@ impl Metrics {
                 "Session bindings evicted, by cause (ttl, capacity).",
                 &["pool", "cause"],
             ),
-            router_responses_total: counter(
-                &registry,
-                "infergate_router_responses_total",
-                "Responses the router answered itself (errors, /health, /v1/models), by status code.",
-                &["code"],
+            router_responses_total: with_codes(
+                counter(
+                    &registry,
+                    "infergate_router_responses_total",
+                    "Responses the router answered itself (errors, /health, /v1/models), by status code.",
+                    &["code"],
+                ),
+                &ROUTER_CODES,
             ),
             config_info,
             client_requests_total: counter(
@@ -192,6 +273,22 @@ impl Metrics {
         }
     }
 
+    /// Create a client key's series at 0: requests by each of `REQUEST_CODES` (and `401` for the anonymous `-`,
+    /// which counts requests without a valid key) and, for a named key, 429s by each of `limits`.
+    pub fn add_client(&self, key: &str, anonymous: bool, limits: &[&str]) {
+        for code in REQUEST_CODES {
+            self.client_requests_total.with_label_values(&[key, code]);
+        }
+        if anonymous {
+            self.client_requests_total.with_label_values(&[key, "401"]);
+        } else {
+            for limit in limits {
+                self.client_rate_limited_total
+                    .with_label_values(&[key, limit]);
+            }
+        }
+    }
+
     /// Delete every series of a client key that left the keys file.
     pub fn remove_client(&self, key: &str) {
         for vec in [&self.client_requests_total, &self.client_rate_limited_total] {
@@ -207,7 +304,40 @@ impl Metrics {
         }
     }
 
-    /// Delete every counter series of an endpoint that left its pool.
+    /// Create a configured pool's series at 0 (session evictions by cause).
+    pub fn add_pool(&self, pool: &str) {
+        for cause in EVICTION_CAUSES {
+            self.session_evictions_total
+                .with_label_values(&[pool, cause]);
+        }
+    }
+
+    /// Create every counter and histogram series of an endpoint at 0: placements by each reason its pool's policy
+    /// can give (`reasons`), requests by each of `REQUEST_CODES`, and the rest.
+    pub fn add_endpoint(&self, pool: &str, endpoint: &str, reasons: &[Reason]) {
+        let l = [pool, endpoint];
+        for vec in [
+            &self.prefill_tokens_estimated_total,
+            &self.janitor_released_total,
+            &self.retries_total,
+            &self.ejections_total,
+        ] {
+            vec.with_label_values(&l);
+        }
+        for h in [&self.time_to_first_byte, &self.request_duration] {
+            h.with_label_values(&l);
+        }
+        for r in reasons {
+            self.placements_total
+                .with_label_values(&[pool, endpoint, r.as_str()]);
+        }
+        for code in REQUEST_CODES {
+            self.requests_total
+                .with_label_values(&[pool, endpoint, code]);
+        }
+    }
+
+    /// Delete every counter and histogram series of an endpoint that left its pool.
     pub fn remove_endpoint(&self, pool: &str, endpoint: &str) {
         for vec in [
             &self.prefill_tokens_estimated_total,
@@ -219,6 +349,54 @@ impl Metrics {
         ] {
             remove_series_of(vec, pool, endpoint);
         }
+        for h in [&self.time_to_first_byte, &self.request_duration] {
+            remove_series_of(h, pool, endpoint);
+        }
+    }
+
+    /// Time to first byte of a successful answer from `ep` (not for a departed endpoint: its series are gone).
+    pub fn observe_ttfb(&self, ep: &Endpoint, elapsed: Duration) {
+        if !ep.removed.load(std::sync::atomic::Ordering::Relaxed) {
+            self.time_to_first_byte
+                .with_label_values(&[&*ep.pool, &ep.label])
+                .observe(elapsed.as_secs_f64());
+        }
+    }
+
+    /// Count a finished request of `ep` by its final status `code` and observe its duration since `started`.
+    /// Not for a departed endpoint: a stream that outlived its endpoint must not bring the deleted series back.
+    pub fn request_done(&self, ep: &Endpoint, code: u16, started: Option<Instant>) {
+        if ep.removed.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        self.requests_total
+            .with_label_values(&[&*ep.pool, &ep.label, code.to_string().as_str()])
+            .inc();
+        if let Some(t0) = started {
+            self.request_duration
+                .with_label_values(&[&*ep.pool, &ep.label])
+                .observe(t0.elapsed().as_secs_f64());
+        }
+    }
+
+    /// The values of gauge `name` by its `pool` label, if the registry has such a gauge (the status page reads
+    /// `infergate_queue_length` this way where the wait queue exists).
+    pub fn gauge_by_pool(&self, name: &str) -> Option<HashMap<String, f64>> {
+        let family = self
+            .registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == name)?;
+        Some(
+            family
+                .get_metric()
+                .iter()
+                .filter_map(|m| {
+                    let pool = m.get_label().iter().find(|l| l.name() == "pool")?;
+                    Some((pool.value().to_string(), m.get_gauge().value()))
+                })
+                .collect(),
+        )
     }
 
     /// The text exposition of every series.
@@ -239,10 +417,6 @@ impl Metrics {
                     .inc_by(n);
             }
         }
-    }
-
-    pub fn ttfb(&self, pool: &str) -> Histogram {
-        self.time_to_first_byte.with_label_values(&[pool])
     }
 }
 
@@ -272,7 +446,7 @@ fn remove_series_where(vec: &IntCounterVec, name: &str, value: &str) {
 }
 
 /// Remove every series of `vec` whose `pool` and `endpoint` labels match, whatever its other labels.
-fn remove_series_of(vec: &IntCounterVec, pool: &str, endpoint: &str) {
+fn remove_series_of<T: MetricVecBuilder>(vec: &MetricVec<T>, pool: &str, endpoint: &str) {
     for family in vec.collect() {
         for m in family.get_metric() {
             let labels: HashMap<&str, &str> = m
@@ -298,6 +472,7 @@ struct LiveCollector {
     ejected: IntGaugeVec,
     stats_state: IntGaugeVec,
     sessions: IntGaugeVec,
+    prefill_speed: GaugeVec,
 }
 
 impl LiveCollector {
@@ -330,7 +505,19 @@ impl LiveCollector {
             "1 for the endpoint's current engine-stats state (fresh, stale, missing, down, off).",
             &["pool", "endpoint", "state"],
         );
-        let sessions = gauge("infergate_sessions", "Session bindings held.", &["pool"]);
+        let sessions = gauge(
+            "infergate_sessions",
+            "Session bindings held (0 for a pool without sessions).",
+            &["pool"],
+        );
+        let prefill_speed = GaugeVec::new(
+            Opts::new(
+                "infergate_endpoint_prefill_tokens_per_second",
+                "Learned prefill speed (estimated tokens over time to first byte of streaming requests); 0 until learned.",
+            ),
+            &["pool", "endpoint"],
+        )
+        .expect("static metric definition");
         let descs = [
             &prefill,
             &requests,
@@ -341,6 +528,7 @@ impl LiveCollector {
         ]
         .iter()
         .flat_map(|g| g.desc().into_iter().cloned())
+        .chain(prefill_speed.desc().into_iter().cloned())
         .collect();
         LiveCollector {
             lock: parking_lot::Mutex::new(()),
@@ -352,6 +540,7 @@ impl LiveCollector {
             ejected,
             stats_state,
             sessions,
+            prefill_speed,
         }
     }
 }
@@ -373,6 +562,7 @@ impl Collector for LiveCollector {
         ] {
             g.reset();
         }
+        self.prefill_speed.reset();
         if let Some(src) = self.source.upgrade() {
             for s in src.endpoint_samples() {
                 let l = [s.pool.as_str(), s.endpoint.as_str()];
@@ -384,6 +574,9 @@ impl Collector for LiveCollector {
                     .set(s.requests_in_flight as i64);
                 self.healthy.with_label_values(&l).set(i64::from(s.healthy));
                 self.ejected.with_label_values(&l).set(i64::from(s.ejected));
+                self.prefill_speed
+                    .with_label_values(&l)
+                    .set(s.prefill_tokens_per_sec);
                 for state in STATS_STATES {
                     self.stats_state
                         .with_label_values(&[l[0], l[1], state])
@@ -406,6 +599,7 @@ impl Collector for LiveCollector {
         ]
         .iter()
         .flat_map(|g| g.collect())
+        .chain(self.prefill_speed.collect())
         .collect()
     }
 }

@@ -231,6 +231,12 @@ impl PrefillSpeed {
             });
     }
 
+    /// The learned speed in estimated tokens per second; None until observed.
+    pub fn tokens_per_sec(&self) -> Option<f64> {
+        let speed = f64::from_bits(self.tokens_per_sec.load(Ordering::Relaxed));
+        (speed > 0.0).then_some(speed)
+    }
+
     /// Estimated prefill time of `tokens`, once a speed was observed.
     pub fn estimate(&self, tokens: u64) -> Option<Duration> {
         let speed = f64::from_bits(self.tokens_per_sec.load(Ordering::Relaxed));
@@ -329,6 +335,8 @@ pub struct Pool {
     pub outlier: OutlierConfig,
     /// Models the engines of a `"*"` pool report on `GET /v1/models` (refreshed by housekeeping).
     discovered_models: RwLock<Vec<String>>,
+    /// The latest placements and the reasons of the last minute, for the status page.
+    pub recent: crate::status::RecentPlacements,
 }
 
 /// Forwards discovery to the shared membership so the pool can swap members.
@@ -361,6 +369,7 @@ impl Pool {
             policy: policy::build(cfg),
             outlier: cfg.outlier.clone(),
             discovered_models: RwLock::new(Vec::new()),
+            recent: crate::status::RecentPlacements::default(),
         });
         pool.set_endpoints(&cfg.endpoints, None);
         pool
@@ -372,7 +381,8 @@ impl Pool {
     }
 
     /// Replace the pool's endpoints (start and config reload): endpoints whose URL, address and key are unchanged
-    /// keep their state; departing ones are marked removed and their metric series deleted. Returns the removed.
+    /// keep their state; new ones get their metric series at 0; departing ones are marked removed and their metric
+    /// series deleted. Returns the removed.
     pub fn set_endpoints(
         &self,
         wanted: &[EndpointConfig],
@@ -393,11 +403,16 @@ impl Pool {
                     }
                     next.push(e.clone())
                 }
-                None => next.push(Arc::new(Endpoint::new(
-                    self.name.clone(),
-                    w,
-                    &self.cfg.health_check,
-                ))),
+                None => {
+                    if let Some(m) = metrics {
+                        m.add_endpoint(&self.name, &w.label, self.reasons());
+                    }
+                    next.push(Arc::new(Endpoint::new(
+                        self.name.clone(),
+                        w,
+                        &self.cfg.health_check,
+                    )))
+                }
             }
         }
         let removed: Vec<Arc<Endpoint>> = current
@@ -423,6 +438,11 @@ impl Pool {
             log::info!("pool {}: endpoint {} removed", self.name, e.label);
         }
         removed
+    }
+
+    /// The placement reasons this pool's policy can give.
+    pub fn reasons(&self) -> &'static [crate::placement::Reason] {
+        policy::reasons(&self.cfg.policy)
     }
 
     /// Snapshot for placement. Ineligible: unhealthy, `excluded` (already tried by this request), ejected unless
@@ -543,6 +563,12 @@ impl Pools {
             pools: cfg.pools.iter().map(Pool::new).collect(),
             metrics: metrics.clone(),
         });
+        for p in &pools.pools {
+            metrics.add_pool(&p.name);
+            for e in p.endpoints().iter() {
+                metrics.add_endpoint(&p.name, &e.label, p.reasons());
+            }
+        }
         let weak: std::sync::Weak<dyn LiveSource> =
             Arc::downgrade(&(pools.clone() as Arc<dyn LiveSource>));
         metrics.register_live(weak);
@@ -602,6 +628,7 @@ impl LiveSource for Pools {
                 healthy: e.health.is_healthy(),
                 ejected: e.outlier.is_ejected(),
                 stats_state: e.stats.state(now).as_str(),
+                prefill_tokens_per_sec: e.prefill_speed.tokens_per_sec().unwrap_or(0.0),
             })
             .collect()
     }
@@ -609,7 +636,10 @@ impl LiveSource for Pools {
     fn session_counts(&self) -> Vec<(String, u64)> {
         self.pools
             .iter()
-            .filter_map(|p| Some((p.name.to_string(), p.policy.session_count()? as u64)))
+            .map(|p| {
+                let n = p.policy.session_count().unwrap_or(0);
+                (p.name.to_string(), n as u64)
+            })
             .collect()
     }
 }

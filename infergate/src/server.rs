@@ -151,8 +151,8 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     Ok((server, state))
 }
 
-/// Serves `GET /metrics` in the Prometheus text format, and `GET /health` as the proxy does (this listener is not
-/// under the client connection cap, so it answers while the proxy port is full).
+/// Serves `GET /metrics` in the Prometheus text format, `GET /health` as the proxy does (this listener is not
+/// under the client connection cap, so it answers while the proxy port is full), and the status page (`status.rs`).
 struct MetricsApp {
     metrics: Arc<Metrics>,
     pools: Arc<Pools>,
@@ -167,11 +167,13 @@ impl ServeHttp for MetricsApp {
         } else if path == "/health" {
             let (status, body) = clients::health(&self.pools);
             (status, "application/json", body.as_bytes().to_vec())
+        } else if let Some(status) = crate::status::respond(path, &self.pools, &self.metrics) {
+            status
         } else {
             (
                 404,
                 "text/plain",
-                b"not found: metrics are on /metrics\n".to_vec(),
+                b"not found: metrics are on /metrics, the status page on /status\n".to_vec(),
             )
         };
         http::Response::builder()

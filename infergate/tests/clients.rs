@@ -50,7 +50,7 @@ async fn the_final_failed_attempt_is_counted_against_its_endpoint() {
     let label = format!("endpoint=\"{}\"", eng.url().trim_start_matches("http://"));
     // The answer goes out before Pingora's logging hook counts it: poll briefly.
     let counted = |m: &str| metric_value(m, "infergate_requests_total", &[&label, "code=\"502\""]);
-    let m = router.metrics_when(|m| counted(m).is_some()).await;
+    let m = router.metrics_when(|m| counted(m) == Some(1.0)).await;
     assert_eq!(counted(&m), Some(1.0));
     eng.control.refuse_connections(false).unwrap();
 }

@@ -241,3 +241,37 @@ async fn a_session_on_an_ejected_engine_falls_back_and_is_served() {
     eng[bound].control.set_fail_status(None);
     router.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_idle_connection_going_stale_at_once_gives_no_502() {
+    let eng = engines(3, SimConfig::default()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    router.all_healthy().await;
+    // Warm a pool of idle connections to every engine.
+    let mut warm = tokio::task::JoinSet::new();
+    for i in 0..30 {
+        let url = router.url();
+        warm.spawn(async move { post_chat(&url, chat_body(200 + i, false, 1)).await });
+    }
+    while warm.join_next().await.is_some() {}
+    let poisoned: usize = eng
+        .iter()
+        .map(|e| e.control.poison_idle_connections())
+        .sum();
+    assert!(
+        poisoned >= 3,
+        "idle pooled connections to poison: {poisoned}"
+    );
+    // Before: retries landed on other engines' stale connections and 4-7 of 30 got 502.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..30 {
+        let url = router.url();
+        tasks.spawn(async move { post_chat(&url, chat_body(300 + i, false, 1)).await });
+    }
+    let mut statuses = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        statuses.push(r.unwrap());
+    }
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    router.wait_idle().await;
+}

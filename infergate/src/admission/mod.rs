@@ -26,6 +26,11 @@ use queue::{PoolQueue, QueueMetrics};
 /// The `key` label of requests without a (valid) client key: auth off, or refused with 401.
 pub const NO_KEY: &str = "-";
 
+/// The `limit` label values of `infergate_client_rate_limited_total`.
+fn limit_names() -> [&'static str; 3] {
+    [Limit::Requests, Limit::Tokens, Limit::Concurrency].map(Limit::as_str)
+}
+
 /// One configured client.
 pub struct Client {
     pub name: Arc<str>,
@@ -124,7 +129,7 @@ impl Admission {
                 Some((p.name.clone(), PoolQueue::new(q, m)))
             })
             .collect();
-        Arc::new(Admission {
+        let admission = Arc::new(Admission {
             keys: ArcSwapOption::from(
                 cfg.auth
                     .as_ref()
@@ -132,7 +137,15 @@ impl Admission {
             ),
             queues,
             metrics,
-        })
+        });
+        // Every key's series exist from the start (rate() sees the first event).
+        admission.metrics.add_client(NO_KEY, true, &[]);
+        if let Some(t) = &*admission.keys.load() {
+            for c in &t.clients {
+                admission.metrics.add_client(&c.name, false, &limit_names());
+            }
+        }
+        admission
     }
 
     pub fn auth_enabled(&self) -> bool {
@@ -249,6 +262,9 @@ impl Admission {
         let (before, after) = (names(&old), names(&new));
         for gone in before.iter().filter(|n| !after.contains(n)) {
             self.metrics.remove_client(gone);
+        }
+        for added in after.iter().filter(|n| !before.contains(n)) {
+            self.metrics.add_client(added, false, &limit_names());
         }
         match (&old, &new) {
             (_, Some(t)) => {

@@ -95,6 +95,12 @@ impl StatsCell {
         Self::state_of(&self.lock(), now)
     }
 
+    /// The state and the last good sample with its time, if any (the status page shows both).
+    pub fn sample(&self, now: Instant) -> (StatsState, Option<(Instant, EngineLoad)>) {
+        let c = self.lock();
+        (Self::state_of(&c, now), c.last_good)
+    }
+
     fn state_of(c: &CellInner, now: Instant) -> StatsState {
         if !c.enabled {
             return StatsState::Off;

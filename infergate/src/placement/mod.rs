@@ -91,6 +91,27 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in declaration order (`index` is the position here).
+    pub const ALL: [Reason; 12] = [
+        Reason::RoundRobin,
+        Reason::LeastRequest,
+        Reason::LoadAware,
+        Reason::NewSession,
+        Reason::Sticky,
+        Reason::Migrate,
+        Reason::Spill,
+        Reason::Fallback,
+        Reason::Headerless,
+        Reason::PrefixHit,
+        Reason::PrefixMiss,
+        Reason::PrefixGated,
+    ];
+
+    /// Position in `ALL`.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::RoundRobin => "round_robin",
@@ -318,5 +339,16 @@ mod tests {
             kv_usage: 0.1,
         });
         assert_eq!(c.request_load(), 9, "another router's traffic counts");
+    }
+
+    #[test]
+    fn every_reason_is_listed_once_at_its_index() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i, "{}", r.as_str());
+        }
+        let mut names: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), Reason::ALL.len());
     }
 }

@@ -117,6 +117,27 @@ pub trait PlacementPolicy: Send + Sync {
     }
 }
 
+/// The reasons a pool's policy can give for a generate request (the `reason` series of
+/// `infergate_placements_total` created at start).
+pub fn reasons(policy: &PolicyConfig) -> &'static [Reason] {
+    match policy {
+        PolicyConfig::RoundRobin => &[Reason::RoundRobin],
+        PolicyConfig::LeastRequest => &[Reason::LeastRequest],
+        PolicyConfig::LoadAware { sessions: None } => &[Reason::LoadAware],
+        PolicyConfig::LoadAware { sessions: Some(_) } => &[
+            Reason::NewSession,
+            Reason::Sticky,
+            Reason::Migrate,
+            Reason::Spill,
+            Reason::Fallback,
+            Reason::Headerless,
+        ],
+        PolicyConfig::PrefixAware { .. } => {
+            &[Reason::PrefixHit, Reason::PrefixMiss, Reason::PrefixGated]
+        }
+    }
+}
+
 /// Build a pool's policy from its config: the one place that maps config to policy types.
 pub fn build(cfg: &PoolConfig) -> Box<dyn PlacementPolicy> {
     match &cfg.policy {

@@ -104,6 +104,8 @@ pub struct Ctx {
     admission: crate::admission::Pass,
     /// Timing and client facts for the access log.
     log: crate::access_log::RequestLog,
+    /// When the request head was read (`infergate_request_duration_seconds`).
+    started: Option<Instant>,
 }
 
 impl Ctx {
@@ -456,7 +458,10 @@ impl ProxyHttp for Router {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        Ctx::default()
+        Ctx {
+            started: Some(Instant::now()),
+            ..Ctx::default()
+        }
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
@@ -578,6 +583,7 @@ impl ProxyHttp for Router {
                         .placements_total
                         .with_label_values(&[&*pool.name, &ep.label, placement.reason.as_str()])
                         .inc();
+                    pool.recent.record(ep.id, placement.reason, now);
                     pool.policy.dispatched(ep.id, &placement.ticket, now);
                 }
                 ctx.placement = Some(placement);
@@ -751,10 +757,8 @@ impl ProxyHttp for Router {
                     ep.prefill_speed.observe(h.estimate(), h.age());
                 }
             }
-            if let (Some(t0), Some(pool), true) = (ctx.dispatched_at, &ctx.pool, success) {
-                self.metrics
-                    .ttfb(&pool.name)
-                    .observe(t0.elapsed().as_secs_f64());
+            if let (Some(t0), Some(ep), true) = (ctx.dispatched_at, &ctx.endpoint, success) {
+                self.metrics.observe_ttfb(ep, t0.elapsed());
             }
         }
         Ok(None)
@@ -862,11 +866,8 @@ impl ProxyHttp for Router {
             self.admission.count(&ctx.admission, code);
         }
         let ep = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());
-        if let (Some(pool), Some(ep)) = (&ctx.pool, ep) {
-            self.metrics
-                .requests_total
-                .with_label_values(&[&*pool.name, &ep.label, code.to_string().as_str()])
-                .inc();
+        if let (Some(_), Some(ep)) = (&ctx.pool, ep) {
+            self.metrics.request_done(ep, code, ctx.started);
         }
         self.log_request(session, e, ctx);
         ctx.finish_hold();

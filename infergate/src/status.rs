@@ -1,0 +1,352 @@
+//! The status page on the metrics listener: `GET /status` serves one self-contained HTML page (inline CSS and
+//! JavaScript, no external assets) that renders the data it was served with and then re-fetches
+//! `GET /status.json` every 2 s; `/status.json` is the same data for scripts.
+//!
+//! The data: every pool (policy, models, sessions held, wait-queue length where a queue exists) and its endpoints
+//! (health, ejection, engine-stats state and last sample, requests and estimated prefill tokens in flight,
+//! learned prefill speed), the pool's placements by reason over the last minute and its latest placements
+//! (`RecentPlacements`, bounded).
+
+use std::collections::VecDeque;
+use std::sync::LazyLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::config::PolicyConfig;
+use crate::metrics::{Metrics, COMMIT, VERSION};
+use crate::placement::Reason;
+use crate::pool::{Health, Pool, Pools};
+
+/// How many placements each pool keeps for the page.
+pub const RECENT_PLACEMENTS: usize = 50;
+/// The window of the per-reason counts, in seconds.
+pub const WINDOW_SECS: u64 = 60;
+
+/// Seconds are counted from here for the per-second buckets.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// A pool's latest placements (at most `RECENT_PLACEMENTS`) and its placements by reason over the last
+/// `WINDOW_SECS` seconds (one bucket per second). Recorded once per generate placement, under a short lock.
+#[derive(Default)]
+pub struct RecentPlacements {
+    inner: Mutex<RecentInner>,
+}
+
+#[derive(Default)]
+struct RecentInner {
+    /// (when, endpoint id, reason), newest last.
+    latest: VecDeque<(Instant, u64, Reason)>,
+    /// (second since EPOCH, count per reason index); a slot is reused when its second is out of the window.
+    buckets: Vec<(u64, [u32; Reason::ALL.len()])>,
+}
+
+impl RecentPlacements {
+    pub fn record(&self, endpoint: u64, reason: Reason, now: Instant) {
+        let sec = now.saturating_duration_since(*EPOCH).as_secs();
+        let mut r = self.inner.lock();
+        if r.latest.len() == RECENT_PLACEMENTS {
+            r.latest.pop_front();
+        }
+        r.latest.push_back((now, endpoint, reason));
+        if r.buckets.is_empty() {
+            r.buckets = vec![(u64::MAX, [0; Reason::ALL.len()]); WINDOW_SECS as usize];
+        }
+        let slot = &mut r.buckets[(sec % WINDOW_SECS) as usize];
+        if slot.0 != sec {
+            *slot = (sec, [0; Reason::ALL.len()]);
+        }
+        slot.1[reason.index()] += 1;
+    }
+
+    /// Placements per reason over the last `WINDOW_SECS` seconds (the current second included).
+    pub fn last_minute(&self, now: Instant) -> [u64; Reason::ALL.len()] {
+        let sec = now.saturating_duration_since(*EPOCH).as_secs();
+        let r = self.inner.lock();
+        let mut out = [0u64; Reason::ALL.len()];
+        for (s, counts) in &r.buckets {
+            if *s != u64::MAX && *s <= sec && sec - s < WINDOW_SECS {
+                for (o, c) in out.iter_mut().zip(counts) {
+                    *o += u64::from(*c);
+                }
+            }
+        }
+        out
+    }
+
+    /// The latest placements, newest first: (when, endpoint id, reason).
+    pub fn latest(&self) -> Vec<(Instant, u64, Reason)> {
+        self.inner.lock().latest.iter().rev().copied().collect()
+    }
+}
+
+/// `/status.json`.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub version: &'static str,
+    pub commit: &'static str,
+    pub uptime_seconds: f64,
+    /// When this snapshot was taken (Unix time, milliseconds).
+    pub time_unix_ms: u64,
+    pub pools: Vec<PoolStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PoolStatus {
+    pub name: String,
+    pub policy: &'static str,
+    pub models: Vec<String>,
+    /// Session bindings held; null for a pool without sessions.
+    pub sessions: Option<u64>,
+    /// Requests waiting in the pool's wait queue; null where the router has no wait queue.
+    pub queue_length: Option<u64>,
+    pub max_in_flight_per_endpoint: Option<u64>,
+    pub endpoints: Vec<EndpointStatus>,
+    /// Placements by reason over the last minute: every reason the pool's policy can give, then any other seen.
+    pub placements_last_minute: Vec<ReasonCount>,
+    /// The latest placements, newest first (at most `RECENT_PLACEMENTS`).
+    pub recent_placements: Vec<RecentPlacement>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EndpointStatus {
+    pub endpoint: String,
+    /// healthy, unhealthy, unknown (not checked yet).
+    pub health: &'static str,
+    /// Kept out of placement by outlier detection.
+    pub ejected: bool,
+    /// Healthy and not ejected.
+    pub available: bool,
+    pub engine_stats: EngineStatsStatus,
+    pub requests_in_flight: u64,
+    pub prefill_tokens: u64,
+    /// Learned prefill speed (estimated tokens per second); null until learned.
+    pub prefill_tokens_per_second: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EngineStatsStatus {
+    /// fresh, stale, missing, down, off.
+    pub state: &'static str,
+    /// Age of the last good sample, if any.
+    pub age_seconds: Option<f64>,
+    pub running: Option<u64>,
+    pub waiting: Option<u64>,
+    pub kv_usage: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReasonCount {
+    pub reason: &'static str,
+    pub count: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RecentPlacement {
+    pub age_seconds: f64,
+    /// The endpoint's label, or null if it has left the pool since.
+    pub endpoint: Option<String>,
+    pub reason: &'static str,
+}
+
+fn policy_name(p: &PolicyConfig) -> &'static str {
+    match p {
+        PolicyConfig::RoundRobin => "round_robin",
+        PolicyConfig::LeastRequest => "least_request",
+        PolicyConfig::LoadAware { sessions: None } => "load_aware",
+        PolicyConfig::LoadAware { sessions: Some(_) } => "load_aware (sessions)",
+        PolicyConfig::PrefixAware { .. } => "prefix_aware",
+    }
+}
+
+fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStatus {
+    let endpoints = pool.endpoints();
+    let eps = endpoints
+        .iter()
+        .map(|e| {
+            let (state, sample) = e.stats.sample(now);
+            let age = sample.map(|(at, _)| now.saturating_duration_since(at).as_secs_f64());
+            let load = sample.map(|(_, l)| l);
+            EndpointStatus {
+                endpoint: e.label.clone(),
+                health: match e.health.get() {
+                    Health::Healthy => "healthy",
+                    Health::Unhealthy => "unhealthy",
+                    Health::Unknown => "unknown",
+                },
+                ejected: e.outlier.is_ejected(),
+                available: e.available(),
+                engine_stats: EngineStatsStatus {
+                    state: state.as_str(),
+                    age_seconds: age,
+                    running: load.map(|l| l.running),
+                    waiting: load.map(|l| l.waiting),
+                    kv_usage: load.map(|l| l.kv_usage),
+                },
+                requests_in_flight: e.load.requests(),
+                prefill_tokens: e.load.prefill_tokens(),
+                prefill_tokens_per_second: e.prefill_speed.tokens_per_sec(),
+            }
+        })
+        .collect();
+    let counts = pool.recent.last_minute(now);
+    let own = pool.reasons();
+    let placements_last_minute = own
+        .iter()
+        .copied()
+        .chain(
+            Reason::ALL
+                .iter()
+                .copied()
+                .filter(|r| !own.contains(r) && counts[r.index()] > 0),
+        )
+        .map(|r| ReasonCount {
+            reason: r.as_str(),
+            count: counts[r.index()],
+        })
+        .collect();
+    let recent_placements = pool
+        .recent
+        .latest()
+        .into_iter()
+        .map(|(at, id, reason)| RecentPlacement {
+            age_seconds: now.saturating_duration_since(at).as_secs_f64(),
+            endpoint: endpoints
+                .iter()
+                .find(|e| e.id == id)
+                .map(|e| e.label.clone()),
+            reason: reason.as_str(),
+        })
+        .collect();
+    PoolStatus {
+        name: pool.name.to_string(),
+        policy: policy_name(&pool.cfg.policy),
+        models: pool.cfg.models.clone(),
+        sessions: pool.policy.session_count().map(|n| n as u64),
+        queue_length,
+        max_in_flight_per_endpoint: pool.cfg.max_in_flight_per_endpoint,
+        endpoints: eps,
+        placements_last_minute,
+        recent_placements,
+    }
+}
+
+/// A snapshot of every pool.
+pub fn snapshot(pools: &Pools, metrics: &Metrics) -> Status {
+    let now = Instant::now();
+    // The wait queue's gauge, where the router has one.
+    let queues = metrics.gauge_by_pool("infergate_queue_length");
+    Status {
+        version: VERSION,
+        commit: COMMIT,
+        uptime_seconds: now.saturating_duration_since(metrics.started).as_secs_f64(),
+        time_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        pools: pools
+            .pools
+            .iter()
+            .map(|p| {
+                let q = queues
+                    .as_ref()
+                    .and_then(|q| q.get(&*p.name))
+                    .map(|v| *v as u64);
+                pool_status(p, q, now)
+            })
+            .collect(),
+    }
+}
+
+/// The page, with `/*STATUS*/null` standing for the data it is served with.
+const PAGE: &str = include_str!("status.html");
+
+/// JSON that is safe inside an HTML `<script>` element (no `</script>`, no `<!--`).
+fn script_json(s: &Status) -> String {
+    serde_json::to_string(s)
+        .unwrap_or_else(|_| "null".into())
+        .replace('<', "\\u003c")
+}
+
+/// The answer to `path` on the metrics listener if it is a status path: (status, content type, body).
+pub fn respond(
+    path: &str,
+    pools: &Pools,
+    metrics: &Metrics,
+) -> Option<(u16, &'static str, Vec<u8>)> {
+    match path {
+        "/status" => {
+            let page = PAGE.replacen("/*STATUS*/null", &script_json(&snapshot(pools, metrics)), 1);
+            Some((200, "text/html; charset=utf-8", page.into_bytes()))
+        }
+        "/status.json" => {
+            let body = serde_json::to_vec(&snapshot(pools, metrics)).unwrap_or_default();
+            Some((200, "application/json", body))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn recent_placements_are_bounded_and_newest_first() {
+        let r = RecentPlacements::default();
+        let t0 = *EPOCH + Duration::from_secs(1000);
+        for i in 0..(RECENT_PLACEMENTS as u64 + 10) {
+            r.record(i, Reason::Sticky, t0);
+        }
+        let latest = r.latest();
+        assert_eq!(latest.len(), RECENT_PLACEMENTS);
+        assert_eq!(latest[0].1, RECENT_PLACEMENTS as u64 + 9);
+        assert_eq!(latest[RECENT_PLACEMENTS - 1].1, 10);
+    }
+
+    #[test]
+    fn reason_counts_cover_the_last_minute_only() {
+        let r = RecentPlacements::default();
+        let t0 = *EPOCH + Duration::from_secs(1000);
+        r.record(1, Reason::Sticky, t0);
+        r.record(1, Reason::Sticky, t0 + Duration::from_millis(300));
+        r.record(2, Reason::Migrate, t0 + Duration::from_secs(30));
+        let at = |s| r.last_minute(t0 + Duration::from_secs(s));
+        assert_eq!(at(30)[Reason::Sticky.index()], 2);
+        assert_eq!(at(30)[Reason::Migrate.index()], 1);
+        assert_eq!(at(59)[Reason::Sticky.index()], 2);
+        assert_eq!(at(60)[Reason::Sticky.index()], 0, "out of the window");
+        assert_eq!(at(60)[Reason::Migrate.index()], 1);
+        assert_eq!(at(90)[Reason::Migrate.index()], 0);
+        // A slot reused a minute later starts from zero.
+        r.record(3, Reason::Spill, t0 + Duration::from_secs(60));
+        assert_eq!(at(60)[Reason::Spill.index()], 1);
+        assert_eq!(at(60)[Reason::Sticky.index()], 0);
+    }
+
+    #[test]
+    fn embedded_json_cannot_close_the_script() {
+        let s = Status {
+            version: "1",
+            commit: "</script><script>alert(1)</script>",
+            uptime_seconds: 0.0,
+            time_unix_ms: 0,
+            pools: vec![],
+        };
+        let j = script_json(&s);
+        assert!(!j.contains('<'), "{j}");
+        let back: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(back["commit"], s.commit);
+    }
+
+    #[test]
+    fn the_page_has_its_placeholder_and_no_external_assets() {
+        assert_eq!(PAGE.matches("/*STATUS*/null").count(), 1);
+        for needle in [
+            "http://", "https://", "//cdn", "@import", "src=\"/", "href=\"/",
+        ] {
+            assert!(!PAGE.contains(needle), "external reference {needle}");
+        }
+    }
+}

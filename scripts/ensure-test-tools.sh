@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the tools the observability tests run (infergate/tests/observe.rs) on Debian: promtool (package
+# `prometheus`) for the alert rules and headless Chromium (`chromium`, plus a font) for the status page.
+# Idempotent; quiet when both are present. Run as root or with sudo.
+set -euo pipefail
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "installing: ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Only promtool is wanted: on a host running systemd the package also starts a Prometheus server on :9090 (the
+# demo's metrics port). Stop it again.
+if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+fi
