@@ -1,0 +1,367 @@
+//! The router's own steps on the request path, called from the hooks in `mod.rs`: placement, the upstream peer,
+//! retries and failures, the answers it writes itself, reading the body; and the small header rules they use.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::Result;
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::Session;
+
+use super::access;
+use super::body::{self, BodyError, BodyLimits};
+use super::errors::ApiError;
+use super::{Ctx, Router, UPSTREAM_IDLE_TIMEOUT};
+use crate::ledger::{ReleaseCause, ReleaseHook};
+use crate::placement::policy::{PlaceRequest, Placement, Snapshot};
+use crate::placement::{self, Reason};
+use crate::pool::{Endpoint, Pool};
+use crate::request::CallKind;
+
+impl Router {
+    pub(super) fn body_limits(&self) -> BodyLimits {
+        BodyLimits {
+            max_bytes: self.cfg.max_body_bytes,
+            deadline: self.cfg.timeouts.request_body,
+            budget_wait: self.cfg.body_budget_wait,
+        }
+    }
+
+    /// The pool for the body's model and the screened path (exposure.rs).
+    pub(super) fn pool_for(&self, ctx: &Ctx) -> std::result::Result<Arc<Pool>, ApiError> {
+        let target = ctx.target.as_ref().ok_or_else(ApiError::internal)?;
+        let i = self
+            .exposure
+            .pool(&self.cfg, ctx.scan.model.as_deref(), target)?;
+        self.pools
+            .pools
+            .get(i)
+            .cloned()
+            .ok_or_else(ApiError::internal)
+    }
+
+    /// The endpoint's shared release callback: counts served estimates and janitor releases.
+    pub(super) fn release_hook(&self, ep: &Arc<Endpoint>) -> ReleaseHook {
+        ep.release_hook
+            .get_or_init(|| {
+                let metrics = self.metrics.clone();
+                let (pool, label) = (ep.pool.clone(), ep.label.clone());
+                let endpoint = Arc::downgrade(ep);
+                Arc::new(move |tokens, served, cause| {
+                    // A late release on a departed endpoint must not bring its deleted series back.
+                    if endpoint
+                        .upgrade()
+                        .is_none_or(|e| e.removed.load(std::sync::atomic::Ordering::Relaxed))
+                    {
+                        return;
+                    }
+                    if served && tokens > 0 {
+                        metrics
+                            .prefill_tokens_estimated_total
+                            .with_label_values(&[&*pool, &label])
+                            .inc_by(tokens);
+                    }
+                    if cause == ReleaseCause::Janitor {
+                        metrics
+                            .janitor_released_total
+                            .with_label_values(&[&*pool, &label])
+                            .inc();
+                        log::warn!("pool {pool} endpoint {label}: janitor released {tokens} prefill tokens of an overdue request");
+                    }
+                })
+            })
+            .clone()
+    }
+
+    /// Write a JSON response the router answers itself.
+    pub(super) async fn respond(
+        &self,
+        session: &mut Session,
+        status: u16,
+        body: Bytes,
+        retry_after: Option<u32>,
+    ) -> Result<()> {
+        let mut resp = ResponseHeader::build(status, Some(4))?;
+        resp.insert_header("content-type", "application/json")?;
+        resp.insert_header("content-length", body.len().to_string())?;
+        if let Some(secs) = retry_after {
+            resp.insert_header("retry-after", secs.to_string())?;
+        }
+        access::echo_request_id(session, &mut resp)?;
+        self.metrics
+            .router_responses_total
+            .with_label_values(&[status.to_string().as_str()])
+            .inc();
+        if status >= 400 {
+            // The request body may be unread: do not reuse the connection.
+            session
+                .as_downstream_mut()
+                .write_error_response(resp, body)
+                .await
+        } else {
+            session.write_response_header(Box::new(resp), false).await?;
+            session.write_response_body(Some(body), true).await
+        }
+    }
+
+    pub(super) async fn respond_error(&self, session: &mut Session, e: &ApiError) -> Result<()> {
+        self.respond(session, e.status, e.body(), e.retry_after)
+            .await
+    }
+
+    pub(super) fn models_body(&self) -> Bytes {
+        let data: Vec<_> = self
+            .pools
+            .model_names()
+            .into_iter()
+            .map(|m| serde_json::json!({"id": m, "object": "model", "owned_by": "infergate"}))
+            .collect();
+        Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string())
+    }
+
+    /// Choose an endpoint for this attempt. None when no eligible endpoint exists.
+    pub(super) fn place(
+        &self,
+        pool: &Pool,
+        ctx: &Ctx,
+        now: Instant,
+    ) -> Option<(Arc<Endpoint>, Placement)> {
+        let endpoints = pool.endpoints();
+        let cands = pool.candidates(&endpoints, &ctx.tried, now);
+        let ids: Vec<u64> = endpoints.iter().map(|e| e.id).collect();
+        let mut rng = fastrand::Rng::new();
+        let req = PlaceRequest {
+            session_key: ctx.session_key.as_deref(),
+            model: ctx.scan.model.as_deref().unwrap_or(""),
+            prompt: &ctx.scan.prompt,
+            body_bytes: ctx.body.as_ref().map_or(0, |b| b.bytes.len() as u64),
+        };
+        let placement = if ctx.kind == CallKind::Generate {
+            let snap = Snapshot {
+                cands: &cands,
+                ids: &ids,
+                now,
+            };
+            let p = pool.policy.place(&req, &snap, &mut rng)?;
+            match self.below_limit(pool, &cands, p.index) {
+                Some(room) => {
+                    let snap = Snapshot {
+                        cands: &room,
+                        ..snap
+                    };
+                    pool.policy.place(&req, &snap, &mut rng).unwrap_or(p)
+                }
+                None => p,
+            }
+        } else {
+            // Passive calls go to the least busy endpoint and count as no placement.
+            let i = placement::least_request(&cands, &mut rng)?;
+            Placement::whole(i, Reason::LeastRequest, &req)
+        };
+        Some((endpoints[placement.index].clone(), placement))
+    }
+
+    /// The same endpoint again for a fresh-connection retry, if it can still take work.
+    pub(super) fn same_endpoint(&self, pool: &Pool, id: u64) -> Option<Arc<Endpoint>> {
+        pool.endpoints()
+            .iter()
+            .find(|e| e.id == id && e.available())
+            .cloned()
+    }
+
+    pub(super) fn estimate(&self, pool: &Pool, bytes: u64) -> u64 {
+        placement::estimate_tokens(
+            bytes,
+            pool.cfg.prefill.bytes_per_token,
+            pool.cfg.prefill.max_tokens,
+        )
+    }
+
+    pub(super) fn peer(&self, ep: &Endpoint, fresh: bool) -> HttpPeer {
+        let mut peer = HttpPeer::new(ep.addr(), false, String::new());
+        let t = &self.cfg.timeouts;
+        peer.options.connection_timeout = Some(t.connect);
+        // Per read, not per response (pingora-notes.md): the longest legitimate silence is the wait for the first
+        // byte (prefill), bounded by response_header, or a gap between chunks, bounded by stream_idle.
+        peer.options.read_timeout = Some(t.response_header.max(t.stream_idle));
+        peer.options.write_timeout = Some(t.stream_idle);
+        peer.options.idle_timeout = Some(UPSTREAM_IDLE_TIMEOUT);
+        if fresh {
+            // A group of its own: no pooled connection matches, so this attempt connects anew.
+            peer.group_key = fastrand::u64(1..);
+        }
+        peer
+    }
+
+    /// An attempt failed before the engine could have started the work: release its hold, remember the endpoint.
+    pub(super) fn note_failed_attempt(&self, ctx: &mut Ctx, why: &str) {
+        ctx.finish_hold();
+        if let (Some(pool), Some(ep)) = (&ctx.pool, ctx.endpoint.take()) {
+            ctx.tried.push(ep.id);
+            self.metrics
+                .retries_total
+                .with_label_values(&[&*pool.name, &ep.label])
+                .inc();
+            log::warn!(
+                "pool {} endpoint {}: {why}; trying another endpoint",
+                pool.name,
+                ep.label
+            );
+            ctx.last_endpoint = Some(ep);
+        }
+    }
+
+    /// Count a failure of the attempt's endpoint for outlier detection (and the ejection it may cause).
+    pub(super) fn record_failure(&self, ctx: &Ctx) {
+        if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
+            if pool.record_failure(ep, Instant::now()).is_some() {
+                self.metrics
+                    .ejections_total
+                    .with_label_values(&[&*pool.name, &ep.label])
+                    .inc();
+            }
+        }
+    }
+
+    /// Retries left for this request (the fresh-connection retry on the same endpoint is not counted).
+    pub(super) fn retries_left(&self, ctx: &Ctx) -> bool {
+        ctx.tried.len() < self.cfg.max_retries
+    }
+
+    /// Read the whole body; Ok(false) when the router has answered (or the client is gone).
+    pub(super) async fn take_body(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let content_length = match content_length(session.req_header()) {
+            Ok(n) => n,
+            Err(e) => {
+                self.respond_error(session, &e).await?;
+                return Ok(false);
+            }
+        };
+        if let Some(n) = content_length.filter(|&n| n > self.cfg.max_body_bytes as u64) {
+            let e = ApiError::body_too_large(self.cfg.max_body_bytes, Some(n));
+            self.respond_error(session, &e).await?;
+            return Ok(false);
+        }
+        if session.as_downstream_mut().is_body_empty() {
+            return Ok(true);
+        }
+        if expects_continue(session.req_header()) {
+            // The client waits for this before sending the body (curl: one second).
+            session
+                .as_downstream_mut()
+                .write_continue_response()
+                .await?;
+        }
+        match body::read_whole(
+            session,
+            content_length,
+            self.body_limits(),
+            &self.body_budget,
+        )
+        .await
+        {
+            Ok(held) => {
+                ctx.body = Some(held);
+                Ok(true)
+            }
+            Err(BodyError::Answer(e)) => {
+                self.respond_error(session, &e).await?;
+                Ok(false)
+            }
+            Err(BodyError::ClientGone(e)) => Err(e),
+        }
+    }
+}
+
+/// When a non-streaming request's tokens are released: its response starts only when generation ends, so at the
+/// estimated prefill end; before a speed is learned, just before the janitor would (an ordinary long generation
+/// is no overdue request, and must not be logged as one).
+pub(super) fn non_streaming_release(
+    estimated_prefill: Option<Duration>,
+    t: &crate::config::Timeouts,
+) -> Duration {
+    let janitor_age = t.response_header + t.stream_idle;
+    estimated_prefill.unwrap_or(janitor_age.saturating_sub(janitor_age / 10))
+}
+
+pub(super) fn remove_if_present(req: &mut RequestHeader, name: &str) {
+    if req.headers.contains_key(name) {
+        req.remove_header(name);
+    }
+}
+
+/// The validated `Content-Length`: None for chunked bodies; several identical headers count as one.
+pub(super) fn content_length(req: &RequestHeader) -> std::result::Result<Option<u64>, ApiError> {
+    let mut value = None;
+    for v in req.headers.get_all(http::header::CONTENT_LENGTH) {
+        let n = v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(ApiError::invalid_content_length)?;
+        if value.is_some_and(|prev| prev != n) {
+            return Err(ApiError::invalid_content_length());
+        }
+        value = Some(n);
+    }
+    Ok(value)
+}
+
+pub(super) fn expects_continue(req: &RequestHeader) -> bool {
+    req.headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(headers: &[(&str, &str)]) -> RequestHeader {
+        let mut r = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
+        for (k, v) in headers {
+            r.append_header(k.to_string(), *v).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn content_length_is_validated_and_duplicates_must_agree() {
+        assert_eq!(content_length(&req(&[])), Ok(None));
+        assert_eq!(
+            content_length(&req(&[("content-length", "12")])),
+            Ok(Some(12))
+        );
+        assert_eq!(
+            content_length(&req(&[("content-length", "12"), ("content-length", "12")])),
+            Ok(Some(12))
+        );
+        assert!(
+            content_length(&req(&[("content-length", "12"), ("content-length", "13")])).is_err()
+        );
+        assert!(content_length(&req(&[("content-length", "x")])).is_err());
+    }
+
+    #[test]
+    fn non_streaming_holds_release_before_the_janitor_looks() {
+        let t = crate::config::Timeouts::default();
+        let janitor_age = t.response_header + t.stream_idle;
+        assert!(non_streaming_release(None, &t) < janitor_age);
+        let short = crate::config::Timeouts {
+            response_header: Duration::from_millis(300),
+            stream_idle: Duration::from_millis(300),
+            ..t
+        };
+        assert!(non_streaming_release(None, &short) < Duration::from_millis(600));
+        let d = Duration::from_millis(1500);
+        assert_eq!(non_streaming_release(Some(d), &t), d);
+    }
+
+    #[test]
+    fn expect_continue_is_recognised() {
+        assert!(expects_continue(&req(&[("expect", "100-Continue")])));
+        assert!(!expects_continue(&req(&[])));
+    }
+}
