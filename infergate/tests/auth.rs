@@ -54,6 +54,13 @@ struct Answer {
     body: serde_json::Value,
 }
 
+/// The status of a small chat request carrying one header (a key).
+async fn chat_as(router: &TestRouter, header: (&str, &str)) -> u16 {
+    call(router, &[header], chat_body(100, false, 1))
+        .await
+        .status
+}
+
 async fn call(router: &TestRouter, headers: &[(&str, &str)], body: String) -> Answer {
     let mut req = client()
         .post(format!("{}/v1/chat/completions", router.url()))
@@ -323,26 +330,8 @@ async fn reloading_keys_rotates_them_and_keeps_the_buckets() {
     let router = start_router(&yaml).await;
     healthy(&router).await;
     let (alice, bob) = (bearer(ALICE), bearer(BOB));
-    assert_eq!(
-        call(
-            &router,
-            &[("authorization", &alice)],
-            chat_body(100, false, 1)
-        )
-        .await
-        .status,
-        200
-    );
-    assert_eq!(
-        call(
-            &router,
-            &[("authorization", &bob)],
-            chat_body(100, false, 1)
-        )
-        .await
-        .status,
-        401
-    );
+    assert_eq!(chat_as(&router, ("authorization", &alice)).await, 200);
+    assert_eq!(chat_as(&router, ("authorization", &bob)).await, 401);
 
     // alice's key is rotated; bob is added.
     let alice2 = "sk-alice-rotated-0000000000";
@@ -352,33 +341,10 @@ async fn reloading_keys_rotates_them_and_keeps_the_buckets() {
         .replace("{metrics}", &router.metrics_addr.to_string());
     let cfg = Config::parse(Path::new("test.yaml"), &text).unwrap();
     router.state.reload_keys(&cfg);
-    assert_eq!(
-        call(
-            &router,
-            &[("authorization", &alice)],
-            chat_body(100, false, 1)
-        )
-        .await
-        .status,
-        401
-    );
-    assert_eq!(
-        call(
-            &router,
-            &[("authorization", &bob)],
-            chat_body(100, false, 1)
-        )
-        .await
-        .status,
-        200
-    );
+    assert_eq!(chat_as(&router, ("authorization", &alice)).await, 401);
+    assert_eq!(chat_as(&router, ("authorization", &bob)).await, 200);
     let a2 = bearer(alice2);
-    assert_eq!(
-        call(&router, &[("authorization", &a2)], chat_body(100, false, 1))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(chat_as(&router, ("authorization", &a2)).await, 200);
     // alice spent one request before the reload and one after: the bucket was kept, so the third is refused.
     let a = call(&router, &[("authorization", &a2)], chat_body(100, false, 1)).await;
     assert_eq!(a.status, 429);
@@ -389,32 +355,14 @@ async fn reloading_keys_rotates_them_and_keeps_the_buckets() {
     let msg = e.to_string();
     assert!(msg.contains("line 2"), "{msg}");
     assert!(!msg.contains("rotated"), "key text in `{msg}`");
-    assert_eq!(
-        call(
-            &router,
-            &[("authorization", &bob)],
-            chat_body(100, false, 1)
-        )
-        .await
-        .status,
-        200
-    );
+    assert_eq!(chat_as(&router, ("authorization", &bob)).await, 200);
 
     // bob leaves: his series go with him.
     std::fs::write(&keys, format!("alice:{alice2}\n")).unwrap();
     router
         .state
         .reload_keys(&Config::parse(Path::new("test.yaml"), &text).unwrap());
-    assert_eq!(
-        call(
-            &router,
-            &[("authorization", &bob)],
-            chat_body(100, false, 1)
-        )
-        .await
-        .status,
-        401
-    );
+    assert_eq!(chat_as(&router, ("authorization", &bob)).await, 401);
     let m = router.metrics_text().await;
     assert!(!m.contains("key=\"bob\""), "{m}");
     router.wait_idle().await;
@@ -514,16 +462,7 @@ async fn requests_per_minute_gives_429_with_retry_after_before_the_body() {
     healthy(&router).await;
     let alice = bearer(ALICE);
     for _ in 0..2 {
-        assert_eq!(
-            call(
-                &router,
-                &[("authorization", &alice)],
-                chat_body(100, false, 1)
-            )
-            .await
-            .status,
-            200
-        );
+        assert_eq!(chat_as(&router, ("authorization", &alice)).await, 200);
     }
     let a = call(
         &router,
@@ -545,12 +484,7 @@ async fn requests_per_minute_gives_429_with_retry_after_before_the_body() {
     assert!(raw.to_ascii_lowercase().contains("retry-after: "), "{raw}");
     // bob has no limits.
     for _ in 0..4 {
-        assert_eq!(
-            call(&router, &[("x-api-key", BOB)], chat_body(100, false, 1))
-                .await
-                .status,
-            200
-        );
+        assert_eq!(chat_as(&router, ("x-api-key", BOB)).await, 200);
     }
     assert_eq!(generate_requests(&eng).len(), 6);
     let m = metrics_until(
@@ -598,16 +532,7 @@ async fn prompt_tokens_per_minute_charges_the_estimate() {
     let secs: u32 = a.retry_after.unwrap().parse().unwrap();
     assert!(secs <= want && secs + 1 >= want, "{secs} vs {want}");
     // A small request still fits.
-    assert_eq!(
-        call(
-            &router,
-            &[("authorization", &alice)],
-            chat_body(100, false, 1)
-        )
-        .await
-        .status,
-        200
-    );
+    assert_eq!(chat_as(&router, ("authorization", &alice)).await, 200);
     assert_eq!(generate_requests(&eng).len(), 2);
     router.wait_idle().await;
     let _ = std::fs::remove_file(keys);
@@ -647,20 +572,10 @@ async fn concurrent_requests_are_limited_per_key() {
         .unwrap()
         .contains("concurrent requests"));
     // Another key is not affected.
-    assert_eq!(
-        call(&router, &[("x-api-key", BOB)], chat_body(100, false, 1))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(chat_as(&router, ("x-api-key", BOB)).await, 200);
     assert_eq!(first.await.unwrap().unwrap(), 200);
     // The slot came back with the first request.
-    assert_eq!(
-        call(&router, &[("x-api-key", ALICE)], chat_body(100, false, 1))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(chat_as(&router, ("x-api-key", ALICE)).await, 200);
     eng.control.set_slow_headers(Duration::ZERO);
     router.wait_idle().await;
     let _ = std::fs::remove_file(keys);
