@@ -8,7 +8,7 @@
 //! canonically), so the engine sees exactly the path that was allowed.
 //!
 //! Allowed by default: `POST` to the generation, embedding, Anthropic messages and tokenizer routes, `GET
-//! /v1/models` and `GET /health` (both answered by the router) and `GET /v1/models/{id}`. Everything else is a 404
+//! /v1/models`, `GET /v1/models/{id}` and `GET /health` (all answered by the router). Everything else is a 404
 //! from the router unless listed in `expose_paths` (any method): at the top level for every pool, or in a pool
 //! for that pool only.
 
@@ -231,6 +231,17 @@ pub struct Screened {
 }
 
 impl Screened {
+    /// The id of a `GET /v1/models/{id}` (decoded), if this is one and it is not an exposed path.
+    pub fn model_id(&self) -> Option<&str> {
+        if self.method != "GET" || !matches!(self.route, Route::Api) {
+            return None;
+        }
+        self.target
+            .path
+            .strip_prefix(MODEL_PREFIX)
+            .filter(|id| !id.is_empty())
+    }
+
     /// Send the normalised target upstream instead of the one the client wrote.
     pub fn set_upstream_target(&self, req: &mut RequestHeader) -> pingora_error::Result<()> {
         let upstream = self.target.upstream();

@@ -156,17 +156,16 @@ async fn the_engine_receives_the_normalised_path() {
             "{target}"
         );
     }
-    // GET /v1/models/{id} is forwarded (the engine's answer passes through).
+    // GET /v1/models/{id} (models.retrieve) is answered by the router from its model list (vLLM serves only
+    // the list); the path is matched normalised (trailing slash) and nothing reaches an engine.
     eng.clear_requests();
-    let (status, _) = raw(router.addr, "GET", "/v1/models/sim-model/", "").await;
-    assert_eq!(
-        status, 404,
-        "engine-sim has no such route; its answer passes through"
-    );
-    assert_eq!(
-        received(&eng),
-        vec![("GET".to_string(), "/v1/models/sim-model".to_string())]
-    );
+    let (status, body) = raw(router.addr, "GET", "/v1/models/sim-model/", "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""id":"sim-model""#), "{body}");
+    let (status, body) = raw(router.addr, "GET", "/v1/models/other", "").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("model_not_found"), "{body}");
+    assert_eq!(received(&eng), vec![]);
     router.wait_idle().await;
 }
 

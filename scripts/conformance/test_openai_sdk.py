@@ -194,6 +194,17 @@ def test_models_list(client):
     assert sorted(m.id for m in client.models.list()) == ["m1", "m2"]
 
 
+@MODELS
+def test_models_retrieve(client, model):
+    assert client.models.retrieve(model).id == model
+
+
+def test_models_retrieve_unknown_raises_not_found(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("no-such-model")
+    assert e.value.body["code"] == "model_not_found"
+
+
 @pytest.mark.parametrize("size", [100 * KIB, MIB], ids=["100KiB", "1MiB"])
 @MODELS
 def test_big_prompt_reaches_its_pool_intact(client, model, size):

@@ -225,6 +225,18 @@ impl ProxyHttp for Router {
             }
             CallKind::Generate | CallKind::Passive => {}
         }
+        // `GET /v1/models/{id}` (the SDKs' `models.retrieve`): answered from the router's model list, since the
+        // model may live in any pool (and vLLM itself serves only the list).
+        if let Some(id) = ctx.target.as_ref().and_then(Screened::model_id) {
+            match self.model_body(id) {
+                Some(body) => self.respond(session, 200, body, None).await?,
+                None => {
+                    self.respond_error(session, &ApiError::model_not_found(Some(id)))
+                        .await?
+                }
+            }
+            return Ok(true);
+        }
 
         if !self.take_body(session, ctx).await? {
             return Ok(true);

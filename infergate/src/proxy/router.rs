@@ -121,6 +121,17 @@ impl Router {
         Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string())
     }
 
+    /// One model as `GET /v1/models/{id}` answers it; None when no pool serves it.
+    pub(super) fn model_body(&self, id: &str) -> Option<Bytes> {
+        let known = self.pools.model_names().iter().any(|m| m == id);
+        known.then(|| {
+            Bytes::from(
+                serde_json::json!({"id": id, "object": "model", "owned_by": "infergate"})
+                    .to_string(),
+            )
+        })
+    }
+
     /// Choose an endpoint for this attempt. None when no eligible endpoint exists.
     pub(super) fn place(
         &self,
