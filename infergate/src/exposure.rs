@@ -8,7 +8,7 @@
 //! canonically), so the engine sees exactly the path that was allowed.
 //!
 //! Allowed by default: `POST` to the generation, embedding, Anthropic messages and tokenizer routes, `GET
-//! /v1/models`, `GET /v1/models/{id}` and `GET /health` (all answered by the router). Everything else is a 404
+//! /v1/models`, `GET /v1/models/{id}` and `GET /health` (the three GETs answered by the router). Everything else is a 404
 //! from the router unless listed in `expose_paths` (any method): at the top level for every pool, or in a pool
 //! for that pool only.
 
