@@ -365,18 +365,16 @@ impl Metrics {
 
     /// Count a finished request of `ep` by its final status `code` and observe its duration since `started`.
     /// Not for a departed endpoint: a stream that outlived its endpoint must not bring the deleted series back.
-    pub fn request_done(&self, ep: &Endpoint, code: u16, started: Option<Instant>) {
+    pub fn request_done(&self, ep: &Endpoint, code: u16, started: Instant) {
         if ep.removed.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
         self.requests_total
             .with_label_values(&[&*ep.pool, &ep.label, code.to_string().as_str()])
             .inc();
-        if let Some(t0) = started {
-            self.request_duration
-                .with_label_values(&[&*ep.pool, &ep.label])
-                .observe(t0.elapsed().as_secs_f64());
-        }
+        self.request_duration
+            .with_label_values(&[&*ep.pool, &ep.label])
+            .observe(started.elapsed().as_secs_f64());
     }
 
     /// The values of gauge `name` by its `pool` label, if the registry has such a gauge (the status page reads

@@ -103,10 +103,8 @@ pub struct Ctx {
     answered: Option<u16>,
     /// The client key and its concurrency slot (given back when the context drops).
     admission: crate::admission::Pass,
-    /// Timing and client facts for the access log.
+    /// Timing and client facts for the access log; its `start` also times `infergate_request_duration_seconds`.
     log: crate::access_log::RequestLog,
-    /// When the request head was read (`infergate_request_duration_seconds`).
-    started: Option<Instant>,
 }
 
 impl Ctx {
@@ -171,10 +169,7 @@ impl ProxyHttp for Router {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        Ctx {
-            started: Some(Instant::now()),
-            ..Ctx::default()
-        }
+        Ctx::default()
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
@@ -592,7 +587,7 @@ impl ProxyHttp for Router {
         }
         let ep = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());
         if let (Some(_), Some(ep)) = (&ctx.pool, ep) {
-            self.metrics.request_done(ep, code, ctx.started);
+            self.metrics.request_done(ep, code, ctx.log.start);
         }
         self.log_request(session, e, ctx);
         ctx.finish_hold();
