@@ -464,16 +464,15 @@ impl Pool {
                 max_in_flight: self.cfg.max_in_flight_per_endpoint,
             })
             .collect();
-        let ejected: Vec<bool> = endpoints.iter().map(|e| e.outlier.is_ejected()).collect();
-        let saturated: Vec<bool> = endpoints
+        // Per endpoint: ejected, saturated. Each filter applies only if something eligible survives it.
+        let state: Vec<(bool, bool)> = endpoints
             .iter()
-            .map(|e| e.outlier.is_saturated(now))
+            .map(|e| (e.outlier.is_ejected(), e.outlier.is_saturated(now)))
             .collect();
-        for out in [ejected, saturated] {
-            let keep: Vec<bool> = out.into_iter().map(|o| !o).collect();
-            if cands.iter().zip(&keep).any(|(c, &k)| c.eligible && k) {
-                for (c, k) in cands.iter_mut().zip(keep) {
-                    c.eligible &= k;
+        for out in [|s: &(bool, bool)| s.0, |s: &(bool, bool)| s.1] {
+            if cands.iter().zip(&state).any(|(c, s)| c.eligible && !out(s)) {
+                for (c, s) in cands.iter_mut().zip(&state) {
+                    c.eligible &= !out(s);
                 }
             }
         }
