@@ -3,7 +3,8 @@
 #   1. scripts/install.sh stages the install under a temporary root;
 #   2. the service user can read the configuration (the unit's ExecStartPre `infergate -t`, run as that user),
 #      and a user outside its group cannot;
-#   3. the installed configuration uses the unit's paths (PIDFile=, RuntimeDirectory=) and daemon_wait_for_ready;
+#   3. the installed configuration uses the unit's paths (PIDFile=, RuntimeDirectory=, StateDirectory=) and
+#      daemon_wait_for_ready;
 #   4. `systemd-analyze verify` accepts the unit without a single warning;
 #   5. `systemd-analyze security --offline=true` rates it at most 2.5.
 # The test suite runs it (infergate/tests/deploy.rs). It installs Debian's `systemd` package when
@@ -96,7 +97,11 @@ yaml() { sed -n "s/^ *$1: *\([^ #]*\).*/\1/p" "$conf" | head -1; }
 case "$(yaml upgrade_sock)" in "$rundir"/*) ;; *) fail "config upgrade_sock $(yaml upgrade_sock) is outside $rundir" ;; esac
 [ "$(yaml daemon_wait_for_ready)" = true ] || fail "config lacks daemon_wait_for_ready: true"
 grep -q -- "-t -c /etc/infergate/infergate.yaml" "$unit" || fail "the unit does not validate /etc/infergate/infergate.yaml"
-ok "config pid_file = PIDFile=$pidfile, upgrade_sock in $rundir, daemon_wait_for_ready: true"
+statedir="/var/lib/$(sed -n 's/^StateDirectory=//p' "$unit")"
+[ "$statedir" != /var/lib/ ] || fail "the unit has no StateDirectory= for the session state file"
+state="$(sed -n 's/^state_file: *{ *path: *\([^ ,}]*\).*/\1/p' "$conf" | head -1)"
+case "$state" in "$statedir"/*) ;; *) fail "config state_file path '$state' is outside the unit's $statedir" ;; esac
+ok "config pid_file = PIDFile=$pidfile, upgrade_sock in $rundir, daemon_wait_for_ready: true, state_file in $statedir"
 
 # 4. verify: against the staged tree (the binary there) and the host's own units (targets it refers to).
 mkdir -p "$stage/usr/lib/systemd"
