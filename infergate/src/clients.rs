@@ -436,9 +436,11 @@ impl std::fmt::Debug for GuardedStream {
 }
 
 /// `early_request_filter`: the request header is in, so its deadline is off; and the connection, if it is kept
-/// alive, waits at most `idle` for its next request (Pingora keeps HTTP/1.1 connections forever by default).
-pub fn header_received(session: &mut Session, idle: Duration) {
+/// alive, waits at most `idle` for its next request (Pingora keeps HTTP/1.1 connections forever by default); a write
+/// to the client that makes no progress for `write` fails the request (Pingora sets no write timeout by default).
+pub fn header_received(session: &mut Session, idle: Duration, write: Duration) {
     let downstream = session.as_downstream_mut();
+    downstream.set_write_timeout(Some(write));
     if let ServerSession::H1(h1) = &*downstream {
         if let Some(g) = GuardedStream::of(h1.stream()) {
             g.conn.phase.store(OFF, Ordering::Release);

@@ -224,6 +224,57 @@ async fn a_stalled_body_gets_408_json_at_request_body() {
         .all(|r| r.path != "/v1/chat/completions"));
 }
 
+/// A streaming client that stops reading (its receive window full) is cut off at `timeouts.client_write`: the
+/// request ends, its load is released and the engine's generation is aborted instead of waiting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_a_stream_is_cut_off_at_client_write() {
+    // Instant engine: it produces tokens as fast as the router reads them.
+    let eng = sim::spawn_engine(SimConfig {
+        time_scale: 0.0,
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    let router = router(&eng, "client_write: 1s", "").await;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut s = sock.connect(router.addr).await.unwrap();
+    let body = r#"{"model":"m","stream":true,"max_tokens":5000000,"messages":[{"role":"user","content":"hi"}]}"#;
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    // Never read: the socket buffers fill, then every write to the client blocks.
+    router
+        .wait_for("the stream started", Duration::from_secs(10), |r| {
+            r.totals().1 == 1
+        })
+        .await;
+    router
+        .wait_for(
+            "the stalled stream ended (client_write 1s)",
+            Duration::from_secs(30),
+            |r| r.totals() == (0, 0),
+        )
+        .await;
+    let start = Instant::now();
+    while eng.stats().running > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the engine still runs the generation"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(eng.stats().aborted, 1, "the generation was aborted");
+    drop(s);
+}
+
 /// `infergate_client_connections` from the metrics port, polled until it equals `n`.
 async fn wait_open(router: &TestRouter, n: f64) {
     let start = Instant::now();

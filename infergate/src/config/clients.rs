@@ -1,4 +1,5 @@
-//! Limits on clients: `timeouts.request_header`, `timeouts.client_idle` and `max_client_connections`.
+//! Limits on clients: `timeouts.request_header`, `timeouts.client_idle`, `timeouts.client_write` and
+//! `max_client_connections`.
 
 use std::time::Duration;
 
@@ -9,6 +10,8 @@ use super::ConfigError;
 pub const DEFAULT_REQUEST_HEADER: Duration = Duration::from_secs(10);
 /// Default `timeouts.client_idle`: a keep-alive connection waits this long for the next request.
 pub const DEFAULT_CLIENT_IDLE: Duration = Duration::from_secs(60);
+/// Default `timeouts.client_write`: a write to the client may make no progress for this long.
+pub const DEFAULT_CLIENT_WRITE: Duration = Duration::from_secs(60);
 /// Default `max_client_connections` (before the file-descriptor limit is applied, see `crate::clients`).
 pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u64 = 10_000;
 
@@ -42,18 +45,25 @@ mod tests {
         let c = parse(POOL).unwrap();
         assert_eq!(c.timeouts.request_header, Duration::from_secs(10));
         assert_eq!(c.timeouts.client_idle, Duration::from_secs(60));
+        assert_eq!(c.timeouts.client_write, Duration::from_secs(60));
         assert_eq!(c.max_client_connections, 10_000);
     }
 
     #[test]
     fn values_and_checks() {
         let c = parse(&format!(
-            "timeouts: {{ request_header: 500ms, client_idle: 1500ms }}\nmax_client_connections: 3\n{POOL}"
+            "timeouts: {{ request_header: 500ms, client_idle: 1500ms, client_write: 2s }}\nmax_client_connections: 3\n{POOL}"
         ))
         .unwrap();
         assert_eq!(c.timeouts.request_header, Duration::from_millis(500));
         assert_eq!(c.timeouts.client_idle, Duration::from_secs(2), "rounded up");
+        assert_eq!(c.timeouts.client_write, Duration::from_secs(2));
         assert_eq!(c.max_client_connections, 3);
+        assert_err(
+            &format!("timeouts: {{ client_write: 0s }}\n{POOL}"),
+            "timeouts.client_write",
+            &["greater than zero"],
+        );
         assert_err(
             &format!("timeouts: {{ client_idle: 500ms }}\n{POOL}"),
             "timeouts.client_idle",

@@ -95,6 +95,9 @@ pub struct Timeouts {
     pub request_header: Duration,
     /// A keep-alive client connection is closed after this long without a request (default 60s, whole seconds).
     pub client_idle: Duration,
+    /// A write to the client that makes no progress for this long ends the request (default 60s): a client that
+    /// stopped reading a stream would otherwise hold its engine slot forever.
+    pub client_write: Duration,
 }
 
 /// A configuration error: `{file}: {key path}: {reason}`.
@@ -176,6 +179,7 @@ impl Default for Timeouts {
             request_body: Duration::from_secs(60),
             request_header: clients::DEFAULT_REQUEST_HEADER,
             client_idle: clients::DEFAULT_CLIENT_IDLE,
+            client_write: clients::DEFAULT_CLIENT_WRITE,
         }
     }
 }
@@ -278,14 +282,15 @@ impl Config {
 
 impl Timeouts {
     fn read(n: Node<'_>) -> Result<Timeouts, ConfigError> {
-        let [connect, response_header, stream_idle, request_body, request_header, client_idle] = n
-            .keys([
+        let [connect, response_header, stream_idle, request_body, request_header, client_idle, client_write] =
+            n.keys([
                 "connect",
                 "response_header",
                 "stream_idle",
                 "request_body",
                 "request_header",
                 "client_idle",
+                "client_write",
             ])?;
         let d = Timeouts::default();
         Ok(Timeouts {
@@ -295,6 +300,7 @@ impl Timeouts {
             request_body: request_body.duration_or(d.request_body)?,
             request_header: request_header.duration_or(d.request_header)?,
             client_idle: clients::client_idle(&client_idle)?,
+            client_write: client_write.duration_or(d.client_write)?,
         })
     }
 }

@@ -173,8 +173,10 @@ impl ProxyHttp for Router {
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
-        // The header is in: its deadline is off, and a kept-alive connection may idle timeouts.client_idle.
-        crate::clients::header_received(session, self.cfg.timeouts.client_idle);
+        // The header is in: its deadline is off, a kept-alive connection may idle timeouts.client_idle, and a
+        // write to a client that stopped reading gives up after timeouts.client_write.
+        let t = &self.cfg.timeouts;
+        crate::clients::header_received(session, t.client_idle, t.client_write);
         crate::request_id::assign(session.req_header_mut());
         // A client may send the next request before reading this response (RFC 9112 §9.3.2): serve them in
         // order instead of dropping the connection and the requests behind it.
