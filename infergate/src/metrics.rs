@@ -93,6 +93,7 @@ pub struct Metrics {
     pub queue_length: IntGaugeVec,
     pub queue_wait_seconds: HistogramVec,
     pub queue_rejected_total: IntCounterVec,
+    pub queue_abandoned_total: IntCounterVec,
 }
 
 fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
@@ -261,6 +262,12 @@ impl Metrics {
                 "infergate_queue_rejected_total",
                 "Requests answered 503 by the pool's wait queue, by reason (full, timeout).",
                 &["pool", "reason"],
+            ),
+            queue_abandoned_total: counter(
+                &registry,
+                "infergate_queue_abandoned_total",
+                "Requests whose client closed its connection while waiting in the pool's wait queue; none reached an engine.",
+                &["pool"],
             ),
             registry,
         })

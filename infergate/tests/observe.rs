@@ -304,6 +304,7 @@ async fn client_key_and_wait_queue_series_exist_from_start_and_the_page_shows_th
             "infergate_queue_rejected_total",
             vec![p, "reason=\"timeout\""],
         ),
+        ("infergate_queue_abandoned_total", vec![p]),
     ] {
         assert_eq!(metric_value(&m, name, &labels), Some(0.0), "{name}");
     }

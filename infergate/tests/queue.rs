@@ -279,3 +279,61 @@ async fn with_a_queue_the_in_flight_limit_is_hard_across_endpoints() {
     assert!(waited >= 8.0, "{waited} requests waited");
     router.wait_idle().await;
 }
+
+/// A client that closes its connection while waiting leaves the queue at once: it neither keeps its place (the
+/// request behind it moves up) nor reaches an engine when a slot frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_closes_while_waiting_leaves_the_queue_and_never_reaches_an_engine() {
+    use tokio::io::AsyncWriteExt;
+    let eng = engine(Duration::from_millis(1500)).await;
+    let router = router(&eng, "{ max_length: 8, max_wait: 10s }", "").await;
+    let first = spawn(&router.url(), None, chat_body(300, false, 1));
+    router
+        .wait_for("first in flight", Duration::from_secs(5), |r| {
+            r.totals().1 == 1
+        })
+        .await;
+    let body = chat_body(500, false, 1);
+    let mut gone = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    gone.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    queued(&router, 1).await;
+    let third = spawn(&router.url(), None, chat_body(700, false, 1));
+    queued(&router, 2).await;
+    let closed_at = Instant::now();
+    drop(gone);
+    queued(&router, 1).await;
+    assert!(
+        closed_at.elapsed() < Duration::from_secs(1),
+        "left the queue {:?} after closing, while the slot was still taken",
+        closed_at.elapsed()
+    );
+    let (a, c) = (first.await.unwrap(), third.await.unwrap());
+    assert_eq!((a.status, c.status), (200, 200));
+    let sizes: Vec<usize> = generate_requests(&eng).iter().map(|r| r.body_len).collect();
+    assert_eq!(
+        sizes.len(),
+        2,
+        "the engine got only the live requests: {sizes:?}"
+    );
+    let m = router.metrics_text().await;
+    assert_eq!(
+        metric_value(&m, "infergate_queue_abandoned_total", &["pool=\"default\""]),
+        Some(1.0)
+    );
+    // Counted as "no response" (code 0), not as an error the router answered.
+    assert_eq!(
+        metric_value(&m, "infergate_client_requests_total", &["code=\"0\""]),
+        Some(1.0),
+        "{m}"
+    );
+    router.wait_idle().await;
+}

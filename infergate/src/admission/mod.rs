@@ -125,6 +125,7 @@ impl Admission {
                     timeout: metrics
                         .queue_rejected_total
                         .with_label_values(&[name, "timeout"]),
+                    abandoned: metrics.queue_abandoned_total.with_label_values(&[name]),
                 };
                 Some((p.name.clone(), PoolQueue::new(q, m)))
             })

@@ -81,6 +81,8 @@ pub struct QueueMetrics {
     pub wait: Histogram,
     pub full: IntCounter,
     pub timeout: IntCounter,
+    /// The client closed its connection while waiting.
+    pub abandoned: IntCounter,
 }
 
 struct State {
@@ -167,6 +169,11 @@ impl PoolQueue {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// A waiting request's client closed its connection (its ticket has already left the queue).
+    pub fn count_abandoned(&self) {
+        self.metrics.abandoned.inc();
     }
 
     /// A request slot of the pool was freed: let the head look again.
@@ -289,6 +296,7 @@ mod tests {
             wait: Histogram::with_opts(prometheus::HistogramOpts::new("w", "w")).unwrap(),
             full: IntCounter::new("f", "f").unwrap(),
             timeout: IntCounter::new("t", "t").unwrap(),
+            abandoned: IntCounter::new("a", "a").unwrap(),
         }
     }
 

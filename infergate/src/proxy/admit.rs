@@ -69,7 +69,13 @@ impl Router {
     /// In a pool with a wait queue, a generate request's first placement waits for its turn (see
     /// `admission::queue`); keep the turn until the request's hold exists. Retries and passive calls do not wait.
     /// A refusal is left in `ctx.error` for `fail_to_proxy` (503 with Retry-After).
-    pub(super) async fn wait_turn(&self, pool: &Pool, ctx: &mut Ctx) -> Result<Option<Turn>> {
+    /// A client that closes its connection while waiting leaves the queue at once.
+    pub(super) async fn wait_turn(
+        &self,
+        session: &mut Session,
+        pool: &Pool,
+        ctx: &mut Ctx,
+    ) -> Result<Option<Turn>> {
         let Some(q) = self.admission.queue(&pool.name) else {
             return Ok(None);
         };
@@ -78,7 +84,16 @@ impl Router {
         }
         let key: Arc<str> = Arc::from(ctx.admission.key());
         let room = || queue::room(&pool.candidates(&pool.endpoints(), &[], Instant::now()));
-        match q.turn(key, room).await {
+        let waited = tokio::select! {
+            biased;
+            waited = q.turn(key, room) => waited,
+            closed = client_closed(session) => {
+                // Dropping the turn's future took its ticket out of the queue.
+                q.count_abandoned();
+                return Err(closed);
+            }
+        };
+        match waited {
             Ok(turn) => Ok(Some(turn)),
             Err(refusal) => {
                 let secs = q.config().max_wait.as_secs_f64().ceil().max(1.0) as u32;
@@ -113,6 +128,18 @@ impl Router {
         if let Some(q) = self.admission.queue(&pool.name) {
             let q = q.clone();
             hold.on_finish(Arc::new(move || q.wake()));
+        }
+    }
+}
+
+/// Resolves when the client closes its connection (the body is read whole before routing, so the only thing left
+/// to read is the end of the connection). Bytes of a pipelined next request are kept for it by Pingora, and this
+/// stays pending.
+async fn client_closed(session: &mut Session) -> Box<Error> {
+    loop {
+        match session.as_downstream_mut().read_body_or_idle(true).await {
+            Err(e) => return e.into_down(),
+            Ok(_) => std::future::pending::<()>().await,
         }
     }
 }

@@ -263,7 +263,7 @@ impl ProxyHttp for Router {
         Ok(false)
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         let Some(pool) = ctx.pool.clone() else {
             return Error::e_explain(ErrorType::InternalError, "no pool chosen");
         };
@@ -273,7 +273,7 @@ impl ProxyHttp for Router {
         ctx.upstream_status = None;
         ctx.first_byte_seen = false;
         // Held until this attempt's hold exists (end of this function).
-        let _turn = self.wait_turn(&pool, ctx).await?;
+        let _turn = self.wait_turn(session, &pool, ctx).await?;
         let now = Instant::now();
 
         let fresh = ctx.fresh_retry.take();
