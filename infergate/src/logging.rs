@@ -6,9 +6,10 @@
 //! `RUST_LOG=pingora_proxy=trace`. Setting [`UNCAP_ENV`] to `1` lifts it for debugging, with a warning printed at
 //! start; never in production.
 //!
-//! Two Pingora messages are logged at another level than Pingora's, because nothing failed when they appear (see
+//! Some Pingora errors are logged at info, because nothing in the router failed when they appear (see
 //! [`RECLASSIFIED`]): the retry notice of a new instance waiting for the old one's sockets in a graceful upgrade,
-//! and the connection pool losing a race with its own idle watcher (the request goes on over a new connection).
+//! the connection pool losing a race with its own idle watcher (the request goes on over a new connection), and
+//! a client that closed, reset or sent garbage.
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
@@ -45,10 +46,30 @@ const UPGRADE_WAIT_MESSAGE: &str = "No incoming socket transfer";
 const POOL_RACE_TARGET: &str = "pingora_core::connectors";
 const POOL_RACE_MESSAGE: &str = "failed to acquire reusable stream";
 
-/// (target, message prefix): Pingora errors that are logged at info instead.
-const RECLASSIFIED: &[(&str, &str)] = &[
-    (UPGRADE_WAIT_TARGET, UPGRADE_WAIT_MESSAGE),
-    (POOL_RACE_TARGET, POOL_RACE_MESSAGE),
+/// Pingora logs a client that goes away or sends garbage (closed or reset while sending its header or body, a
+/// malformed header, a write to a client that stopped reading) at error, once per connection: client behaviour, not
+/// a router fault, and at error it buries real faults (nginx logs "client prematurely closed connection" at info).
+/// Upstream failures stay errors.
+const CLIENT_GONE_TARGET: &str = "pingora_proxy";
+fn is_client_side(message: &str) -> bool {
+    if message.starts_with("Fail to proxy: Downstream ") {
+        return true;
+    }
+    message
+        .strip_prefix("Fail to filter request:")
+        .map(str::trim_start)
+        .is_some_and(|rest| {
+            rest.starts_with("ConnectionClosed")
+                || rest.starts_with("ReadError")
+                || rest.starts_with("Downstream ")
+        })
+}
+
+/// (target, message test): Pingora errors that are logged at info instead.
+const RECLASSIFIED: &[(&str, fn(&str) -> bool)] = &[
+    (UPGRADE_WAIT_TARGET, |m| m.starts_with(UPGRADE_WAIT_MESSAGE)),
+    (POOL_RACE_TARGET, |m| m.starts_with(POOL_RACE_MESSAGE)),
+    (CLIENT_GONE_TARGET, is_client_side),
 ];
 
 /// The level a record is logged at instead of its own, for Pingora's messages that are not what their level says.
@@ -56,14 +77,16 @@ fn reclassified(r: &Record<'_>) -> Option<Level> {
     if r.level() != Level::Error {
         return None;
     }
-    let known = RECLASSIFIED.iter().any(|(target, message)| {
-        r.target() == *target
-            && match r.args().as_str() {
-                Some(s) => s.starts_with(message),
-                None => r.args().to_string().starts_with(message),
-            }
-    });
-    known.then_some(Level::Info)
+    let mut rule = RECLASSIFIED
+        .iter()
+        .filter(|(target, _)| r.target() == *target)
+        .peekable();
+    rule.peek()?;
+    let message = match r.args().as_str() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(r.args().to_string()),
+    };
+    rule.any(|(_, test)| test(&message)).then_some(Level::Info)
 }
 
 struct Capped {
@@ -123,7 +146,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_upgrade_wait_notice_and_the_pool_race_are_info_and_giving_up_stays_an_error() {
+    fn benign_pingora_errors_are_info_and_real_ones_stay_errors() {
         let level = |target: &str, level: Level, msg: &str| {
             reclassified(
                 &Record::builder()
@@ -147,6 +170,24 @@ mod tests {
             Some(Level::Info)
         );
         assert_eq!(level("pingora_core::server", Level::Error, race), None);
+        // Messages as Pingora 0.9.1 prints them (seen with a client closing mid-header, mid-body, resetting).
+        for client in [
+            "Fail to proxy: Downstream ConnectionClosed context: while reading request headers, bytes already read: 55, downstream session type: h1",
+            "Fail to filter request:  ConnectionClosed context: Peer prematurely closed connection with 95 bytes of body remaining to read, status: 500, POST /v1/chat/completions, Host: x",
+            "Fail to proxy: Downstream ReadError context: while reading request headers cause: Connection reset by peer (os error 104), downstream session type: h1",
+        ] {
+            assert_eq!(level("pingora_proxy", Level::Error, client), Some(Level::Info), "{client}");
+        }
+        for upstream in [
+            "Fail to proxy: Upstream ConnectRefused context: ...",
+            "Fail to filter request:  InternalError context: ...",
+        ] {
+            assert_eq!(
+                level("pingora_proxy", Level::Error, upstream),
+                None,
+                "{upstream}"
+            );
+        }
     }
 
     #[test]
