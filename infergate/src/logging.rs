@@ -65,8 +65,11 @@ fn is_client_side(message: &str) -> bool {
         })
 }
 
+/// Whether a message of the rule's target is one of its benign errors.
+type MessageTest = fn(&str) -> bool;
+
 /// (target, message test): Pingora errors that are logged at info instead.
-const RECLASSIFIED: &[(&str, fn(&str) -> bool)] = &[
+const RECLASSIFIED: &[(&str, MessageTest)] = &[
     (UPGRADE_WAIT_TARGET, |m| m.starts_with(UPGRADE_WAIT_MESSAGE)),
     (POOL_RACE_TARGET, |m| m.starts_with(POOL_RACE_MESSAGE)),
     (CLIENT_GONE_TARGET, is_client_side),
