@@ -284,8 +284,16 @@ impl Admission {
     }
 }
 
-/// Warn about every listener reachable from outside the host while auth is off.
+/// Warn about every listener reachable from outside the host while auth is off, and about a metrics listener
+/// reachable from outside (it has no authentication of its own).
 pub fn warn_if_open(cfg: &Config) {
+    if let Some(addr) = cfg.metrics_listen.as_deref().filter(|a| !is_loopback(a)) {
+        log::warn!(
+            "metrics listener {addr} is not loopback-only: /metrics, /status and /status.json (pools, endpoint \
+             addresses, load, placement reasons) answer anyone who reaches it, without authentication; keep it on a \
+             private network or firewall it"
+        );
+    }
     if cfg.auth.is_some() {
         return;
     }
