@@ -8,7 +8,8 @@
 # Usage: scripts/bench-replicas.sh [--md FILE]
 # Knobs (environment), defaults as scripts/bench.sh: TIME_SCALE (0.2), SESSIONS_PER_ENGINE (40),
 # RATE_PER_ENGINE (0.5), OUTPUT_TOKENS (16-160), SEED (7), AGENT_MAX_SECONDS (120), ENGINE_STATS_INTERVAL (200ms),
-# ENGINES (4), REPLICAS (3), PUBLISH_INTERVAL (100ms).
+# ENGINES (4), REPLICAS (3), PUBLISH_INTERVAL (100 ms of simulated time: 100ms × TIME_SCALE wall-clock, since the
+# engines and the traffic run TIME_SCALE times fast while the router's own clock does not).
 #
 # Every process it starts gets its own process group and is stopped after each run and on exit; only 127.0.0.1
 # and free ports are used.
@@ -19,7 +20,7 @@ MD=BENCHMARKS.md
 while [ $# -gt 0 ]; do
   case "$1" in
     --md) MD="$2"; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "bench-replicas.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -33,7 +34,7 @@ AGENT_MAX_SECONDS=${AGENT_MAX_SECONDS:-120}
 ENGINE_STATS_INTERVAL=${ENGINE_STATS_INTERVAL:-200ms}
 ENGINES=${ENGINES:-4}
 REPLICAS=${REPLICAS:-3}
-PUBLISH_INTERVAL=${PUBLISH_INTERVAL:-100ms}
+PUBLISH_INTERVAL=${PUBLISH_INTERVAL:-$(python3 -c "print(f'{max(10, round(100 * $TIME_SCALE))}ms')")}
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT="$ROOT/bench-out/replicas-$STAMP"
@@ -183,8 +184,9 @@ lines = ["## Router replicas (`cluster`)", "",
     f"(seed {seed}, {int(spe) * int(engines)} sessions at {float(rpe) * int(engines):g} per simulated second, "
     f"`max_tokens` {otok}, `--time-scale {ts}`) on {engines} engines. With replicas every request of a session goes "
     "to a random replica (`loadgen --spread-turns`, a balancer without affinity). Every router runs `load_aware` "
-    f"with sessions and engine stats every 200 ms; `cluster` publishes every {interval}, reads bindings with the "
-    "default 5 ms bound, one `redis-server` on loopback.", "",
+    f"with sessions and engine stats every 200 ms; `cluster` publishes every {interval} (100 ms of simulated time: "
+    f"every simulated duration is multiplied by {ts}, the routers' own intervals are not, so this one is scaled "
+    "likewise), reads bindings with the default 5 ms bound, one `redis-server` on loopback.", "",
     "| routers | requests | errors | TTFT p95 ms | slowest-5% decode tok/s | cache hit % | TTFT p95 / 1 router | slowest-5% / 1 router | cache hit / 1 router | sticky | new_session | bindings from store / local / miss / unavailable |",
     "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
 for n, title in runs:
