@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the tools the observability tests run (infergate/tests/observe.rs) on Debian: promtool (package
-# `prometheus`) for the alert rules and headless Chromium (`chromium`, plus a font) for the status page.
+# Installs the tools the tests run on Debian: promtool (package `prometheus`) for the alert rules and headless
+# Chromium (`chromium`, plus a font) for the status page (infergate/tests/observe.rs), and `redis-server` for the
+# router replicas sharing state (infergate/tests/cluster.rs, which starts its own on a free loopback port).
 # Idempotent; quiet when both are present. Run as root or with sudo.
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "installing: ${missing[*]}" >&2
 SUDO=""
@@ -16,4 +18,8 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recomme
 # demo's metrics port). Stop it again.
 if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
   $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+fi
+# Likewise only the binary of redis-server is wanted (the tests start their own), not a server on :6379.
+if [[ " ${missing[*]} " == *" redis-server "* ]] && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now redis-server.service >/dev/null 2>&1 || true
 fi

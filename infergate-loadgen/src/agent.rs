@@ -23,16 +23,21 @@ pub(super) fn system_prompt(cfg: &Config) -> Option<String> {
     })
 }
 
+/// Salt of the random choice of URL per turn (`spread_turns`).
+const SPREAD_SALT: u64 = 0x5B4E_AD00;
+
 /// Plays one session: every turn appends new user text to the conversation and the assistant's answer after
-/// it. A failed turn ends the session.
+/// it. A failed turn ends the session. Turn `i` goes to `urls[0]`, or with several URLs to one picked at
+/// random per turn (seeded by the session's text seed, so a run replays).
 pub(super) async fn play_session(
     run: Arc<Run>,
     cfg: Arc<Config>,
     system: Option<Arc<String>>,
     plan: SessionPlan,
-    url: String,
+    urls: Arc<[String]>,
     id: String,
 ) -> Vec<client::Outcome> {
+    let mut pick = fastrand::Rng::with_seed(mix(plan.text_seed, SPREAD_SALT));
     run.live.sessions_started.fetch_add(1, Ordering::Relaxed);
     let headers = session_headers(&cfg, &id);
     let mut text = TextGen::new(plan.text_seed);
@@ -63,8 +68,9 @@ pub(super) async fn play_session(
             field_order: cfg.field_order,
         }
         .to_vec();
+        let url = &urls[pick.usize(..urls.len())];
         let call = Call {
-            url: &url,
+            url,
             headers: &headers,
             body,
             stream: cfg.stream,
@@ -109,6 +115,7 @@ pub(super) async fn run(cfg: &Config) -> Result<Report, String> {
     report.sessions.planned = plans.len() as u64;
     let system = system_prompt(cfg).map(Arc::new);
     let urls: Vec<String> = cfg.urls.iter().map(|u| client::chat_url(u)).collect();
+    let all: Arc<[String]> = Arc::from(urls.clone());
     let progress = run.progress(cfg.progress, plans.len() as u64);
 
     let mut set = JoinSet::new();
@@ -116,14 +123,18 @@ pub(super) async fn run(cfg: &Config) -> Result<Report, String> {
     let drive = async {
         for plan in plans {
             tokio::time::sleep_until(start + wall(plan.arrival, cfg.time_scale)).await;
-            let url = urls[plan.id as usize % urls.len()].clone();
+            let targets = if cfg.spread_turns {
+                all.clone()
+            } else {
+                Arc::from([urls[plan.id as usize % urls.len()].clone()])
+            };
             let id = format!("s{}-{}", cfg.seed, plan.id);
             set.spawn(play_session(
                 run.clone(),
                 cfg_arc.clone(),
                 system.clone(),
                 plan,
-                url,
+                targets,
                 id,
             ));
         }

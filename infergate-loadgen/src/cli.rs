@@ -120,6 +120,10 @@ pub struct Cli {
     /// poisson: exponential gaps at --rate; burst: every session within --burst-window-ms
     #[arg(long, value_enum, default_value_t = ArrivalKind::Poisson, help_heading = AGENT)]
     pub arrival: ArrivalKind,
+    /// Send each turn of a session to a random --url (seeded), not every turn to the session's one: router
+    /// replicas behind a balancer without affinity
+    #[arg(long, help_heading = AGENT)]
+    pub spread_turns: bool,
     /// Header carrying the session id (the later of this and --no-session-header wins)
     #[arg(long, value_name = "NAME", default_value = "x-session-id", overrides_with = "no_session_header",
           help_heading = AGENT)]
@@ -252,6 +256,7 @@ impl Cli {
                 size_scale: self.size_scale,
             },
             session_header: (!self.no_session_header).then_some(self.session_header),
+            spread_turns: self.spread_turns,
             system_prompt_tokens: self.system_prompt_tokens,
             stream: !self.no_stream,
             field_order: self.field_order,
@@ -315,6 +320,12 @@ mod tests {
         assert!(c.session_header.is_none());
         assert_eq!(c.engine_stats_urls.len(), 2);
         assert_eq!(c.time_scale, 0.1);
+        assert!(!c.spread_turns);
+        let spread =
+            parse("--url http://127.0.0.1:8000 --url http://127.0.0.1:8001 --spread-turns")
+                .unwrap();
+        assert!(spread.spread_turns);
+        assert_eq!(spread.urls.len(), 2);
     }
 
     #[test]

@@ -74,6 +74,8 @@ pub struct Config {
     pub shape: Shape,
     /// Header carrying the session id (None: no header).
     pub session_header: Option<String>,
+    /// Agent: each turn goes to a random URL of `urls` (seeded by the session), not all to the session's one.
+    pub spread_turns: bool,
     /// Tokens of a system prompt shared by every session (0: none).
     pub system_prompt_tokens: u64,
     pub stream: bool,
@@ -120,6 +122,7 @@ impl Default for Config {
             arrival: Arrival::Poisson { rate: 1.0 },
             shape: Shape::default(),
             session_header: Some("x-session-id".into()),
+            spread_turns: false,
             system_prompt_tokens: 0,
             stream: true,
             field_order: FieldOrder::default(),

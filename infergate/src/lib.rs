@@ -4,6 +4,7 @@ pub mod access_log;
 pub mod admission;
 pub mod cli;
 pub mod clients;
+pub mod cluster;
 pub mod config;
 pub mod engine_stats;
 pub mod exposure;

@@ -131,6 +131,8 @@ pub struct Endpoint {
     pub host: String,
     target: ArcSwap<Target>,
     pub load: Arc<EndpointLoad>,
+    /// Other router replicas' load on this endpoint (`cluster`), as last read from the shared store.
+    pub peers: crate::cluster::PeerLoad,
     pub health: HealthTracker,
     pub outlier: Outlier,
     pub stats: StatsCell,
@@ -161,6 +163,7 @@ impl Endpoint {
             host: cfg.host.clone(),
             target: ArcSwap::from_pointee(Target::new(cfg, hc)),
             load: Arc::new(EndpointLoad::default()),
+            peers: crate::cluster::PeerLoad::default(),
             health: HealthTracker::default(),
             outlier: Outlier::default(),
             stats: StatsCell::default(),
@@ -456,12 +459,17 @@ impl Pool {
     ) -> Vec<Candidate> {
         let mut cands: Vec<Candidate> = endpoints
             .iter()
-            .map(|e| Candidate {
-                eligible: e.health.is_healthy() && !excluded.contains(&e.id),
-                requests: e.load.requests(),
-                prefill_tokens: e.load.prefill_tokens(),
-                engine: e.stats.fresh(now),
-                max_in_flight: self.cfg.max_in_flight_per_endpoint,
+            .map(|e| {
+                let (peer_requests, peer_prefill_tokens) = e.peers.get();
+                Candidate {
+                    eligible: e.health.is_healthy() && !excluded.contains(&e.id),
+                    requests: e.load.requests(),
+                    prefill_tokens: e.load.prefill_tokens(),
+                    peer_requests,
+                    peer_prefill_tokens,
+                    engine: e.stats.fresh(now),
+                    max_in_flight: self.cfg.max_in_flight_per_endpoint,
+                }
             })
             .collect();
         // Per endpoint: ejected, saturated. Each filter applies only if something eligible survives it.

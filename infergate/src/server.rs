@@ -36,13 +36,17 @@ pub struct RouterState {
     pub metrics: Arc<Metrics>,
     /// Client keys, their limits and the pools' wait queues.
     pub admission: Arc<Admission>,
+    /// The replicas' shared store (`cluster`); None = this router places on its own.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl RouterState {
     pub fn new(cfg: Config) -> RouterState {
         let metrics = Metrics::new();
+        let pools = Pools::new(&cfg, metrics.clone());
         RouterState {
-            pools: Pools::new(&cfg, metrics.clone()),
+            cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),
+            pools,
             admission: Admission::new(&cfg, metrics.clone()),
             cfg: Arc::new(cfg),
             ledger: Ledger::new(),
@@ -124,6 +128,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
         },
     );
     crate::state_file::install(&mut server, &state);
+    crate::cluster::install(&mut server, state.cluster.as_ref());
     let hk_handle = server.add_service(housekeeping);
     let proxy_handle = server.add_service(proxy);
     proxy_handle.add_dependency(&hk_handle);

@@ -8,6 +8,7 @@ use serde_norway::Value;
 mod access_log;
 mod auth;
 mod clients;
+mod cluster;
 mod expose_paths;
 mod outlier;
 mod policy;
@@ -24,6 +25,7 @@ mod walk;
 pub use access_log::{AccessLogConfig, LogFormat, LogTarget};
 pub use auth::{AuthConfig, ClientKey, KeyLimits};
 pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
+pub use cluster::ClusterConfig;
 use expose_paths::expose_paths;
 pub use outlier::OutlierConfig;
 pub use policy::{
@@ -79,6 +81,8 @@ pub struct Config {
     pub endpoint_header: bool,
     /// Session bindings saved for the next instance (`state_file`); None = off.
     pub state_file: Option<StateFileConfig>,
+    /// Replicas sharing live load and session bindings through Redis (`cluster`); None = off.
+    pub cluster: Option<ClusterConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -217,12 +221,13 @@ const SECTIONS: &[(&str, Reader)] = &[
     ("queue", |n| QueueConfig::read(n, Some(1)).map(drop)),
     ("access_log", |n| AccessLogConfig::read(n).map(drop)),
     ("state_file", |n| StateFileConfig::read(n).map(drop)),
+    ("cluster", |n| ClusterConfig::read(n, &[]).map(drop)),
 ];
 
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools, expose, trusted, auth, access_log, endpoint_header, state_file] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools, expose, trusted, auth, access_log, endpoint_header, state_file, cluster] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -240,6 +245,7 @@ impl Config {
                 "access_log",
                 "endpoint_header",
                 "state_file",
+                "cluster",
             ])?;
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
@@ -257,7 +263,6 @@ impl Config {
         };
         Ok(Config {
             source: n.file().to_path_buf(),
-            listen,
             metrics_listen,
             server_yaml: server_yaml(server.section()?)?,
             timeouts: Timeouts::read(timeouts.section()?)?,
@@ -276,6 +281,8 @@ impl Config {
             access_log: AccessLogConfig::read_optional(&access_log)?,
             endpoint_header: access_log::endpoint_header(&endpoint_header)?,
             state_file: StateFileConfig::read_optional(&state_file)?,
+            cluster: ClusterConfig::read_optional(&cluster, &listen)?,
+            listen,
         })
     }
 }

@@ -82,6 +82,25 @@ impl PlacementPolicy for LoadAware {
         self.sessions.as_ref().map(|t| t.lock().export(now))
     }
 
+    fn has_session(&self, key: &[u8], now: Instant) -> Option<bool> {
+        self.sessions
+            .as_ref()
+            .map(|t| t.lock().contains_live(key, now))
+    }
+
+    fn import_binding(&self, saved: SavedSession, now: Instant) -> bool {
+        self.sessions
+            .as_ref()
+            .is_some_and(|t| t.lock().import_one(saved, now))
+    }
+
+    fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
+        match (&self.sessions, ticket) {
+            (Some(table), Ticket::Session(commit)) => table.lock().saved(commit.key(), now),
+            _ => None,
+        }
+    }
+
     fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
         match &self.sessions {
             Some(t) => t.lock().import(saved, now),

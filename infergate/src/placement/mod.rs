@@ -36,6 +36,10 @@ pub struct Candidate {
     pub requests: u64,
     /// infergate's estimated prefill tokens in flight.
     pub prefill_tokens: u64,
+    /// Other router replicas' requests in flight to this endpoint (`cluster`; 0 without).
+    pub peer_requests: u64,
+    /// Other router replicas' estimated prefill tokens in flight (`cluster`; 0 without).
+    pub peer_prefill_tokens: u64,
     /// Fresh engine stats, if any.
     pub engine: Option<EngineLoad>,
     /// Per-endpoint in-flight limit from the config.
@@ -43,12 +47,22 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// Requests in flight, counting traffic from other routers: the engine's running + waiting includes our own
-    /// requests, so take the larger of the two instead of adding them.
+    /// Requests in flight from this replica and its peers (live counts, exact up to a publish interval).
+    pub fn live_requests(&self) -> u64 {
+        self.requests.saturating_add(self.peer_requests)
+    }
+
+    /// Estimated prefill tokens in flight from this replica and its peers.
+    pub fn live_prefill_tokens(&self) -> u64 {
+        self.prefill_tokens.saturating_add(self.peer_prefill_tokens)
+    }
+
+    /// Requests in flight, counting traffic from other routers: the engine's running + waiting includes the
+    /// routers' own requests, so take the larger of the two instead of adding them.
     pub fn request_load(&self) -> u64 {
         match self.engine {
-            Some(e) => self.requests.max(e.running + e.waiting),
-            None => self.requests,
+            Some(e) => self.live_requests().max(e.running + e.waiting),
+            None => self.live_requests(),
         }
     }
 
@@ -56,7 +70,7 @@ impl Candidate {
     pub fn score(&self) -> u64 {
         self.request_load()
             .saturating_mul(REQUEST_WEIGHT_TOKENS)
-            .saturating_add(self.prefill_tokens)
+            .saturating_add(self.live_prefill_tokens())
     }
 
     /// Fresh stats show a queue, or our own in-flight count reached the configured limit.
@@ -64,6 +78,8 @@ impl Candidate {
         self.engine.is_some_and(|e| e.waiting > 0) || self.at_limit()
     }
 
+    /// This replica's own requests reached `max_in_flight_per_endpoint`. Peers' requests do not count: the wait
+    /// queue is woken by this replica's own releases, and each replica's limit is its share.
     pub fn at_limit(&self) -> bool {
         self.max_in_flight.is_some_and(|m| self.requests >= m)
     }
@@ -178,8 +194,8 @@ pub fn pick_within(
 }
 
 /// `least_inflight`: the endpoints within +1 of the minimum combined load (engine stats can lag by a scrape
-/// interval, so their exact minimum means little), and among those the fewest of infergate's own requests in flight
-/// (exact and live), random ties. A burst inside one scrape interval neither dogpiles one endpoint nor drifts:
+/// interval, so their exact minimum means little), and among those the fewest of the routers' own requests in
+/// flight (live: this replica's and its peers'), random ties. A burst inside one scrape interval neither dogpiles one endpoint nor drifts:
 /// 8 new sessions on 2 equally busy endpoints split 4/4.
 pub fn least_inflight(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<usize> {
     let min = cands
@@ -188,11 +204,15 @@ pub fn least_inflight(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<us
         .map(Candidate::request_load)
         .min()?;
     let near = |c: &Candidate| c.eligible && c.request_load() <= min.saturating_add(1);
-    let own_min = cands.iter().filter(|c| near(c)).map(|c| c.requests).min()?;
+    let own_min = cands
+        .iter()
+        .filter(|c| near(c))
+        .map(Candidate::live_requests)
+        .min()?;
     let mut chosen = None;
     let mut seen = 0u32;
     for (i, c) in cands.iter().enumerate() {
-        if near(c) && c.requests == own_min {
+        if near(c) && c.live_requests() == own_min {
             seen += 1;
             if rng.u32(0..seen) == 0 {
                 chosen = Some(i);
@@ -339,6 +359,33 @@ mod tests {
             kv_usage: 0.1,
         });
         assert_eq!(c.request_load(), 9, "another router's traffic counts");
+    }
+
+    #[test]
+    fn peers_load_adds_to_the_live_figures_and_the_engine_stats_still_do_not_double_count() {
+        let mut rng = fastrand::Rng::with_seed(6);
+        // Another replica holds a 100k-token prefill on endpoint 0: this replica's own figures are equal.
+        let mut held = cand(0, 0);
+        held.peer_requests = 1;
+        held.peer_prefill_tokens = 100_000;
+        for _ in 0..50 {
+            assert_eq!(load_aware(&[held, cand(0, 0)], &mut rng), Some(1));
+            assert_eq!(least_request(&[held, cand(0, 0)], &mut rng), Some(1));
+            assert_eq!(least_inflight(&[held, cand(0, 0)], &mut rng), Some(1));
+        }
+        assert_eq!(held.score(), REQUEST_WEIGHT_TOKENS + 100_000);
+        // Engine stats count every router's requests: the larger of the two, never the sum.
+        let mut c = cand(2, 0);
+        c.peer_requests = 3;
+        c.engine = Some(EngineLoad {
+            running: 4,
+            waiting: 0,
+            kv_usage: 0.1,
+        });
+        assert_eq!(c.request_load(), 5);
+        // The limit is this replica's own.
+        c.max_in_flight = Some(3);
+        assert!(!c.at_limit());
     }
 
     #[test]

@@ -108,6 +108,22 @@ pub trait PlacementPolicy: Send + Sync {
         None
     }
 
+    /// Whether the session with this header value has a live binding; None for policies that keep no sessions.
+    fn has_session(&self, _key: &[u8], _now: Instant) -> Option<bool> {
+        None
+    }
+
+    /// Adopt one binding another replica wrote to the shared store (`crate::cluster`; endpoint id already mapped
+    /// to this process's). Returns whether it was taken.
+    fn import_binding(&self, _saved: SavedSession, _now: Instant) -> bool {
+        false
+    }
+
+    /// The binding a served request left in the table (after `served`), to share with the other replicas.
+    fn served_binding(&self, _ticket: &Ticket, _now: Instant) -> Option<SavedSession> {
+        None
+    }
+
     /// Adopt bindings a previous instance saved (endpoint ids already mapped to this process's).
     fn import_sessions(&self, saved: Vec<SavedSession>, _now: Instant) -> ImportOutcome {
         ImportOutcome {

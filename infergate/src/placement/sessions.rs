@@ -140,6 +140,11 @@ impl SessionCommit {
     pub fn endpoint(&self) -> u64 {
         self.endpoint
     }
+
+    /// The session's table key ([`session_hash`] of its header value).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
 }
 
 /// One binding. Lineages are kept most recently used first in `lineages[..len]`; sizes are saturated to `u32`
@@ -313,11 +318,11 @@ impl SessionTable {
             _ => whole,
         };
 
-        if bc.prefill_tokens >= BACKLOG_SPILL_MIN_TOKENS && req.bytes_per_token > 0.0 {
+        if bc.live_prefill_tokens() >= BACKLOG_SPILL_MIN_TOKENS && req.bytes_per_token > 0.0 {
             let tokens = |bytes: u64| (bytes as f64 / req.bytes_per_token) as u64;
-            let wait_bound = bc.prefill_tokens.saturating_add(tokens(estimate));
+            let wait_bound = bc.live_prefill_tokens().saturating_add(tokens(estimate));
             if let Some(t) = pick(cands, rng, |i, c| i != b && !c.at_limit() && !c.kv_full()) {
-                let wait_target = cands[t].prefill_tokens.saturating_add(tokens(whole));
+                let wait_target = cands[t].live_prefill_tokens().saturating_add(tokens(whole));
                 if wait_target.saturating_mul(BACKLOG_SPILL_RATIO) <= wait_bound {
                     return out(t, Reason::Spill, whole, CommitKind::Spill, binding.endpoint);
                 }

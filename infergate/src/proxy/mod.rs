@@ -8,7 +8,8 @@
 //!                          requests in order; the request id (request_id: the client's or new)
 //! request_filter           screen the path (exposure: 400/404 unless served); classify; answer /health; client
 //!                          key (401) and key limits (429, `admit`); answer /v1/models; read the whole body
-//!                          (bounded), pick the pool, charge the key's tokens
+//!                          (bounded), pick the pool, charge the key's tokens; on a local session miss, the
+//!                          binding another replica stored (cluster, bounded wait)
 //! upstream_peer            (per attempt) the pool's wait queue (first attempt) → snapshot → policy.place → ledger
 //!                          hold → peer; a stale pooled connection is retried once on the same endpoint over a
 //!                          fresh connection
@@ -16,7 +17,8 @@
 //!                          Content-Length, no Expect, the normalised path, X-Forwarded-For / Forwarded /
 //!                          X-Real-IP (forwarded)
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
-//! upstream_response_filter 2xx: served (policy learns, tokens count); 429/503: refused → retry elsewhere;
+//! upstream_response_filter 2xx: served (policy learns, tokens count, the binding is queued for the replicas'
+//!                          store); 429/503: refused → retry elsewhere;
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
 //! response_filter          while draining (upgrade, stop): `Connection: close` (lifecycle)
 //! response_filter          x-request-id and x-infergate-endpoint on the client's response (access)
@@ -259,6 +261,10 @@ impl ProxyHttp for Router {
                 .map(|v| v.as_bytes().to_vec())
                 .filter(|v| !v.is_empty());
         }
+        if let (Some(cluster), Some(key)) = (&self.cluster, &ctx.session_key) {
+            // Another replica may have served this session: its binding, before placement (bounded wait).
+            cluster.lookup_binding(&pool, key).await;
+        }
         ctx.pool = Some(pool);
         Ok(false)
     }
@@ -422,6 +428,11 @@ impl ProxyHttp for Router {
                 h.mark_served();
             }
             pool.policy.served(ep.id, ctx.ticket(), now);
+            if let Some(cluster) = &self.cluster {
+                if let Some(saved) = pool.policy.served_binding(ctx.ticket(), now) {
+                    cluster.share_binding(&pool, &saved);
+                }
+            }
             return Ok(());
         }
         // Anything else: the engine will not prefill this request.

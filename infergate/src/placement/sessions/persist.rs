@@ -1,5 +1,7 @@
 //! A session table's bindings leaving and entering the process: [`SessionTable::export`] for the state file and
-//! [`SessionTable::import`] at start (and when a graceful upgrade's old instance writes its last bindings).
+//! [`SessionTable::import`] at start (and when a graceful upgrade's old instance writes its last bindings); one
+//! binding at a time for the replicas' shared store (`crate::cluster`): [`SessionTable::saved`] and
+//! [`SessionTable::import_one`].
 //!
 //! Saved bindings carry no `Instant` (only how long each has been idle) and name their endpoint by the in-process
 //! id of *this* process; the state file (`crate::state_file`) turns ids into endpoint URLs and back.
@@ -42,6 +44,20 @@ pub struct ImportOutcome {
     pub no_sessions: usize,
 }
 
+fn saved(key: u64, b: &Binding, now: Instant) -> SavedSession {
+    let n = usize::from(b.len);
+    SavedSession {
+        key,
+        endpoint: b.endpoint,
+        idle: now.saturating_duration_since(b.last_seen),
+        lineages: b.lineages[..n]
+            .iter()
+            .copied()
+            .zip(b.sizes[..n].iter().copied())
+            .collect(),
+    }
+}
+
 impl SessionTable {
     /// The live bindings, least recently served first.
     pub fn export(&self, now: Instant) -> Vec<SavedSession> {
@@ -49,20 +65,50 @@ impl SessionTable {
             .iter()
             .rev()
             .filter(|(_, b)| !b.expired(now, self.ttl))
-            .map(|(&key, b)| {
-                let n = usize::from(b.len);
-                SavedSession {
-                    key,
-                    endpoint: b.endpoint,
-                    idle: now.saturating_duration_since(b.last_seen),
-                    lineages: b.lineages[..n]
-                        .iter()
-                        .copied()
-                        .zip(b.sizes[..n].iter().copied())
-                        .collect(),
-                }
-            })
+            .map(|(&key, b)| saved(key, b, now))
             .collect()
+    }
+
+    /// The live binding of table key `key`, as saved.
+    pub fn saved(&self, key: u64, now: Instant) -> Option<SavedSession> {
+        let b = self.map.peek(&key)?;
+        (!b.expired(now, self.ttl)).then(|| saved(key, b, now))
+    }
+
+    /// Whether the session with this header value has a live binding (nothing is changed).
+    pub fn contains_live(&self, header: &[u8], now: Instant) -> bool {
+        self.map
+            .peek(&super::session_key(header))
+            .is_some_and(|b| !b.expired(now, self.ttl))
+    }
+
+    /// Adopt one binding (read from the replicas' store on a local miss) unless it is idle past the TTL or the
+    /// table's own binding for the key was served at least as recently. Returns whether it was adopted. The
+    /// binding goes to the most recently used end although it may have been idle a while: the request about to be
+    /// placed commits it again at once (and an expired binding is dropped when looked up whatever its position).
+    pub fn import_one(&mut self, s: SavedSession, now: Instant) -> bool {
+        if s.idle > self.ttl {
+            return false;
+        }
+        let last_seen = now.checked_sub(s.idle).unwrap_or(now);
+        if self
+            .map
+            .peek(&s.key)
+            .is_some_and(|b| b.last_seen + SAME_TIME >= last_seen && !b.expired(now, self.ttl))
+        {
+            return false;
+        }
+        let mut b = Binding::new(s.endpoint, last_seen);
+        for &(lineage, size) in s.lineages.iter().take(MAX_LINEAGES).rev() {
+            b.record(lineage, u64::from(size));
+        }
+        if self.map.len() == self.map.cap().get() && !self.map.contains(&s.key) {
+            self.expire(now);
+        }
+        if self.map.push(s.key, b).is_some_and(|(k, _)| k != s.key) {
+            self.capacity_evictions += 1;
+        }
+        true
     }
 
     /// Adopt saved bindings. For a key the table already binds, the more recently served binding wins (the
@@ -242,6 +288,36 @@ mod tests {
         assert_eq!(t.len(), 3);
         // The LRU end is the longest idle: expiry still stops at the first live binding.
         assert_eq!(t.expire(now + TTL - Duration::from_secs(5)), 1);
+    }
+
+    #[test]
+    fn one_binding_leaves_and_enters_with_its_sizes_and_a_fresher_own_binding_wins() {
+        let t0 = Instant::now();
+        let mut a = SessionTable::new(10, TTL);
+        commit(&mut a, 1, 7, 0xA, 1000, t0);
+        commit(&mut a, 1, 7, 0xB, 3000, t0 + Duration::from_secs(2));
+        let now = t0 + Duration::from_secs(3);
+        let s = a.saved(1, now).unwrap();
+        assert_eq!(s.lineages, vec![(0xB, 3000), (0xA, 1000)]);
+        assert_eq!(s.idle, Duration::from_secs(1));
+        assert_eq!(a.saved(2, now), None);
+
+        let mut b = SessionTable::new(1, TTL);
+        assert!(b.import_one(s.clone(), now));
+        assert_eq!(b.saved(1, now), Some(s.clone()));
+        assert!(
+            !b.import_one(s.clone(), now),
+            "the same binding again is not newer"
+        );
+        let stale = SavedSession {
+            idle: TTL + Duration::from_secs(1),
+            ..s.clone()
+        };
+        assert!(!b.import_one(stale, now), "idle past the TTL");
+        // Full table: the new binding takes the place of the old one (a capacity eviction).
+        let other = SavedSession { key: 2, ..s };
+        assert!(b.import_one(other, now));
+        assert_eq!((b.len(), b.take_evictions()), (1, (0, 1)));
     }
 
     #[test]

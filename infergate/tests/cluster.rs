@@ -1,0 +1,344 @@
+//! Router replicas sharing live load and session bindings through a real `redis-server` started on a free loopback
+//! port: a session whose turns alternate between replicas stays on one engine, a prefill held by one replica steers
+//! the other, and Redis going away and coming back costs no request.
+//!
+//! Without `redis-server` on the PATH these tests say so loudly and pass, unless `CI` is set: then they fail
+//! (`scripts/ensure-test-tools.sh` installs it).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use infergate_sim::SimConfig;
+
+/// A `redis-server` child on a loopback port, persistence off; killed on drop.
+struct Redis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Redis {
+    /// Start one, or None (after a loud message) when the binary is absent outside CI.
+    async fn start() -> Option<Redis> {
+        let found = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok();
+        if !found {
+            if std::env::var_os("CI").is_some() {
+                panic!(
+                    "redis-server is not installed; CI must run scripts/ensure-test-tools.sh first"
+                );
+            }
+            eprintln!(
+                "\n*** SKIPPED: redis-server is not installed (scripts/ensure-test-tools.sh installs it); \
+                 the cluster tests did not run ***\n"
+            );
+            return None;
+        }
+        let mut r = Redis {
+            port: free_port(),
+            child: None,
+        };
+        r.spawn().await;
+        Some(r)
+    }
+
+    async fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        wait_listening(format!("127.0.0.1:{}", self.port).parse().unwrap()).await;
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The `cluster` section of a replica. The request-path timeout is 50 ms, not the default 5 ms: a 2-core test
+/// machine running other builds can stall a store answer longer, and these tests check sharing, not speed.
+fn cluster_yaml(redis: &Redis, replica: &str) -> String {
+    format!(
+        "cluster: {{ redis: \"{}\", replica: {replica}, publish_interval: 100ms, read_timeout: 50ms }}\n",
+        redis.url()
+    )
+}
+
+async fn replica(urls: &[String], extra: &str, redis: &Redis, name: &str) -> TestRouter {
+    let yaml = format!(
+        "{}{}",
+        pool_yaml("load_aware", urls, extra),
+        cluster_yaml(redis, name)
+    );
+    let r = start_router(&yaml).await;
+    r.all_healthy().await;
+    r
+}
+
+async fn state_is(r: &TestRouter, state: &str) -> bool {
+    r.metric_sum("infergate_cluster_state", &[&format!("state=\"{state}\"")])
+        .await
+        == 1.0
+}
+
+/// Wait until every router reports `state` (at most `limit`).
+async fn wait_state(routers: &[&TestRouter], state: &str, limit: Duration) {
+    let start = Instant::now();
+    for r in routers {
+        while !state_is(r, state).await {
+            assert!(
+                start.elapsed() < limit,
+                "replica not `{state}` within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// One session turn: (status, the endpoint that served it).
+async fn turn(r: &TestRouter, session: &str, bytes: usize) -> (u16, String) {
+    let resp = post_json(&client(), &r.url(), CHAT)
+        .header(SESSION_HEADER, session)
+        .body(chat_body(bytes, true, 4))
+        .send()
+        .await
+        .expect("response");
+    let ep = resp
+        .headers()
+        .get("x-infergate-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    (finish(resp).await, ep)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_turns_alternate_between_two_replicas_stays_sticky_on_one_engine() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let engines = engines(3, SimConfig::default()).await;
+    let urls = urls(&engines);
+    let a = replica(&urls, &sessions_yaml(1000), &redis, "a").await;
+    let b = replica(&urls, &sessions_yaml(1000), &redis, "b").await;
+    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+
+    let mut served = Vec::new();
+    for i in 0..8 {
+        let r = if i % 2 == 0 { &a } else { &b };
+        let (status, ep) = turn(r, "alternating", 2_000 + 500 * i).await;
+        assert_eq!(status, 200, "turn {i}");
+        served.push(ep);
+        // An agent's think time; the binding write is queued, not awaited, by the replica that served.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(
+        served.iter().all(|e| *e == served[0]),
+        "one engine: {served:?}"
+    );
+    let counts: Vec<usize> = engines.iter().map(generate_requests).collect();
+    assert_eq!(counts.iter().filter(|&&n| n > 0).count(), 1, "{counts:?}");
+
+    let (ma, mb) = (a.metrics_text().await, b.metrics_text().await);
+    let reasons = |m: &str, r: &str| {
+        metric_sum(
+            m,
+            "infergate_placements_total",
+            &[&format!("reason=\"{r}\"")],
+        )
+    };
+    assert_eq!(reasons(&ma, "new_session"), 1.0);
+    assert_eq!(reasons(&ma, "sticky"), 3.0);
+    assert_eq!(reasons(&mb, "new_session"), 0.0, "B found A's binding");
+    assert_eq!(reasons(&mb, "sticky"), 4.0);
+    let lookups = |m: &str, s: &str| {
+        metric_sum(
+            m,
+            "infergate_cluster_binding_lookups_total",
+            &[&format!("source=\"{s}\"")],
+        )
+    };
+    assert_eq!(lookups(&mb, "store"), 1.0, "B read the binding once");
+    assert_eq!(lookups(&mb, "local"), 3.0, "then its own table had it");
+    assert_eq!(
+        lookups(&ma, "miss"),
+        1.0,
+        "A's first turn was a new session"
+    );
+    assert_eq!(metric_sum(&ma, "infergate_cluster_peers", &[]), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_held_by_one_replica_sends_the_other_replicas_work_elsewhere() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    // 25k tokens/s: a 100k-token prompt holds its engine about four seconds.
+    let engines = engines(2, slow_prefill()).await;
+    let urls = urls(&engines);
+    let a = replica(&urls, "", &redis, "a").await;
+    let b = replica(&urls, "", &redis, "b").await;
+    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+
+    let big = tokio::spawn({
+        let base = a.url();
+        async move { post_chat(&base, chat_body(400_000, true, 4)).await }
+    });
+    a.wait_for("A holds the big prefill", Duration::from_secs(5), |r| {
+        r.totals().0 >= 90_000
+    })
+    .await;
+    let held = (0..2).find(|&i| a.endpoint_load(i).0 >= 90_000).unwrap();
+    let other = 1 - held;
+    // B sees A's hold within a publish interval or two (100 ms each); 2 s is a generous bound.
+    let seen = Instant::now();
+    b.wait_for("B sees A's hold", Duration::from_secs(2), |r| {
+        r.state.pools.pools[0].endpoints()[held].peers.get().1 >= 90_000
+    })
+    .await;
+    eprintln!("B saw A's hold after {:?}", seen.elapsed());
+    let before = generate_requests(&engines[other]);
+    for _ in 0..6 {
+        assert_eq!(post_chat(&b.url(), chat_body(1_000, true, 4)).await, 200);
+    }
+    assert_eq!(
+        generate_requests(&engines[other]) - before,
+        6,
+        "every small request went around the held engine"
+    );
+    assert_eq!(generate_requests(&engines[held]), 1, "only the big one");
+    assert_eq!(big.await.unwrap(), 200);
+    // The hold ends: B's view of A's load on that engine drops back.
+    b.wait_for("A's hold gone from B's view", Duration::from_secs(3), |r| {
+        r.state.pools.pools[0].endpoints()[held].peers.get() == (0, 0)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_going_away_fails_no_request_and_sharing_resumes_when_it_is_back() {
+    let Some(mut redis) = Redis::start().await else {
+        return;
+    };
+    let engines = engines(3, SimConfig::default()).await;
+    let urls = urls(&engines);
+    let a = replica(&urls, &sessions_yaml(1000), &redis, "a").await;
+    let b = replica(&urls, &sessions_yaml(1000), &redis, "b").await;
+    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    let (_, first) = turn(&a, "before", 2_000).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(turn(&b, "before", 2_500).await.1, first, "shared while up");
+
+    redis.kill();
+    // Requests right away (before the replicas noticed) and after: none fails.
+    for i in 0..20 {
+        let r = if i % 2 == 0 { &a } else { &b };
+        let (status, _) = turn(r, &format!("outage-{}", i % 4), 2_000 + 100 * i).await;
+        assert_eq!(status, 200, "request {i} during the outage");
+    }
+    wait_state(&[&a, &b], "down", Duration::from_secs(5)).await;
+    // The peers' last figures stay for one key lifetime (500 ms here), then each replica is on its own.
+    let start = Instant::now();
+    for r in [&a, &b] {
+        while r.metric_sum("infergate_cluster_peers", &[]).await != 0.0 {
+            assert!(start.elapsed() < Duration::from_secs(3), "peers forgotten");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for m in [a.metrics_text().await, b.metrics_text().await] {
+        assert_eq!(
+            metric_sum(&m, "infergate_cluster_state", &["state=\"connected\""]),
+            0.0
+        );
+        assert_eq!(metric_sum(&m, "infergate_cluster_peers", &[]), 0.0);
+        assert!(metric_sum(&m, "infergate_cluster_errors_total", &["op=\"publish\""]) >= 1.0);
+    }
+    // A session served only by A while Redis is down.
+    let (status, lonely) = turn(&a, "lonely", 2_000).await;
+    assert_eq!(status, 200);
+
+    redis.spawn().await;
+    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    // Catch-up: A wrote the binding it made during the outage, so B places that session's next turn with it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let from_store = |m: &str| {
+        metric_sum(
+            m,
+            "infergate_cluster_binding_lookups_total",
+            &["source=\"store\""],
+        )
+    };
+    let before = from_store(&b.metrics_text().await);
+    assert_eq!(turn(&b, "lonely", 2_500).await.1, lonely, "caught up");
+    assert_eq!(
+        from_store(&b.metrics_text().await),
+        before + 1.0,
+        "B took the binding A wrote on the way back up"
+    );
+    // And new sessions are shared again.
+    let (_, fresh) = turn(&b, "after", 2_000).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(turn(&a, "after", 2_500).await.1, fresh, "shared again");
+    let m = a.metrics_text().await;
+    assert!(
+        metric_sum(
+            &m,
+            "infergate_cluster_binding_lookups_total",
+            &["source=\"store\""]
+        ) >= 1.0
+    );
+    assert!(
+        metric_sum(
+            &m,
+            "infergate_cluster_binding_lookups_total",
+            &["source=\"unavailable\""]
+        ) >= 1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cluster_the_state_is_off_and_no_replica_waits_for_a_store() {
+    let engines = engines(1, SimConfig::default()).await;
+    let r = start_router(&pool_yaml(
+        "load_aware",
+        &urls(&engines),
+        &sessions_yaml(10),
+    ))
+    .await;
+    r.all_healthy().await;
+    assert_eq!(
+        post_chat_in_session(&r.url(), "s", chat_body(100, true, 2)).await,
+        200
+    );
+    let m = r.metrics_text().await;
+    assert_eq!(
+        metric_sum(&m, "infergate_cluster_state", &["state=\"off\""]),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(&m, "infergate_cluster_binding_lookups_total", &[]),
+        0.0
+    );
+}
