@@ -2,6 +2,8 @@
 //! housekeeping background service (discovery, health checks, engine stats, janitor, session expiry).
 
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -30,7 +32,12 @@ const RELEASE_PERIOD: Duration = Duration::from_millis(50);
 /// Handles to a built router's shared state (tests and the binary read metrics and pools through it).
 #[derive(Clone)]
 pub struct RouterState {
+    /// The configuration the router was built with: listeners, server settings and everything else a reload cannot
+    /// change are read here.
     pub cfg: Arc<Config>,
+    /// The configuration in effect: `cfg` plus what reloads applied (`reload`). Settings read per request come
+    /// from here (`current`).
+    live: Arc<ArcSwap<Config>>,
     pub pools: Arc<Pools>,
     pub ledger: Arc<Ledger>,
     pub metrics: Arc<Metrics>,
@@ -44,10 +51,22 @@ impl RouterState {
         RouterState {
             pools: Pools::new(&cfg, metrics.clone()),
             admission: Admission::new(&cfg, metrics.clone()),
+            live: Arc::new(ArcSwap::from_pointee(cfg.clone())),
             cfg: Arc::new(cfg),
             ledger: Ledger::new(),
             metrics,
         }
+    }
+
+    /// The configuration in effect (cheap: no lock, no clone); read it per request, a reload may swap it.
+    pub fn current(&self) -> arc_swap::Guard<Arc<Config>> {
+        self.live.load()
+    }
+
+    /// Make `cfg` the configuration in effect (`reload` made it: new values where they apply, running ones where
+    /// they do not).
+    pub(crate) fn set_current(&self, cfg: Config) {
+        self.live.store(Arc::new(cfg));
     }
 
     /// Apply a re-read configuration's endpoint lists (SIGHUP): pools are matched by name; departing endpoints
@@ -78,9 +97,12 @@ impl RouterState {
     /// Re-read the config file and apply what can change in place (`reload`); anything invalid leaves the running
     /// state as is.
     pub fn reload_from_file(&self) {
-        match Config::load(&self.cfg.source) {
+        match Config::load(&self.current().source) {
             Ok(new) => crate::reload::apply(self, &new),
-            Err(e) => log::error!("reload rejected, keeping the running configuration: {e}"),
+            Err(e) => {
+                self.metrics.count_reload("failed");
+                log::error!("reload rejected, keeping the running configuration: {e}");
+            }
         }
     }
 }
@@ -227,7 +249,7 @@ impl BackgroundService for Housekeeper {
             let mut stop = shutdown.clone();
             tasks.spawn(async move {
                 let pool = pool_checks;
-                let mut tick = tokio::time::interval(pool.cfg.health_check.interval);
+                let mut tick = tokio::time::interval(pool.cfg().health_check.interval);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 tick.tick().await;
                 let mut models_due = MODELS_REFRESH_CHECKS;
@@ -244,12 +266,12 @@ impl BackgroundService for Housekeeper {
                     if models_due == 0 && pool.serves_any_model() {
                         models_due = MODELS_REFRESH_CHECKS;
                         let client = crate::engine_stats::shared_client();
-                        pool.refresh_models(client, pool.cfg.health_check.timeout)
+                        pool.refresh_models(client, pool.cfg().health_check.timeout)
                             .await;
                     }
                 }
             });
-            if let Some(stats_cfg) = pool.cfg.engine_stats.clone() {
+            if let Some(stats_cfg) = pool.cfg().engine_stats.clone() {
                 let pool = pool.clone();
                 let stop = shutdown.clone();
                 tasks.spawn(async move {
@@ -261,8 +283,6 @@ impl BackgroundService for Housekeeper {
             let state = self.state.clone();
             let mut stop = shutdown.clone();
             tasks.spawn(async move {
-                let t = &state.cfg.timeouts;
-                let max_age = t.response_header + t.stream_idle;
                 let mut tick = tokio::time::interval(RELEASE_PERIOD);
                 let mut last_janitor = Instant::now();
                 loop {
@@ -276,7 +296,9 @@ impl BackgroundService for Housekeeper {
                         continue;
                     }
                     last_janitor = now;
-                    state.ledger.expire(max_age, now);
+                    // Read each time: a reload may change the timeouts.
+                    let t = state.current().timeouts;
+                    state.ledger.expire(t.response_header + t.stream_idle, now);
                     for pool in &state.pools.pools {
                         let evictions = pool.policy.expire(now);
                         state.metrics.count_session_evictions(&pool.name, evictions);

@@ -100,7 +100,8 @@ impl State {
 }
 
 pub struct PoolQueue {
-    cfg: QueueConfig,
+    /// A reload may change it (`reconfigure`).
+    cfg: Mutex<QueueConfig>,
     state: Mutex<State>,
     next_ticket: AtomicU64,
     metrics: QueueMetrics,
@@ -145,7 +146,7 @@ impl Drop for Ticket<'_> {
 impl PoolQueue {
     pub fn new(cfg: QueueConfig, metrics: QueueMetrics) -> Arc<PoolQueue> {
         Arc::new(PoolQueue {
-            cfg,
+            cfg: Mutex::new(cfg),
             state: Mutex::new(State {
                 order: FairQueue::new(cfg.max_length),
                 waiters: HashMap::new(),
@@ -157,7 +158,13 @@ impl PoolQueue {
     }
 
     pub fn config(&self) -> QueueConfig {
-        self.cfg
+        *self.cfg.lock()
+    }
+
+    /// New limits from a reload; waiting requests keep their place (and the deadline they started with).
+    pub fn reconfigure(&self, cfg: QueueConfig) {
+        *self.cfg.lock() = cfg;
+        self.state.lock().order.set_max_len(cfg.max_length);
     }
 
     /// Requests waiting now.
@@ -209,7 +216,7 @@ impl PoolQueue {
             waiting: true,
         };
         let start = Instant::now();
-        let deadline = start + self.cfg.max_wait;
+        let deadline = start + self.config().max_wait;
         loop {
             {
                 let mut st = self.state.lock();
