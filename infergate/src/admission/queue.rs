@@ -448,4 +448,42 @@ mod tests {
         assert_eq!(next.await.unwrap(), Ok(()));
         assert!(q.is_empty());
     }
+
+    #[tokio::test]
+    async fn new_limits_keep_the_waiting_requests_and_bound_the_next() {
+        let q = queue(4, Duration::from_secs(5));
+        let slots = Slots::default();
+        slots.0.store(1, Ordering::SeqCst);
+        let wait = |key: &'static str| {
+            let (q, slots) = (q.clone(), slots.clone());
+            tokio::spawn(async move { q.turn(Arc::from(key), slots.room(1)).await.map(drop) })
+        };
+        let (a, b) = (wait("a"), wait("b"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(q.len(), 2);
+        q.reconfigure(QueueConfig {
+            max_length: 1,
+            max_wait: Duration::from_millis(50),
+        });
+        assert_eq!(q.config().max_length, 1);
+        // Both keep their place; a third is refused at the new length.
+        assert_eq!(q.len(), 2);
+        assert_eq!(
+            q.turn(Arc::from("c"), slots.room(1)).await.err(),
+            Some(Refusal::Full)
+        );
+        slots.0.store(0, Ordering::SeqCst);
+        q.wake();
+        assert_eq!(a.await.unwrap(), Ok(()));
+        q.wake();
+        assert_eq!(b.await.unwrap(), Ok(()));
+        // The next waiter gets the new, shorter wait.
+        slots.0.store(1, Ordering::SeqCst);
+        let t0 = Instant::now();
+        assert_eq!(
+            q.turn(Arc::from("d"), slots.room(1)).await.err(),
+            Some(Refusal::Timeout)
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
 }
