@@ -381,13 +381,15 @@ impl Pool {
 
     /// Take reloaded settings (`reload` decided which of them may change in place; the rest are the running
     /// values): the policy updates its parameters, keeping its state. Returns what the policy reports (evictions)
-    /// or why it could not apply them.
+    /// or why it could not take them; then the pool keeps the policy settings it had, so what it reports stays
+    /// what the policy runs with.
     pub fn reconfigure(
         &self,
         new: &PoolConfig,
         now: Instant,
     ) -> Result<Option<String>, &'static str> {
         let old = self.cfg.load_full();
+        let mut next = new.clone();
         let policy = if old.policy != new.policy
             || old.prefill.bytes_per_token != new.prefill.bytes_per_token
         {
@@ -395,7 +397,10 @@ impl Pool {
         } else {
             Ok(None)
         };
-        self.cfg.store(Arc::new(new.clone()));
+        if policy.is_err() {
+            next.policy = old.policy.clone();
+        }
+        self.cfg.store(Arc::new(next));
         policy
     }
 
@@ -671,3 +676,35 @@ impl LiveSource for Pools {
 
 /// How often the janitor looks for overdue holds.
 pub const JANITOR_PERIOD: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn pool_cfg(extra: &str) -> PoolConfig {
+        let text = format!("pools:\n  - name: a\n    endpoints: [\"http://127.0.0.1:9\"]\n{extra}");
+        Config::parse(Path::new("t.yaml"), &text)
+            .expect("valid")
+            .pools[0]
+            .clone()
+    }
+
+    #[test]
+    fn reconfigure_swaps_the_settings_and_keeps_the_policy_settings_a_policy_refuses() {
+        let pool = Pool::new(&pool_cfg("    sessions: { ttl: 1h }\n"));
+        let now = Instant::now();
+        let next = pool_cfg("    sessions: { ttl: 5m }\n    max_in_flight_per_endpoint: 3\n");
+        assert_eq!(pool.reconfigure(&next, now), Ok(None));
+        assert_eq!(pool.cfg().max_in_flight_per_endpoint, Some(3));
+        assert_eq!(pool.cfg().policy, next.policy);
+        let cands = pool.candidates(&pool.endpoints(), &[], now);
+        assert_eq!(cands[0].max_in_flight, Some(3));
+        // Sessions off is not a parameter change: refused, the rest still taken.
+        let off = pool_cfg("    max_in_flight_per_endpoint: 5\n");
+        assert!(pool.reconfigure(&off, now).is_err());
+        assert_eq!(pool.cfg().policy, next.policy);
+        assert_eq!(pool.cfg().max_in_flight_per_endpoint, Some(5));
+    }
+}

@@ -2,10 +2,9 @@
 //! housekeeping background service (discovery, health checks, engine stats, janitor, session expiry).
 
 use std::sync::Arc;
-
-use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
@@ -285,6 +284,7 @@ impl BackgroundService for Housekeeper {
             tasks.spawn(async move {
                 let mut tick = tokio::time::interval(RELEASE_PERIOD);
                 let mut last_janitor = Instant::now();
+                let mut bound = JanitorBound::new(&state.current().timeouts, last_janitor);
                 loop {
                     tokio::select! {
                         _ = tick.tick() => {}
@@ -296,9 +296,8 @@ impl BackgroundService for Housekeeper {
                         continue;
                     }
                     last_janitor = now;
-                    // Read each time: a reload may change the timeouts.
-                    let t = state.current().timeouts;
-                    state.ledger.expire(t.response_header + t.stream_idle, now);
+                    let max_age = bound.at(&state.current().timeouts, now);
+                    state.ledger.expire(max_age, now);
                     for pool in &state.pools.pools {
                         let evictions = pool.policy.expire(now);
                         state.metrics.count_session_evictions(&pool.name, evictions);
@@ -308,7 +307,8 @@ impl BackgroundService for Housekeeper {
         }
         #[cfg(unix)]
         {
-            // SIGHUP re-reads endpoint lists in place (without it, SIGHUP would terminate the process).
+            // SIGHUP re-reads the file and applies what can change in place (without it, SIGHUP would terminate
+            // the process).
             let state = self.state.clone();
             let mut stop = shutdown.clone();
             match hangup {
@@ -329,12 +329,39 @@ impl BackgroundService for Housekeeper {
                         }
                     });
                 }
-                Err(e) => log::warn!("cannot listen for SIGHUP (endpoint reload): {e}"),
+                Err(e) => log::warn!("cannot listen for SIGHUP (reload): {e}"),
             }
         }
         let mut stop = shutdown.clone();
         let _ = stop.changed().await;
         tasks.shutdown().await;
+    }
+}
+
+/// The janitor's age bound for holds, response_header + stream_idle as reloads change them. A lower bound takes
+/// effect only once the wider one has run out since it was last in force: requests dispatched under it may take
+/// that long, and their holds are not overdue before.
+struct JanitorBound {
+    widest: Duration,
+    /// When `widest` was last the configured bound.
+    seen: Instant,
+}
+
+impl JanitorBound {
+    fn new(t: &crate::config::Timeouts, now: Instant) -> JanitorBound {
+        JanitorBound {
+            widest: t.response_header + t.stream_idle,
+            seen: now,
+        }
+    }
+
+    fn at(&mut self, t: &crate::config::Timeouts, now: Instant) -> Duration {
+        let configured = t.response_header + t.stream_idle;
+        if configured >= self.widest || now.saturating_duration_since(self.seen) > self.widest {
+            self.widest = configured;
+            self.seen = now;
+        }
+        self.widest
     }
 }
 
@@ -410,5 +437,32 @@ async fn run_pool_scrapes(
     }
     for (tx, _) in loops.values() {
         let _ = tx.send(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Timeouts;
+
+    #[test]
+    fn a_lower_janitor_bound_waits_for_the_requests_of_the_wider_one() {
+        let t0 = Instant::now();
+        let wide = Timeouts::default();
+        let narrow = Timeouts {
+            response_header: Duration::from_secs(1),
+            stream_idle: Duration::from_secs(1),
+            ..wide
+        };
+        let w = wide.response_header + wide.stream_idle;
+        let mut b = JanitorBound::new(&wide, t0);
+        assert_eq!(b.at(&narrow, t0 + Duration::from_secs(1)), w);
+        assert_eq!(b.at(&narrow, t0 + w), w);
+        assert_eq!(
+            b.at(&narrow, t0 + w + Duration::from_secs(1)),
+            Duration::from_secs(2)
+        );
+        // A wider one applies at once.
+        assert_eq!(b.at(&wide, t0 + w + Duration::from_secs(2)), w);
     }
 }
