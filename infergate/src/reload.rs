@@ -3,7 +3,8 @@
 //!
 //! [`plan`] compares the file with the configuration in effect and builds the next one: the new value of every
 //! setting that is read per request or that its owner can update while keeping its state, the running value of
-//! every other. [`apply`] hands it over: each pool's settings (a swap the next request reads), its policy's
+//! every other. [`apply`] hands it over: each pool's settings (a swap the next request reads; engine-stats scrapes
+//! restart with new settings within a second), its policy's
 //! parameters (`PlacementPolicy::reconfigure`: the session table and prefix index keep their entries, trimmed to
 //! new limits), its endpoints (kept ones keep their health, load, sessions and prefix entries), its wait queue's
 //! limits, the client keys with their limits (buckets and in-flight counts kept); then the router's own settings
@@ -12,7 +13,7 @@
 //! Not applied, each logged with the reason, and taken on a restart or a graceful upgrade (`systemctl reload`,
 //! which builds a new router from the file): what is bound or built at start (listeners, Pingora's server
 //! settings, the client connection gate, the body budget, the path screen, the access log, the state file, pools
-//! and their models, health checks, engine-stats scrapes, a pool's wait queue appearing or going), and a pool's
+//! and their models, health checks, engine-stats scraping or a wait queue turned on or off), and a pool's
 //! policy kind or its sessions turned on or off: the placement reasons (and their metric series) are fixed at
 //! start, and a new policy would start without the old one's session bindings and prefix index, which a graceful
 //! upgrade with a `state_file` hands over instead.
@@ -103,7 +104,7 @@ const WHY_SESSIONS: &str =
     "turning sessions on or off changes the pool's placement reasons (their metric \
                             series are fixed at start) and creates or drops the session table";
 const WHY_HEALTH: How = Err("health checks are built at start");
-const WHY_STATS: How = Err("engine-stats scrapes start with their settings");
+const WHY_STATS: How = Err("engine-stats scraping is turned on or off at start");
 const WHY_QUEUE: &str = "a pool's wait queue is created at start";
 const WHY_OTHER: &str = "the router keeps the values it started with";
 
@@ -419,12 +420,25 @@ fn pool_settings(d: &mut Diff, old: &PoolConfig, next: &mut PoolConfig) {
         &mut next.max_in_flight_per_endpoint,
         IN_PLACE,
     );
-    d.setting(
-        "engine_stats",
-        &old.engine_stats,
-        &mut next.engine_stats,
-        WHY_STATS,
-    );
+    match (&old.engine_stats, &mut next.engine_stats) {
+        (Some(e0), Some(e1)) => {
+            d.setting("engine_stats.kind", &e0.kind, &mut e1.kind, IN_PLACE);
+            d.setting("engine_stats.path", &e0.path, &mut e1.path, IN_PLACE);
+            d.setting(
+                "engine_stats.interval",
+                &e0.interval,
+                &mut e1.interval,
+                IN_PLACE,
+            );
+            d.setting(
+                "engine_stats.metric_prefix",
+                &e0.metric_prefix,
+                &mut e1.metric_prefix,
+                IN_PLACE,
+            );
+        }
+        (e0, e1) => d.setting("engine_stats", e0, e1, WHY_STATS),
+    }
     d.setting(
         "expose_paths",
         &old.expose_paths,
@@ -663,6 +677,13 @@ mod tests {
         );
         // Everything applied: the next configuration is the file's.
         assert_eq!(format!("{:?}", p.effective), format!("{new:?}"));
+        let stats = |i: &str| conf("", &format!("    engine_stats: {{ interval: {i} }}\n"));
+        let p = plan(&stats("1s"), &stats("250ms"));
+        assert_eq!(p.not_applied, vec![]);
+        assert_eq!(
+            p.applied[0].to_string(),
+            "applied engine_stats.interval of pool `a` (1s → 250ms)"
+        );
         let prefix = |extra: &str| conf("", &format!("    policy: prefix_aware\n{extra}"));
         let p = plan(
             &prefix(""),

@@ -387,11 +387,11 @@ pub fn run_with_channel(server: Server, rx: tokio::sync::mpsc::Receiver<Shutdown
 }
 
 /// Keep one scrape loop per current endpoint of a pool (endpoints may come and go on reload, and a reload may
-/// rotate an endpoint's key: its loop restarts with the new one); each records its outcome in the endpoint's
-/// stats cell.
+/// rotate an endpoint's key or change the scrape settings: its loop restarts with the new ones); each records its
+/// outcome in the endpoint's stats cell.
 async fn run_pool_scrapes(
     pool: Arc<crate::pool::Pool>,
-    cfg: crate::config::EngineStatsConfig,
+    mut cfg: crate::config::EngineStatsConfig,
     mut stop: ShutdownWatch,
 ) {
     use std::collections::HashMap;
@@ -400,10 +400,21 @@ async fn run_pool_scrapes(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         let endpoints = pool.endpoints();
+        let changed = match &pool.cfg().engine_stats {
+            Some(now) if *now != cfg => {
+                cfg = now.clone();
+                for e in endpoints.iter() {
+                    e.stats.enable(cfg.interval);
+                }
+                true
+            }
+            _ => false,
+        };
         loops.retain(|id, (tx, target)| {
-            let keep = endpoints
-                .iter()
-                .any(|e| e.id == *id && Arc::ptr_eq(&e.target(), target));
+            let keep = !changed
+                && endpoints
+                    .iter()
+                    .any(|e| e.id == *id && Arc::ptr_eq(&e.target(), target));
             if !keep {
                 let _ = tx.send(true);
             }

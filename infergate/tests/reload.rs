@@ -377,7 +377,7 @@ async fn sighup_applies_outlier_detection_and_names_what_needs_an_upgrade() {
     let never = keyed_conf(
         &eps,
         "",
-        "    outlier_detection: { consecutive_failures: 0 }\n",
+        "    outlier_detection: { consecutive_failures: 0 }\n    engine_stats: { interval: 1s }\n",
     );
     let b = Binary::start("partial", &never, &format!("bob:{BOB}\n")).await;
     until_served(&b).await;
@@ -390,6 +390,16 @@ async fn sighup_applies_outlier_detection_and_names_what_needs_an_upgrade() {
         "the failing engine got {failed} of 10 requests"
     );
     let ejections = |m: &str| metric_sum(m, "infergate_endpoint_ejections_total", &[]);
+    // Engine-stats scrapes of the healthy engine in the last second.
+    let scrapes = || {
+        eng[1]
+            .requests()
+            .iter()
+            .filter(|r| r.path == "/metrics" && r.received_at.elapsed() < Duration::from_secs(1))
+            .count()
+    };
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let slow = scrapes();
     assert_eq!(ejections(&b.metrics().await), 0.0, "never ejects");
     let big = || chat_body(30_000, false, 1);
     assert_ne!(b.chat(BOB, None, big()).await.0, 413);
@@ -398,7 +408,8 @@ async fn sighup_applies_outlier_detection_and_names_what_needs_an_upgrade() {
     let text = keyed_conf(
         &eps,
         "",
-        "    outlier_detection: { consecutive_failures: 1 }\n    policy: round_robin\n",
+        "    outlier_detection: { consecutive_failures: 1 }\n    engine_stats: { interval: 100ms }\n    \
+         policy: round_robin\n",
     )
     .replace(
         "auth:",
@@ -420,14 +431,24 @@ async fn sighup_applies_outlier_detection_and_names_what_needs_an_upgrade() {
         );
         let _ = b.chat(BOB, None, chat_body(100, false, 1)).await;
     }
-    // Read per request: a body over the new limit is refused.
-    assert_eq!(b.chat(BOB, None, big()).await.0, 413);
+    // Ejected for base_ejection (2 s).
     let m = b.metrics().await;
     assert_eq!(
         metric_sum(&m, "infergate_endpoint_ejected", &[]),
         1.0,
         "{m}"
     );
+    // Scrape loops restart with the new interval within a second.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let fast = scrapes();
+    assert!(
+        slow <= 2 && fast >= 5,
+        "scrapes a second: {slow} before, {fast} after"
+    );
+    println!("engine-stats scrapes a second: {slow} before the reload, {fast} after");
+    // Read per request: a body over the new limit is refused.
+    assert_eq!(b.chat(BOB, None, big()).await.0, 413);
+    let m = b.metrics().await;
     // Still load_aware: no round_robin placements.
     assert_eq!(
         metric_sum(
@@ -455,6 +476,7 @@ async fn sighup_applies_outlier_detection_and_names_what_needs_an_upgrade() {
         metric_value(&m, "infergate_config_reloads_total", &["result=\"failed\""]),
         Some(1.0)
     );
+    eng[0].control.set_fail_status(None);
     assert_eq!(b.chat(BOB, None, chat_body(100, false, 1)).await.0, 200);
 
     let log = b.log();
