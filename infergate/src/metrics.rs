@@ -34,6 +34,10 @@ pub const REQUEST_CODES: [&str; 8] = ["200", "0", "400", "429", "500", "502", "5
 /// requests (bad request, unknown path or model, body too large) and the router's own 5xx.
 pub const ROUTER_CODES: [&str; 7] = ["200", "400", "404", "413", "502", "503", "504"];
 
+/// Results of `infergate_config_reloads_total`: everything applied, some settings left for a restart or upgrade,
+/// the file rejected.
+pub const RELOAD_RESULTS: [&str; 3] = ["applied", "partial", "failed"];
+
 /// Causes of `infergate_session_evictions_total`.
 pub const EVICTION_CAUSES: [&str; 2] = ["ttl", "capacity"];
 
@@ -87,6 +91,10 @@ pub struct Metrics {
     pub session_evictions_total: IntCounterVec,
     pub router_responses_total: IntCounterVec,
     pub config_info: IntGauge,
+    /// SIGHUP reloads by result (`RELOAD_RESULTS`).
+    pub config_reloads_total: IntCounterVec,
+    /// Unix time of the configuration in effect: the start, then each reload that applied anything.
+    pub config_last_reload_success_timestamp_seconds: prometheus::Gauge,
     /// Client keys and the pools' wait queues (`admission`).
     pub client_requests_total: IntCounterVec,
     pub client_rate_limited_total: IntCounterVec,
@@ -167,6 +175,16 @@ impl Metrics {
         registry
             .register(Box::new(config_info.clone()))
             .expect("unique metric name");
+        let last_reload = prometheus::Gauge::new(
+            "infergate_config_last_reload_success_timestamp_seconds",
+            "Unix time the configuration in effect was loaded: the start, then each SIGHUP reload that was applied \
+             (fully or partly).",
+        )
+        .expect("static metric definition");
+        last_reload.set(unix_now());
+        registry
+            .register(Box::new(last_reload.clone()))
+            .expect("unique metric name");
         Arc::new(Metrics {
             prefill_tokens_estimated_total: counter(
                 &registry,
@@ -225,6 +243,20 @@ impl Metrics {
                 &ROUTER_CODES,
             ),
             config_info,
+            config_reloads_total: {
+                let c = counter(
+                    &registry,
+                    "infergate_config_reloads_total",
+                    "SIGHUP reloads by result: applied (everything), partial (some settings need a restart or \
+                     `systemctl reload`), failed (the file was rejected; nothing changed).",
+                    &["result"],
+                );
+                for r in RELOAD_RESULTS {
+                    c.with_label_values(&[r]);
+                }
+                c
+            },
+            config_last_reload_success_timestamp_seconds: last_reload,
             client_requests_total: counter(
                 &registry,
                 "infergate_client_requests_total",
@@ -271,6 +303,16 @@ impl Metrics {
             ),
             registry,
         })
+    }
+
+    /// Count one reload by its result (one of `RELOAD_RESULTS`); a reload that applied anything moves the
+    /// timestamp.
+    pub fn count_reload(&self, result: &str) {
+        self.config_reloads_total.with_label_values(&[result]).inc();
+        if result != "failed" {
+            self.config_last_reload_success_timestamp_seconds
+                .set(unix_now());
+        }
     }
 
     /// Register a series defined by another module (e.g. `crate::clients`) in this router's registry.
@@ -607,4 +649,11 @@ impl Collector for LiveCollector {
         .chain(self.prefill_speed.collect())
         .collect()
     }
+}
+
+/// Seconds since the Unix epoch, for timestamp gauges.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }

@@ -18,7 +18,7 @@ use crate::config::{Config, EndpointConfig, HealthCheckConfig, PoolConfig};
 use crate::engine_stats::StatsCell;
 use crate::ledger::EndpointLoad;
 use crate::metrics::{EndpointSample, LiveSource, Metrics};
-use crate::outlier::{Outlier, OutlierConfig};
+use crate::outlier::Outlier;
 use crate::placement::policy::{self, PlacementPolicy};
 use crate::placement::Candidate;
 
@@ -327,7 +327,8 @@ impl HealthCheck for EndpointHealthCheck {
 /// One configured pool at run time.
 pub struct Pool {
     pub name: Arc<str>,
-    pub cfg: PoolConfig,
+    /// The settings in effect, read per request; a reload swaps in new ones (`reconfigure`).
+    cfg: ArcSwap<PoolConfig>,
     /// The current endpoints: readers take a snapshot without a lock; a reload swaps in a new list.
     endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     membership: Arc<Membership>,
@@ -335,7 +336,6 @@ pub struct Pool {
     pub lb: Arc<LoadBalancer<RoundRobin>>,
     /// The pool's placement policy and its state (session table, prefix index, ...).
     pub policy: Box<dyn PlacementPolicy>,
-    pub outlier: OutlierConfig,
     /// Models the engines of a `"*"` pool report on `GET /v1/models` (refreshed by housekeeping).
     discovered_models: RwLock<Vec<String>>,
     /// The latest placements and the reasons of the last minute, for the status page.
@@ -365,17 +365,46 @@ impl Pool {
         lb.parallel_health_check = true;
         let pool = Arc::new(Pool {
             name: Arc::from(cfg.name.as_str()),
-            cfg: cfg.clone(),
+            cfg: ArcSwap::from_pointee(cfg.clone()),
             endpoints: ArcSwap::from_pointee(Vec::new()),
             membership,
             lb: Arc::new(lb),
             policy: policy::build(cfg),
-            outlier: cfg.outlier.clone(),
             discovered_models: RwLock::new(Vec::new()),
             recent: crate::status::RecentPlacements::default(),
         });
         pool.set_endpoints(&cfg.endpoints, None);
         pool
+    }
+
+    /// The pool's settings in effect (cheap: no lock, no clone). Read them per request: a reload may swap them.
+    pub fn cfg(&self) -> arc_swap::Guard<Arc<PoolConfig>> {
+        self.cfg.load()
+    }
+
+    /// Take reloaded settings (`reload` decided which of them may change in place; the rest are the running
+    /// values): the policy updates its parameters, keeping its state. Returns what the policy reports (evictions)
+    /// or why it could not take them; then the pool keeps the policy settings it had, so what it reports stays
+    /// what the policy runs with.
+    pub fn reconfigure(
+        &self,
+        new: &PoolConfig,
+        now: Instant,
+    ) -> Result<Option<String>, &'static str> {
+        let old = self.cfg.load_full();
+        let mut next = new.clone();
+        let policy = if old.policy != new.policy
+            || old.prefill.bytes_per_token != new.prefill.bytes_per_token
+        {
+            self.policy.reconfigure(new, now)
+        } else {
+            Ok(None)
+        };
+        if policy.is_err() {
+            next.policy = old.policy.clone();
+        }
+        self.cfg.store(Arc::new(next));
+        policy
     }
 
     /// The current endpoints (cheap: an Arc clone).
@@ -392,11 +421,12 @@ impl Pool {
         metrics: Option<&Metrics>,
     ) -> Vec<Arc<Endpoint>> {
         let current = self.endpoints();
+        let cfg = self.cfg();
         let mut next = Vec::with_capacity(wanted.len());
         for w in wanted {
             match current.iter().find(|e| e.label == w.label) {
                 Some(e) => {
-                    if e.retarget(w, &self.cfg.health_check) {
+                    if e.retarget(w, &cfg.health_check) {
                         log::info!(
                             "pool {}: endpoint {} now {} (key or address changed; state kept)",
                             self.name,
@@ -413,7 +443,7 @@ impl Pool {
                     next.push(Arc::new(Endpoint::new(
                         self.name.clone(),
                         w,
-                        &self.cfg.health_check,
+                        &cfg.health_check,
                     )))
                 }
             }
@@ -423,7 +453,7 @@ impl Pool {
             .filter(|e| !next.iter().any(|n| Arc::ptr_eq(n, e)))
             .cloned()
             .collect();
-        if let Some(stats) = &self.cfg.engine_stats {
+        if let Some(stats) = &cfg.engine_stats {
             for e in &next {
                 e.stats.enable(stats.interval);
             }
@@ -445,7 +475,7 @@ impl Pool {
 
     /// The placement reasons this pool's policy can give.
     pub fn reasons(&self) -> &'static [crate::placement::Reason] {
-        policy::reasons(&self.cfg.policy)
+        policy::reasons(&self.cfg().policy)
     }
 
     /// Snapshot for placement. Ineligible: unhealthy, `excluded` (already tried by this request), ejected unless
@@ -457,6 +487,7 @@ impl Pool {
         excluded: &[u64],
         now: Instant,
     ) -> Vec<Candidate> {
+        let max_in_flight = self.cfg().max_in_flight_per_endpoint;
         let mut cands: Vec<Candidate> = endpoints
             .iter()
             .map(|e| {
@@ -468,7 +499,7 @@ impl Pool {
                     peer_requests,
                     peer_prefill_tokens,
                     engine: e.stats.fresh(now),
-                    max_in_flight: self.cfg.max_in_flight_per_endpoint,
+                    max_in_flight,
                 }
             })
             .collect();
@@ -492,14 +523,15 @@ impl Pool {
     pub fn record_failure(&self, ep: &Endpoint, now: Instant) -> Option<Duration> {
         let endpoints = self.endpoints();
         let ejected = endpoints.iter().filter(|e| e.outlier.is_ejected()).count();
-        let may_eject = ejected < self.outlier.max_ejected(endpoints.len());
-        let d = ep.outlier.record_failure(&self.outlier, now, may_eject)?;
+        let cfg = self.cfg();
+        let may_eject = ejected < cfg.outlier.max_ejected(endpoints.len());
+        let d = ep.outlier.record_failure(&cfg.outlier, now, may_eject)?;
         log::warn!(
             "pool {} endpoint {}: ejected for {:?} after {} consecutive failures",
             self.name,
             ep.label,
             d,
-            self.outlier.consecutive_failures
+            cfg.outlier.consecutive_failures
         );
         Some(d)
     }
@@ -516,7 +548,7 @@ impl Pool {
     }
 
     pub fn serves_any_model(&self) -> bool {
-        self.cfg.models.iter().any(|m| m == "*")
+        self.cfg().models.iter().any(|m| m == "*")
     }
 
     /// Ask one healthy endpoint of a `"*"` pool which models it serves, for the router's `GET /v1/models`.
@@ -591,9 +623,8 @@ impl Pools {
         let mut names: Vec<String> = self
             .pools
             .iter()
-            .flat_map(|p| p.cfg.models.iter())
+            .flat_map(|p| p.cfg().models.clone())
             .filter(|m| m.as_str() != "*")
-            .cloned()
             .collect();
         for p in &self.pools {
             names.extend(p.discovered_models.read().iter().cloned());
@@ -613,7 +644,7 @@ impl Pools {
             if p.serves_any_model() {
                 p.refresh_models(
                     crate::engine_stats::shared_client(),
-                    p.cfg.health_check.timeout,
+                    p.cfg().health_check.timeout,
                 )
                 .await;
             }
@@ -653,3 +684,35 @@ impl LiveSource for Pools {
 
 /// How often the janitor looks for overdue holds.
 pub const JANITOR_PERIOD: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn pool_cfg(extra: &str) -> PoolConfig {
+        let text = format!("pools:\n  - name: a\n    endpoints: [\"http://127.0.0.1:9\"]\n{extra}");
+        Config::parse(Path::new("t.yaml"), &text)
+            .expect("valid")
+            .pools[0]
+            .clone()
+    }
+
+    #[test]
+    fn reconfigure_swaps_the_settings_and_keeps_the_policy_settings_a_policy_refuses() {
+        let pool = Pool::new(&pool_cfg("    sessions: { ttl: 1h }\n"));
+        let now = Instant::now();
+        let next = pool_cfg("    sessions: { ttl: 5m }\n    max_in_flight_per_endpoint: 3\n");
+        assert_eq!(pool.reconfigure(&next, now), Ok(None));
+        assert_eq!(pool.cfg().max_in_flight_per_endpoint, Some(3));
+        assert_eq!(pool.cfg().policy, next.policy);
+        let cands = pool.candidates(&pool.endpoints(), &[], now);
+        assert_eq!(cands[0].max_in_flight, Some(3));
+        // Sessions off is not a parameter change: refused, the rest still taken.
+        let off = pool_cfg("    max_in_flight_per_endpoint: 5\n");
+        assert!(pool.reconfigure(&off, now).is_err());
+        assert_eq!(pool.cfg().policy, next.policy);
+        assert_eq!(pool.cfg().max_in_flight_per_endpoint, Some(5));
+    }
+}

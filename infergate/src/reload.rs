@@ -1,17 +1,27 @@
 //! SIGHUP: apply what a re-read configuration can change in the running router, and say, setting by setting,
-//! what it cannot.
+//! what was applied and what was not, and why.
 //!
-//! Applied in place: each pool's endpoints (pools matched by name): added ones start unknown, departed ones lose
-//! their metric series, kept ones keep their health, load, sessions and prefix entries and take a rotated API
-//! key or a re-resolved address; and the client keys with their limits (`auth`: a key whose name stays keeps its
-//! buckets). Everything else is read when the router is built (listeners, Pingora's server
-//! settings, the proxy's limits and timeouts, each pool's policy and its state): a change to it is logged as not
-//! applied, with the reason, and takes effect on a restart or a graceful upgrade (`systemctl reload`), which
-//! builds a new router from the file.
+//! [`plan`] compares the file with the configuration in effect and builds the next one: the new value of every
+//! setting that is read per request or that its owner can update while keeping its state, the running value of
+//! every other. [`apply`] hands it over: each pool's settings (a swap the next request reads; engine-stats scrapes
+//! restart with new settings within a second), its policy's
+//! parameters (`PlacementPolicy::reconfigure`: the session table and prefix index keep their entries, trimmed to
+//! new limits), its endpoints (kept ones keep their health, load, sessions and prefix entries), its wait queue's
+//! limits, the client keys with their limits (buckets and in-flight counts kept); then the router's own settings
+//! read per request. Requests in flight keep the values they started with (their holds, deadlines, queue places).
+//!
+//! Not applied, each logged with the reason, and taken on a restart or a graceful upgrade (`systemctl reload`,
+//! which builds a new router from the file): what is bound or built at start (listeners, Pingora's server
+//! settings, the client connection gate, the body budget, the path screen, the access log, the state file, pools
+//! and their models, health checks, engine-stats scraping or a wait queue turned on or off), and a pool's
+//! policy kind or its sessions turned on or off: the placement reasons (and their metric series) are fixed at
+//! start, and a new policy would start without the old one's session bindings and prefix index, which a graceful
+//! upgrade with a `state_file` hands over instead.
 
 use std::fmt::Debug;
+use std::time::Instant;
 
-use crate::config::{Config, PoolConfig};
+use crate::config::{Config, PolicyConfig, PoolConfig};
 use crate::server::RouterState;
 
 /// What a reload must tell the operator to do for a setting it could not apply.
@@ -22,7 +32,7 @@ const REMEDY: &str = "needs a restart or `systemctl reload` (graceful upgrade)";
 pub struct NotApplied {
     /// The pool it belongs to, if any.
     pub pool: Option<String>,
-    /// The key as written in the file (`timeouts.connect`, `policy`).
+    /// The key as written in the file (`timeouts.request_header`, `policy`).
     pub key: String,
     /// ` (old → new)` when both values are short, else empty.
     pub values: String,
@@ -32,49 +42,120 @@ pub struct NotApplied {
 
 impl std::fmt::Display for NotApplied {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = match &self.pool {
-            Some(pool) => format!("{} of pool `{pool}`", self.key),
-            None => self.key.clone(),
-        };
         write!(
             f,
-            "{what} changed{}: not applied, {REMEDY}: {}",
-            self.values, self.why
+            "{} changed{}: not applied, {REMEDY}: {}",
+            what(&self.pool, &self.key),
+            self.values,
+            self.why
         )
     }
 }
 
-const WHY_LISTEN: &str = "listening sockets are bound at start";
-const WHY_SERVER: &str = "Pingora reads its server settings at start";
-const WHY_PROXY: &str = "the proxy keeps the value it started with";
+/// A setting applied in place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub pool: Option<String>,
+    pub key: String,
+    /// ` (old → new)` when both values are short, else empty.
+    pub values: String,
+}
+
+impl std::fmt::Display for Applied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "applied {}{}", what(&self.pool, &self.key), self.values)
+    }
+}
+
+fn what(pool: &Option<String>, key: &str) -> String {
+    match pool {
+        Some(pool) => format!("{key} of pool `{pool}`"),
+        None => key.to_string(),
+    }
+}
+
+/// The next configuration and what it changes.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The new value where it applies in place, the running one elsewhere.
+    pub effective: Config,
+    /// Settings that change in place (endpoint lists and client keys are reported by their own code).
+    pub applied: Vec<Applied>,
+    pub not_applied: Vec<NotApplied>,
+}
+
+/// Whether a setting changes in place: Ok, or why not.
+type How = Result<(), &'static str>;
+const IN_PLACE: How = Ok(());
+
+const WHY_LISTEN: How = Err("listening sockets are bound at start");
+const WHY_SERVER: How = Err("Pingora reads its server settings at start");
+const WHY_GATE: How = Err("the client connection gate is built at start");
+const WHY_BUDGET: How = Err("the shared body budget is sized at start");
+const WHY_SCREEN: How = Err("the path screen is built at start");
+const WHY_ACCESS_LOG: How = Err("the access log is opened at start");
+const WHY_STATE_FILE: How =
+    Err("the state file is read at start and written by the instance that started with it");
 const WHY_POOLS: &str = "pools are built at start";
-const WHY_POLICY: &str =
-    "the policy and its state (session bindings, prefix index) are built at start";
-const WHY_POOL: &str = "the pool keeps the value it was built with";
+const WHY_MODELS: How = Err("which pool serves which model is fixed at start");
+const WHY_POLICY: &str = "the pool's placement reasons (and their metric series) are fixed at start, and a new \
+                          policy would start without the old one's state (session bindings, prefix index)";
+const WHY_SESSIONS: &str =
+    "turning sessions on or off changes the pool's placement reasons (their metric \
+                            series are fixed at start) and creates or drops the session table";
+const WHY_HEALTH: How = Err("health checks are built at start");
+const WHY_STATS: How = Err("engine-stats scraping is turned on or off at start");
+const WHY_QUEUE: &str = "a pool's wait queue is created at start";
+const WHY_CLUSTER: How =
+    Err("the shared store's connection and its publish task are set up at start");
+const WHY_OTHER: &str = "the router keeps the values it started with";
 
 /// The longest value shown in a message (`old → new`); longer ones are only named.
 const SHOWN: usize = 60;
 
 struct Diff {
-    out: Vec<NotApplied>,
+    applied: Vec<Applied>,
+    not_applied: Vec<NotApplied>,
     pool: Option<String>,
 }
 
 impl Diff {
-    /// Record `key` when its values differ (compared by their `Debug` text: every config type has one, and it
-    /// never shows a key).
-    fn field<T: Debug + ?Sized>(&mut self, key: &str, old: &T, new: &T, why: &'static str) {
+    /// ` (old → new)` when they differ (compared by their `Debug` text: every config type has one, and it never
+    /// shows a key), with the values when both are short; None when equal.
+    fn values<T: Debug + ?Sized>(old: &T, new: &T) -> Option<String> {
         let (old, new) = (format!("{old:?}"), format!("{new:?}"));
         if old == new {
-            return;
+            return None;
         }
         let shown = old.len() <= SHOWN && new.len() <= SHOWN;
-        self.push(key, shown.then(|| format!(" ({old} → {new})")), why);
+        Some(if shown {
+            format!(" ({old} → {new})")
+        } else {
+            String::new()
+        })
     }
 
-    fn push(&mut self, key: &str, values: Option<String>, why: &'static str) {
-        let values = values.unwrap_or_default();
-        self.out.push(NotApplied {
+    /// One setting: `next` holds the new value; when it differs from `running`, record it as applied, or as not
+    /// applied and put the running value back.
+    fn setting<T: Debug + Clone>(&mut self, key: &str, running: &T, next: &mut T, how: How) {
+        let Some(values) = Self::values(running, next) else {
+            return;
+        };
+        match how {
+            Ok(()) => self.applied.push(Applied {
+                pool: self.pool.clone(),
+                key: key.to_string(),
+                values,
+            }),
+            Err(why) => {
+                self.skip(key, values, why);
+                *next = running.clone();
+            }
+        }
+    }
+
+    fn skip(&mut self, key: &str, values: String, why: &'static str) {
+        self.not_applied.push(NotApplied {
             pool: self.pool.clone(),
             key: key.to_string(),
             values,
@@ -83,128 +164,170 @@ impl Diff {
     }
 }
 
-/// Every setting that differs between `running` and `new` and cannot change in place. Endpoint lists are
-/// applied, so they are not listed.
-pub fn not_applied(running: &Config, new: &Config) -> Vec<NotApplied> {
+/// Compare `new` with the configuration in effect (`running`) and build the next one.
+pub fn plan(running: &Config, new: &Config) -> Plan {
     let mut d = Diff {
-        out: Vec::new(),
+        applied: Vec::new(),
+        not_applied: Vec::new(),
         pool: None,
     };
-    d.field("listen", &running.listen, &new.listen, WHY_LISTEN);
-    d.field(
+    let mut next = new.clone();
+    let (r, n) = (running, &mut next);
+    d.setting("listen", &r.listen, &mut n.listen, WHY_LISTEN);
+    d.setting(
         "metrics_listen",
-        &running.metrics_listen,
-        &new.metrics_listen,
+        &r.metrics_listen,
+        &mut n.metrics_listen,
         WHY_LISTEN,
     );
-    if running.server_yaml != new.server_yaml {
-        d.push("server", None, WHY_SERVER);
+    if r.server_yaml != n.server_yaml {
+        d.skip("server", String::new(), WHY_SERVER.unwrap_err());
+        n.server_yaml.clone_from(&r.server_yaml);
     }
-    let (t0, t1) = (&running.timeouts, &new.timeouts);
-    d.field("timeouts.connect", &t0.connect, &t1.connect, WHY_PROXY);
-    d.field(
+    let (t0, t1) = (&r.timeouts, &mut n.timeouts);
+    d.setting("timeouts.connect", &t0.connect, &mut t1.connect, IN_PLACE);
+    d.setting(
         "timeouts.response_header",
         &t0.response_header,
-        &t1.response_header,
-        WHY_PROXY,
+        &mut t1.response_header,
+        IN_PLACE,
     );
-    d.field(
+    d.setting(
         "timeouts.stream_idle",
         &t0.stream_idle,
-        &t1.stream_idle,
-        WHY_PROXY,
+        &mut t1.stream_idle,
+        IN_PLACE,
     );
-    d.field(
+    d.setting(
         "timeouts.request_body",
         &t0.request_body,
-        &t1.request_body,
-        WHY_PROXY,
+        &mut t1.request_body,
+        IN_PLACE,
     );
-    d.field(
-        "max_retries",
-        &running.max_retries,
-        &new.max_retries,
-        WHY_PROXY,
-    );
-    d.field(
-        "max_body_bytes",
-        &running.max_body_bytes,
-        &new.max_body_bytes,
-        WHY_PROXY,
-    );
-    d.field(
-        "body_budget_bytes",
-        &running.body_budget_bytes,
-        &new.body_budget_bytes,
-        WHY_PROXY,
-    );
-    d.field(
-        "body_budget_wait",
-        &running.body_budget_wait,
-        &new.body_budget_wait,
-        WHY_PROXY,
-    );
-    d.field(
+    d.setting(
         "timeouts.request_header",
         &t0.request_header,
-        &t1.request_header,
-        WHY_PROXY,
+        &mut t1.request_header,
+        WHY_GATE,
     );
-    d.field(
+    d.setting(
         "timeouts.client_idle",
         &t0.client_idle,
-        &t1.client_idle,
-        WHY_PROXY,
+        &mut t1.client_idle,
+        IN_PLACE,
     );
-    d.field(
+    d.setting(
+        "timeouts.client_write",
+        &t0.client_write,
+        &mut t1.client_write,
+        IN_PLACE,
+    );
+    d.setting("max_retries", &r.max_retries, &mut n.max_retries, IN_PLACE);
+    d.setting(
+        "max_body_bytes",
+        &r.max_body_bytes,
+        &mut n.max_body_bytes,
+        IN_PLACE,
+    );
+    d.setting(
+        "body_budget_bytes",
+        &r.body_budget_bytes,
+        &mut n.body_budget_bytes,
+        WHY_BUDGET,
+    );
+    d.setting(
+        "body_budget_wait",
+        &r.body_budget_wait,
+        &mut n.body_budget_wait,
+        IN_PLACE,
+    );
+    d.setting(
         "max_client_connections",
-        &running.max_client_connections,
-        &new.max_client_connections,
-        WHY_LISTEN,
+        &r.max_client_connections,
+        &mut n.max_client_connections,
+        WHY_GATE,
     );
-    d.field(
+    d.setting(
         "expose_paths",
-        &running.expose_paths,
-        &new.expose_paths,
-        WHY_PROXY,
+        &r.expose_paths,
+        &mut n.expose_paths,
+        WHY_SCREEN,
     );
-    d.field(
+    d.setting(
         "trusted_proxies",
-        &running.trusted_proxies,
-        &new.trusted_proxies,
-        WHY_PROXY,
+        &r.trusted_proxies,
+        &mut n.trusted_proxies,
+        IN_PLACE,
     );
+    d.setting(
+        "access_log",
+        &r.access_log,
+        &mut n.access_log,
+        WHY_ACCESS_LOG,
+    );
+    d.setting(
+        "endpoint_header",
+        &r.endpoint_header,
+        &mut n.endpoint_header,
+        IN_PLACE,
+    );
+    d.setting(
+        "state_file",
+        &r.state_file,
+        &mut n.state_file,
+        WHY_STATE_FILE,
+    );
+    d.setting("cluster", &r.cluster, &mut n.cluster, WHY_CLUSTER);
+    // `auth` is applied as a whole (`Admission::reload_keys` logs it).
+
     for pc in &new.pools {
-        if !running.pools.iter().any(|p| p.name == pc.name) {
-            d.push("pools", Some(format!(" (`{}` added)", pc.name)), WHY_POOLS);
+        if !r.pools.iter().any(|p| p.name == pc.name) {
+            d.skip("pools", format!(" (`{}` added)", pc.name), WHY_POOLS);
         }
     }
-    for p in &running.pools {
-        match new.pools.iter().find(|pc| pc.name == p.name) {
-            None => d.push("pools", Some(format!(" (`{}` removed)", p.name)), WHY_POOLS),
-            Some(pc) => pool_changes(&mut d, p, pc),
-        }
-    }
+    // The running pools in their order (the path screen and the metrics refer to them by position).
+    n.pools = r
+        .pools
+        .iter()
+        .map(|p| match new.pools.iter().find(|pc| pc.name == p.name) {
+            None => {
+                d.skip("pools", format!(" (`{}` removed)", p.name), WHY_POOLS);
+                p.clone()
+            }
+            Some(pc) => {
+                let mut next = pc.clone();
+                pool_settings(&mut d, p, &mut next);
+                next
+            }
+        })
+        .collect();
     let names = |c: &Config| c.pools.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
-    let (mut old_names, mut new_names) = (names(running), names(new));
+    let (mut old_names, mut new_names) = (names(r), names(new));
     if old_names != new_names {
         old_names.sort();
         new_names.sort();
         if old_names == new_names {
-            d.push("pools", Some(" (order)".to_string()), WHY_POOLS);
+            d.skip("pools", " (order)".to_string(), WHY_POOLS);
         }
     }
-    if d.out.is_empty() && unlisted_change(running, new) {
-        d.push(
+    if d.not_applied.is_empty() && unlisted_change(r, new) {
+        d.skip(
             "settings without a reload check of their own",
-            None,
+            String::new(),
             WHY_OTHER,
         );
     }
-    d.out
+    Plan {
+        effective: next,
+        applied: d.applied,
+        not_applied: d.not_applied,
+    }
 }
 
-const WHY_OTHER: &str = "the router keeps the values it started with";
+/// Every setting that differs between `running` and `new` and cannot change in place.
+pub fn not_applied(running: &Config, new: &Config) -> Vec<NotApplied> {
+    plan(running, new).not_applied
+}
 
 /// Whether `new` differs from `running` in something the checks above do not look at (a setting added to the
 /// configuration later): `running` with every checked or applied value taken from `new` must equal `new`.
@@ -214,14 +337,8 @@ fn unlisted_change(running: &Config, new: &Config) -> bool {
     r.listen.clone_from(&new.listen);
     r.metrics_listen.clone_from(&new.metrics_listen);
     r.server_yaml.clone_from(&new.server_yaml);
-    r.timeouts.connect = new.timeouts.connect;
-    r.timeouts.response_header = new.timeouts.response_header;
-    r.timeouts.stream_idle = new.timeouts.stream_idle;
-    r.timeouts.request_body = new.timeouts.request_body;
-    r.timeouts.request_header = new.timeouts.request_header;
-    r.timeouts.client_idle = new.timeouts.client_idle;
+    r.timeouts = new.timeouts;
     r.max_client_connections = new.max_client_connections;
-    // Applied in place (`apply`).
     r.auth.clone_from(&new.auth);
     r.max_retries = new.max_retries;
     r.max_body_bytes = new.max_body_bytes;
@@ -229,6 +346,10 @@ fn unlisted_change(running: &Config, new: &Config) -> bool {
     r.body_budget_wait = new.body_budget_wait;
     r.expose_paths.clone_from(&new.expose_paths);
     r.trusted_proxies.clone_from(&new.trusted_proxies);
+    r.access_log.clone_from(&new.access_log);
+    r.endpoint_header = new.endpoint_header;
+    r.state_file.clone_from(&new.state_file);
+    r.cluster.clone_from(&new.cluster);
     if r.pools.len() == new.pools.len() {
         for (p, n) in r.pools.iter_mut().zip(&new.pools) {
             p.name.clone_from(&n.name);
@@ -249,54 +370,196 @@ fn unlisted_change(running: &Config, new: &Config) -> bool {
     format!("{r:?}") != format!("{new:?}")
 }
 
-fn pool_changes(d: &mut Diff, old: &PoolConfig, new: &PoolConfig) {
+/// One pool's settings; `next` starts as the file's.
+fn pool_settings(d: &mut Diff, old: &PoolConfig, next: &mut PoolConfig) {
     d.pool = Some(old.name.clone());
-    d.field("models", &old.models, &new.models, WHY_POOLS);
-    if old.policy.kind() != new.policy.kind() {
-        let (from, to) = (old.policy.kind().as_str(), new.policy.kind().as_str());
-        d.push("policy", Some(format!(" ({from} → {to})")), WHY_POLICY);
-    } else {
-        // Same policy, other parameters (sessions, prefix).
-        d.field("policy settings", &old.policy, &new.policy, WHY_POLICY);
-    }
-    d.field(
+    d.setting("models", &old.models, &mut next.models, WHY_MODELS);
+    policy_settings(d, &old.policy, &mut next.policy);
+    let (o0, o1) = (&old.outlier, &mut next.outlier);
+    d.setting(
+        "outlier_detection.consecutive_failures",
+        &o0.consecutive_failures,
+        &mut o1.consecutive_failures,
+        IN_PLACE,
+    );
+    d.setting(
+        "outlier_detection.base_ejection",
+        &o0.base_ejection,
+        &mut o1.base_ejection,
+        IN_PLACE,
+    );
+    d.setting(
+        "outlier_detection.max_ejection",
+        &o0.max_ejection,
+        &mut o1.max_ejection,
+        IN_PLACE,
+    );
+    d.setting(
+        "outlier_detection.max_ejected_percent",
+        &o0.max_ejected_percent,
+        &mut o1.max_ejected_percent,
+        IN_PLACE,
+    );
+    d.setting(
+        "outlier_detection.saturation_cooldown",
+        &o0.saturation_cooldown,
+        &mut o1.saturation_cooldown,
+        IN_PLACE,
+    );
+    d.setting(
         "health_check",
         &old.health_check,
-        &new.health_check,
-        WHY_POOL,
+        &mut next.health_check,
+        WHY_HEALTH,
     );
-    d.field("prefill", &old.prefill, &new.prefill, WHY_POOL);
-    d.field(
+    d.setting(
+        "prefill.bytes_per_token",
+        &old.prefill.bytes_per_token,
+        &mut next.prefill.bytes_per_token,
+        IN_PLACE,
+    );
+    d.setting(
+        "prefill.max_tokens",
+        &old.prefill.max_tokens,
+        &mut next.prefill.max_tokens,
+        IN_PLACE,
+    );
+    d.setting(
         "max_in_flight_per_endpoint",
         &old.max_in_flight_per_endpoint,
-        &new.max_in_flight_per_endpoint,
-        WHY_POOL,
+        &mut next.max_in_flight_per_endpoint,
+        IN_PLACE,
     );
-    d.field(
-        "engine_stats",
-        &old.engine_stats,
-        &new.engine_stats,
-        WHY_POOL,
-    );
-    d.field("outlier_detection", &old.outlier, &new.outlier, WHY_POOL);
-    d.field("queue", &old.queue, &new.queue, WHY_POOL);
-    d.field(
+    match (&old.engine_stats, &mut next.engine_stats) {
+        (Some(e0), Some(e1)) => {
+            d.setting("engine_stats.kind", &e0.kind, &mut e1.kind, IN_PLACE);
+            d.setting("engine_stats.path", &e0.path, &mut e1.path, IN_PLACE);
+            d.setting(
+                "engine_stats.interval",
+                &e0.interval,
+                &mut e1.interval,
+                IN_PLACE,
+            );
+            d.setting(
+                "engine_stats.metric_prefix",
+                &e0.metric_prefix,
+                &mut e1.metric_prefix,
+                IN_PLACE,
+            );
+        }
+        (e0, e1) => d.setting("engine_stats", e0, e1, WHY_STATS),
+    }
+    d.setting(
         "expose_paths",
         &old.expose_paths,
-        &new.expose_paths,
-        WHY_POOL,
+        &mut next.expose_paths,
+        WHY_SCREEN,
     );
+    match (&old.queue, &mut next.queue) {
+        (Some(q0), Some(q1)) => {
+            d.setting(
+                "queue.max_length",
+                &q0.max_length,
+                &mut q1.max_length,
+                IN_PLACE,
+            );
+            d.setting("queue.max_wait", &q0.max_wait, &mut q1.max_wait, IN_PLACE);
+        }
+        (q0, q1) => d.setting("queue", q0, q1, Err(WHY_QUEUE)),
+    }
     d.pool = None;
 }
 
-/// Apply `new` to the running router: endpoints in place, then one warning per setting that is not applied.
+/// A pool's policy: its kind and whether it keeps sessions are fixed; its parameters change in place.
+fn policy_settings(d: &mut Diff, old: &PolicyConfig, next: &mut PolicyConfig) {
+    if old.kind() != next.kind() {
+        let (from, to) = (old.kind().as_str(), next.kind().as_str());
+        d.skip("policy", format!(" ({from} → {to})"), WHY_POLICY);
+        *next = old.clone();
+        return;
+    }
+    match (old, next) {
+        (PolicyConfig::LoadAware { sessions: s0 }, PolicyConfig::LoadAware { sessions: s1 }) => {
+            match (s0, s1) {
+                (Some(s0), Some(s1)) => {
+                    d.setting("sessions.header", &s0.header, &mut s1.header, IN_PLACE);
+                    d.setting("sessions.ttl", &s0.ttl, &mut s1.ttl, IN_PLACE);
+                    d.setting(
+                        "sessions.max_sessions",
+                        &s0.max_sessions,
+                        &mut s1.max_sessions,
+                        IN_PLACE,
+                    );
+                }
+                (s0, s1) => {
+                    let on = |s: &Option<_>| if s.is_some() { "on" } else { "off" };
+                    if s0.is_some() != s1.is_some() {
+                        d.skip(
+                            "sessions",
+                            format!(" ({} → {})", on(s0), on(s1)),
+                            WHY_SESSIONS,
+                        );
+                        s1.clone_from(s0);
+                    }
+                }
+            }
+        }
+        (PolicyConfig::PrefixAware { prefix: p0 }, PolicyConfig::PrefixAware { prefix: p1 }) => {
+            d.setting(
+                "prefix.block_bytes",
+                &p0.block_bytes,
+                &mut p1.block_bytes,
+                IN_PLACE,
+            );
+            d.setting(
+                "prefix.min_match_bytes",
+                &p0.min_match_bytes,
+                &mut p1.min_match_bytes,
+                IN_PLACE,
+            );
+            d.setting(
+                "prefix.capacity_tokens_per_endpoint",
+                &p0.capacity_tokens_per_endpoint,
+                &mut p1.capacity_tokens_per_endpoint,
+                IN_PLACE,
+            );
+            d.setting("prefix.fallback", &p0.fallback, &mut p1.fallback, IN_PLACE);
+        }
+        // Round robin and least request have no parameters.
+        (old, next) => d.setting("policy settings", old, next, Err(WHY_OTHER)),
+    }
+}
+
+/// Apply `new` to the running router (see the module doc), log one line per setting applied or not, and count the
+/// reload.
 pub fn apply(state: &RouterState, new: &Config) {
-    let path = state.cfg.source.display();
-    let mut applied = Vec::new();
+    let path = new.source.display();
+    let running = state.current();
+    let Plan {
+        effective,
+        applied,
+        mut not_applied,
+    } = plan(&running, new);
+    let now = Instant::now();
+    let mut notes = Vec::new();
+    let mut endpoints = Vec::new();
     for pool in &state.pools.pools {
-        let Some(pc) = new.pools.iter().find(|pc| *pc.name == *pool.name) else {
+        let Some(pc) = effective.pools.iter().find(|pc| *pc.name == *pool.name) else {
             continue;
         };
+        match pool.reconfigure(pc, now) {
+            Ok(Some(note)) => notes.push(format!("pool `{}`: {note}", pool.name)),
+            Ok(None) => {}
+            Err(why) => not_applied.push(NotApplied {
+                pool: Some(pool.name.to_string()),
+                key: "policy settings".to_string(),
+                values: String::new(),
+                why,
+            }),
+        }
+        if let (Some(q), Some(qc)) = (state.admission.queue(&pool.name), pc.queue) {
+            q.reconfigure(qc);
+        }
         let before: Vec<String> = pool.endpoints().iter().map(|e| e.label.clone()).collect();
         let removed = pool.set_endpoints(&pc.endpoints, Some(&state.metrics));
         let added: Vec<&str> = pc
@@ -307,7 +570,7 @@ pub fn apply(state: &RouterState, new: &Config) {
             .collect();
         if !added.is_empty() || !removed.is_empty() {
             let removed: Vec<&str> = removed.iter().map(|e| e.label.as_str()).collect();
-            applied.push(format!(
+            endpoints.push(format!(
                 "pool `{}`: {} endpoint(s) added [{}], {} removed [{}]",
                 pool.name,
                 added.len(),
@@ -317,23 +580,33 @@ pub fn apply(state: &RouterState, new: &Config) {
             ));
         }
     }
-    if state.cfg.auth.is_some() || new.auth.is_some() {
+    if running.auth.is_some() || new.auth.is_some() {
         state.reload_keys(new);
-        applied.push("client keys and limits re-read".to_string());
+        endpoints.push("client keys and limits re-read".to_string());
     }
-    if applied.is_empty() {
+    state.set_current(effective);
+
+    if endpoints.is_empty() {
         log::info!("reload {path}: endpoint lists unchanged (keys and addresses re-read)");
     } else {
-        log::info!("reload {path}: applied {}", applied.join("; "));
+        log::info!("reload {path}: applied {}", endpoints.join("; "));
     }
-    let skipped = not_applied(&state.cfg, new);
-    for s in &skipped {
+    for a in &applied {
+        log::info!("reload {path}: {a}");
+    }
+    for note in &notes {
+        log::info!("reload {path}: {note}");
+    }
+    for s in &not_applied {
         log::warn!("reload {path}: {s}");
     }
-    if !skipped.is_empty() {
+    if not_applied.is_empty() {
+        state.metrics.count_reload("applied");
+    } else {
+        state.metrics.count_reload("partial");
         log::warn!(
             "reload {path}: {} setting(s) not applied; the router keeps running with their old values",
-            skipped.len()
+            not_applied.len()
         );
     }
 }
@@ -363,13 +636,79 @@ mod tests {
     fn a_policy_change_is_named_with_its_pool_and_what_to_do() {
         let old = conf("", "");
         let new = conf("", "    policy: prefix_aware\n");
-        let n = not_applied(&old, &new);
+        let p = plan(&old, &new);
+        let n = p.not_applied;
         assert_eq!(n.len(), 1, "{n:?}");
         assert_eq!(
             n[0].to_string(),
             "policy of pool `a` changed (load_aware → prefix_aware): not applied, needs a restart or \
-             `systemctl reload` (graceful upgrade): the policy and its state (session bindings, prefix index) \
-             are built at start"
+             `systemctl reload` (graceful upgrade): the pool's placement reasons (and their metric series) are \
+             fixed at start, and a new policy would start without the old one's state (session bindings, prefix \
+             index)"
+        );
+        // The pool keeps running its policy.
+        assert_eq!(p.effective.pools[0].policy, old.pools[0].policy);
+        // Sessions turned on: the same.
+        let n = not_applied(&old, &conf("", "    sessions: {}\n"));
+        assert_eq!(n.len(), 1, "{n:?}");
+        assert_eq!(n[0].key, "sessions");
+        assert_eq!(n[0].values, " (off → on)");
+    }
+
+    #[test]
+    fn policy_parameters_limits_and_per_request_settings_apply() {
+        let old = conf(
+            "",
+            "    sessions: { ttl: 1h }\n    max_in_flight_per_endpoint: 4\n    queue: {}\n",
+        );
+        let new = conf(
+            "timeouts: { connect: 5s, client_idle: 3s }\nmax_retries: 0\nendpoint_header: false\n",
+            "    sessions: { ttl: 5m, max_sessions: 10, header: x-conv }\n    max_in_flight_per_endpoint: 8\n    \
+             queue: { max_wait: 1s }\n    prefill: { bytes_per_token: 3 }\n    outlier_detection: { base_ejection: 1s }\n",
+        );
+        let p = plan(&old, &new);
+        assert_eq!(p.not_applied, vec![]);
+        let applied: Vec<String> = p.applied.iter().map(|a| a.to_string()).collect();
+        assert_eq!(
+            applied,
+            [
+                "applied timeouts.connect (2s → 5s)",
+                "applied timeouts.client_idle (60s → 3s)",
+                "applied max_retries (2 → 0)",
+                "applied endpoint_header (true → false)",
+                "applied sessions.header of pool `a` (\"x-session-id\" → \"x-conv\")",
+                "applied sessions.ttl of pool `a` (3600s → 300s)",
+                "applied sessions.max_sessions of pool `a` (100000 → 10)",
+                "applied outlier_detection.base_ejection of pool `a` (2s → 1s)",
+                "applied prefill.bytes_per_token of pool `a` (4.0 → 3.0)",
+                "applied max_in_flight_per_endpoint of pool `a` (Some(4) → Some(8))",
+                "applied queue.max_wait of pool `a` (10s → 1s)",
+            ]
+        );
+        // Everything applied: the next configuration is the file's.
+        assert_eq!(format!("{:?}", p.effective), format!("{new:?}"));
+        let stats = |i: &str| conf("", &format!("    engine_stats: {{ interval: {i} }}\n"));
+        let p = plan(&stats("1s"), &stats("250ms"));
+        assert_eq!(p.not_applied, vec![]);
+        assert_eq!(
+            p.applied[0].to_string(),
+            "applied engine_stats.interval of pool `a` (1s → 250ms)"
+        );
+        let prefix = |extra: &str| conf("", &format!("    policy: prefix_aware\n{extra}"));
+        let p = plan(
+            &prefix(""),
+            &prefix("    prefix: { block_bytes: 32, min_match_bytes: 64, capacity_tokens_per_endpoint: 9, fallback: qps }\n"),
+        );
+        assert_eq!(p.not_applied, vec![]);
+        let keys: Vec<&str> = p.applied.iter().map(|a| a.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "prefix.block_bytes",
+                "prefix.min_match_bytes",
+                "prefix.capacity_tokens_per_endpoint",
+                "prefix.fallback"
+            ]
         );
     }
 
@@ -392,13 +731,15 @@ mod tests {
     }
 
     #[test]
-    fn every_other_kind_of_change_is_listed_once() {
+    fn what_cannot_change_in_place_is_listed_once_and_keeps_its_running_value() {
         let old = conf("", "");
         let new = conf(
-            "listen: \"127.0.0.1:2\"\ntimeouts: { connect: 5s }\nmax_retries: 0\nserver: { threads: 4 }\n",
+            "listen: \"127.0.0.1:2\"\ntimeouts: { connect: 5s, request_header: 3s }\nmax_retries: 0\nserver: { threads: 4 }\n",
             "    sessions: { ttl: 1h }\n    max_in_flight_per_endpoint: 8\n  - name: b\n    models: [m]\n    endpoints: [\"http://127.0.0.1:10\"]\n",
         );
-        let keys: Vec<String> = not_applied(&old, &new)
+        let p = plan(&old, &new);
+        let keys: Vec<String> = p
+            .not_applied
             .iter()
             .map(|n| match &n.pool {
                 Some(p) => format!("{p}.{}", n.key),
@@ -410,26 +751,48 @@ mod tests {
             [
                 "listen",
                 "server",
-                "timeouts.connect",
-                "max_retries",
+                "timeouts.request_header",
                 "pools",
-                "a.policy settings",
-                "a.max_in_flight_per_endpoint",
+                "a.sessions"
             ]
         );
+        // The next configuration keeps the running values of those, and takes the rest.
+        let e = &p.effective;
+        assert_eq!(e.listen, old.listen);
+        assert_eq!(e.server_yaml, old.server_yaml);
+        assert_eq!(e.timeouts.request_header, old.timeouts.request_header);
+        assert_eq!(e.pools.len(), 1);
+        assert_eq!(e.pools[0].policy, old.pools[0].policy);
+        assert_eq!(e.timeouts.connect, new.timeouts.connect);
+        assert_eq!(e.max_retries, 0);
+        assert_eq!(e.pools[0].max_in_flight_per_endpoint, Some(8));
         // Everything that changed has its own line: none is left for the catch-all.
         assert!(!unlisted_change(&old, &new));
         let same_pools = conf(
-            "timeouts: { request_body: 5s }\nbody_budget_wait: 1s\nexpose_paths: [/metrics]\n",
-            "    models: [x]\n    prefill: { bytes_per_token: 3 }\n    outlier_detection: { base_ejection: 1s }\n    \
-             health_check: { interval: 1s }\n    engine_stats: {}\n    expose_paths: [/x]\n",
+            "body_budget_bytes: 1000\nexpose_paths: [/metrics]\nmax_client_connections: 5\n",
+            "    models: [x]\n    health_check: { interval: 1s }\n    engine_stats: {}\n    expose_paths: [/x]\n    \
+             max_in_flight_per_endpoint: 2\n    queue: {}\n",
         );
-        assert_eq!(not_applied(&old, &same_pools).len(), 9);
+        let n = not_applied(&old, &same_pools);
+        let keys: Vec<&str> = n.iter().map(|n| n.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "body_budget_bytes",
+                "max_client_connections",
+                "expose_paths",
+                "models",
+                "health_check",
+                "engine_stats",
+                "expose_paths",
+                "queue"
+            ]
+        );
         assert!(!unlisted_change(&old, &same_pools));
         let n = not_applied(&old, &new);
-        assert_eq!(n[2].values, " (2s → 5s)");
+        assert_eq!(n[2].values, " (10s → 3s)");
         assert_eq!(
-            n[4].to_string(),
+            n[3].to_string(),
             "pools changed (`b` added): not applied, needs a restart or `systemctl reload` (graceful upgrade): \
              pools are built at start"
         );

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
@@ -30,7 +31,12 @@ const RELEASE_PERIOD: Duration = Duration::from_millis(50);
 /// Handles to a built router's shared state (tests and the binary read metrics and pools through it).
 #[derive(Clone)]
 pub struct RouterState {
+    /// The configuration the router was built with: listeners, server settings and everything else a reload cannot
+    /// change are read here.
     pub cfg: Arc<Config>,
+    /// The configuration in effect: `cfg` plus what reloads applied (`reload`). Settings read per request come
+    /// from here (`current`).
+    live: Arc<ArcSwap<Config>>,
     pub pools: Arc<Pools>,
     pub ledger: Arc<Ledger>,
     pub metrics: Arc<Metrics>,
@@ -48,10 +54,22 @@ impl RouterState {
             cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),
             pools,
             admission: Admission::new(&cfg, metrics.clone()),
+            live: Arc::new(ArcSwap::from_pointee(cfg.clone())),
             cfg: Arc::new(cfg),
             ledger: Ledger::new(),
             metrics,
         }
+    }
+
+    /// The configuration in effect (cheap: no lock, no clone); read it per request, a reload may swap it.
+    pub fn current(&self) -> arc_swap::Guard<Arc<Config>> {
+        self.live.load()
+    }
+
+    /// Make `cfg` the configuration in effect (`reload` made it: new values where they apply, running ones where
+    /// they do not).
+    pub(crate) fn set_current(&self, cfg: Config) {
+        self.live.store(Arc::new(cfg));
     }
 
     /// Apply a re-read configuration's endpoint lists (SIGHUP): pools are matched by name; departing endpoints
@@ -82,9 +100,12 @@ impl RouterState {
     /// Re-read the config file and apply what can change in place (`reload`); anything invalid leaves the running
     /// state as is.
     pub fn reload_from_file(&self) {
-        match Config::load(&self.cfg.source) {
+        match Config::load(&self.current().source) {
             Ok(new) => crate::reload::apply(self, &new),
-            Err(e) => log::error!("reload rejected, keeping the running configuration: {e}"),
+            Err(e) => {
+                self.metrics.count_reload("failed");
+                log::error!("reload rejected, keeping the running configuration: {e}");
+            }
         }
     }
 }
@@ -232,7 +253,7 @@ impl BackgroundService for Housekeeper {
             let mut stop = shutdown.clone();
             tasks.spawn(async move {
                 let pool = pool_checks;
-                let mut tick = tokio::time::interval(pool.cfg.health_check.interval);
+                let mut tick = tokio::time::interval(pool.cfg().health_check.interval);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 tick.tick().await;
                 let mut models_due = MODELS_REFRESH_CHECKS;
@@ -249,12 +270,12 @@ impl BackgroundService for Housekeeper {
                     if models_due == 0 && pool.serves_any_model() {
                         models_due = MODELS_REFRESH_CHECKS;
                         let client = crate::engine_stats::shared_client();
-                        pool.refresh_models(client, pool.cfg.health_check.timeout)
+                        pool.refresh_models(client, pool.cfg().health_check.timeout)
                             .await;
                     }
                 }
             });
-            if let Some(stats_cfg) = pool.cfg.engine_stats.clone() {
+            if let Some(stats_cfg) = pool.cfg().engine_stats.clone() {
                 let pool = pool.clone();
                 let stop = shutdown.clone();
                 tasks.spawn(async move {
@@ -266,10 +287,9 @@ impl BackgroundService for Housekeeper {
             let state = self.state.clone();
             let mut stop = shutdown.clone();
             tasks.spawn(async move {
-                let t = &state.cfg.timeouts;
-                let max_age = t.response_header + t.stream_idle;
                 let mut tick = tokio::time::interval(RELEASE_PERIOD);
                 let mut last_janitor = Instant::now();
+                let mut bound = JanitorBound::new(&state.current().timeouts, last_janitor);
                 loop {
                     tokio::select! {
                         _ = tick.tick() => {}
@@ -281,6 +301,7 @@ impl BackgroundService for Housekeeper {
                         continue;
                     }
                     last_janitor = now;
+                    let max_age = bound.at(&state.current().timeouts, now);
                     state.ledger.expire(max_age, now);
                     for pool in &state.pools.pools {
                         let evictions = pool.policy.expire(now);
@@ -291,7 +312,8 @@ impl BackgroundService for Housekeeper {
         }
         #[cfg(unix)]
         {
-            // SIGHUP re-reads endpoint lists in place (without it, SIGHUP would terminate the process).
+            // SIGHUP re-reads the file and applies what can change in place (without it, SIGHUP would terminate
+            // the process).
             let state = self.state.clone();
             let mut stop = shutdown.clone();
             match hangup {
@@ -312,12 +334,39 @@ impl BackgroundService for Housekeeper {
                         }
                     });
                 }
-                Err(e) => log::warn!("cannot listen for SIGHUP (endpoint reload): {e}"),
+                Err(e) => log::warn!("cannot listen for SIGHUP (reload): {e}"),
             }
         }
         let mut stop = shutdown.clone();
         let _ = stop.changed().await;
         tasks.shutdown().await;
+    }
+}
+
+/// The janitor's age bound for holds, response_header + stream_idle as reloads change them. A lower bound takes
+/// effect only once the wider one has run out since it was last in force: requests dispatched under it may take
+/// that long, and their holds are not overdue before.
+struct JanitorBound {
+    widest: Duration,
+    /// When `widest` was last the configured bound.
+    seen: Instant,
+}
+
+impl JanitorBound {
+    fn new(t: &crate::config::Timeouts, now: Instant) -> JanitorBound {
+        JanitorBound {
+            widest: t.response_header + t.stream_idle,
+            seen: now,
+        }
+    }
+
+    fn at(&mut self, t: &crate::config::Timeouts, now: Instant) -> Duration {
+        let configured = t.response_header + t.stream_idle;
+        if configured >= self.widest || now.saturating_duration_since(self.seen) > self.widest {
+            self.widest = configured;
+            self.seen = now;
+        }
+        self.widest
     }
 }
 
@@ -343,11 +392,11 @@ pub fn run_with_channel(server: Server, rx: tokio::sync::mpsc::Receiver<Shutdown
 }
 
 /// Keep one scrape loop per current endpoint of a pool (endpoints may come and go on reload, and a reload may
-/// rotate an endpoint's key: its loop restarts with the new one); each records its outcome in the endpoint's
-/// stats cell.
+/// rotate an endpoint's key or change the scrape settings: its loop restarts with the new ones); each records its
+/// outcome in the endpoint's stats cell.
 async fn run_pool_scrapes(
     pool: Arc<crate::pool::Pool>,
-    cfg: crate::config::EngineStatsConfig,
+    mut cfg: crate::config::EngineStatsConfig,
     mut stop: ShutdownWatch,
 ) {
     use std::collections::HashMap;
@@ -356,10 +405,21 @@ async fn run_pool_scrapes(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         let endpoints = pool.endpoints();
+        let changed = match &pool.cfg().engine_stats {
+            Some(now) if *now != cfg => {
+                cfg = now.clone();
+                for e in endpoints.iter() {
+                    e.stats.enable(cfg.interval);
+                }
+                true
+            }
+            _ => false,
+        };
         loops.retain(|id, (tx, target)| {
-            let keep = endpoints
-                .iter()
-                .any(|e| e.id == *id && Arc::ptr_eq(&e.target(), target));
+            let keep = !changed
+                && endpoints
+                    .iter()
+                    .any(|e| e.id == *id && Arc::ptr_eq(&e.target(), target));
             if !keep {
                 let _ = tx.send(true);
             }
@@ -393,5 +453,32 @@ async fn run_pool_scrapes(
     }
     for (tx, _) in loops.values() {
         let _ = tx.send(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Timeouts;
+
+    #[test]
+    fn a_lower_janitor_bound_waits_for_the_requests_of_the_wider_one() {
+        let t0 = Instant::now();
+        let wide = Timeouts::default();
+        let narrow = Timeouts {
+            response_header: Duration::from_secs(1),
+            stream_idle: Duration::from_secs(1),
+            ..wide
+        };
+        let w = wide.response_header + wide.stream_idle;
+        let mut b = JanitorBound::new(&wide, t0);
+        assert_eq!(b.at(&narrow, t0 + Duration::from_secs(1)), w);
+        assert_eq!(b.at(&narrow, t0 + w), w);
+        assert_eq!(
+            b.at(&narrow, t0 + w + Duration::from_secs(1)),
+            Duration::from_secs(2)
+        );
+        // A wider one applies at once.
+        assert_eq!(b.at(&wide, t0 + w + Duration::from_secs(2)), w);
     }
 }

@@ -221,11 +221,11 @@ fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStat
         .collect();
     PoolStatus {
         name: pool.name.to_string(),
-        policy: policy_name(&pool.cfg.policy),
-        models: pool.cfg.models.clone(),
+        policy: policy_name(&pool.cfg().policy),
+        models: pool.cfg().models.clone(),
         sessions: pool.policy.session_count().map(|n| n as u64),
         queue_length,
-        max_in_flight_per_endpoint: pool.cfg.max_in_flight_per_endpoint,
+        max_in_flight_per_endpoint: pool.cfg().max_in_flight_per_endpoint,
         endpoints: eps,
         placements_last_minute,
         recent_placements,

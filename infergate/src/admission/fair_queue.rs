@@ -22,6 +22,11 @@ impl<K: PartialEq> FairQueue<K> {
         }
     }
 
+    /// A new bound (reload): tickets already waiting beyond it stay; new ones are refused until below it.
+    pub fn set_max_len(&mut self, max_len: usize) {
+        self.max_len = max_len;
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

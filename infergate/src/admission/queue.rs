@@ -102,7 +102,8 @@ impl State {
 }
 
 pub struct PoolQueue {
-    cfg: QueueConfig,
+    /// A reload may change it (`reconfigure`).
+    cfg: Mutex<QueueConfig>,
     state: Mutex<State>,
     next_ticket: AtomicU64,
     metrics: QueueMetrics,
@@ -147,7 +148,7 @@ impl Drop for Ticket<'_> {
 impl PoolQueue {
     pub fn new(cfg: QueueConfig, metrics: QueueMetrics) -> Arc<PoolQueue> {
         Arc::new(PoolQueue {
-            cfg,
+            cfg: Mutex::new(cfg),
             state: Mutex::new(State {
                 order: FairQueue::new(cfg.max_length),
                 waiters: HashMap::new(),
@@ -159,7 +160,13 @@ impl PoolQueue {
     }
 
     pub fn config(&self) -> QueueConfig {
-        self.cfg
+        *self.cfg.lock()
+    }
+
+    /// New limits from a reload; waiting requests keep their place (and the deadline they started with).
+    pub fn reconfigure(&self, cfg: QueueConfig) {
+        *self.cfg.lock() = cfg;
+        self.state.lock().order.set_max_len(cfg.max_length);
     }
 
     /// Requests waiting now.
@@ -216,7 +223,7 @@ impl PoolQueue {
             waiting: true,
         };
         let start = Instant::now();
-        let deadline = start + self.cfg.max_wait;
+        let deadline = start + self.config().max_wait;
         loop {
             {
                 let mut st = self.state.lock();
@@ -448,5 +455,43 @@ mod tests {
         q.wake();
         assert_eq!(next.await.unwrap(), Ok(()));
         assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn new_limits_keep_the_waiting_requests_and_bound_the_next() {
+        let q = queue(4, Duration::from_secs(5));
+        let slots = Slots::default();
+        slots.0.store(1, Ordering::SeqCst);
+        let wait = |key: &'static str| {
+            let (q, slots) = (q.clone(), slots.clone());
+            tokio::spawn(async move { q.turn(Arc::from(key), slots.room(1)).await.map(drop) })
+        };
+        let (a, b) = (wait("a"), wait("b"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(q.len(), 2);
+        q.reconfigure(QueueConfig {
+            max_length: 1,
+            max_wait: Duration::from_millis(50),
+        });
+        assert_eq!(q.config().max_length, 1);
+        // Both keep their place; a third is refused at the new length.
+        assert_eq!(q.len(), 2);
+        assert_eq!(
+            q.turn(Arc::from("c"), slots.room(1)).await.err(),
+            Some(Refusal::Full)
+        );
+        slots.0.store(0, Ordering::SeqCst);
+        q.wake();
+        assert_eq!(a.await.unwrap(), Ok(()));
+        q.wake();
+        assert_eq!(b.await.unwrap(), Ok(()));
+        // The next waiter gets the new, shorter wait.
+        slots.0.store(1, Ordering::SeqCst);
+        let t0 = Instant::now();
+        assert_eq!(
+            q.turn(Arc::from("d"), slots.room(1)).await.err(),
+            Some(Refusal::Timeout)
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     }
 }

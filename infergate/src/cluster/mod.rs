@@ -103,7 +103,7 @@ impl Cluster {
         let session_pools: Vec<&str> = pools
             .pools
             .iter()
-            .filter(|p| p.cfg.policy.sessions().is_some())
+            .filter(|p| p.cfg().policy.sessions().is_some())
             .map(|p| &*p.name)
             .collect();
         let m = ClusterMetrics::register(metrics, &session_pools, cfg.is_some());
@@ -228,7 +228,7 @@ impl Cluster {
     }
 
     fn binding_write(&self, pool: &Pool, saved: &SavedSession, now_ms: u64) -> Option<Write> {
-        let ttl = pool.cfg.policy.sessions()?.ttl.saturating_sub(saved.idle);
+        let ttl = pool.cfg().policy.sessions()?.ttl.saturating_sub(saved.idle);
         let ttl_ms = wire::millis(ttl);
         if ttl_ms == 0 {
             return None;

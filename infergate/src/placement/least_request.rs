@@ -7,6 +7,15 @@ use super::Reason;
 pub struct LeastRequest;
 
 impl PlacementPolicy for LeastRequest {
+    /// No parameters of its own: a reload has nothing to change.
+    fn reconfigure(
+        &self,
+        _cfg: &crate::config::PoolConfig,
+        _now: std::time::Instant,
+    ) -> Result<Option<String>, &'static str> {
+        Ok(None)
+    }
+
     fn place(
         &self,
         req: &PlaceRequest,

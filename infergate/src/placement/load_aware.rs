@@ -1,6 +1,7 @@
 //! `load_aware`: lowest requests × 16384 + prefill tokens in flight, random ties; with `sessions`, the session
 //! table decides whether a turn stays, spills or moves (see `sessions`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -8,18 +9,19 @@ use parking_lot::Mutex;
 use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
 use super::sessions::{lineage_of, ImportOutcome, SavedSession, SessionRequest, SessionTable};
 use super::Reason;
-use crate::config::SessionsConfig;
+use crate::config::{PoolConfig, SessionsConfig};
 
 pub struct LoadAware {
     sessions: Option<Mutex<SessionTable>>,
-    bytes_per_token: f64,
+    /// f64 bits: a reload may change it (`reconfigure`).
+    bytes_per_token: AtomicU64,
 }
 
 impl LoadAware {
     pub fn new(sessions: Option<&SessionsConfig>, bytes_per_token: f64) -> LoadAware {
         LoadAware {
             sessions: sessions.map(|s| Mutex::new(SessionTable::new(s.max_sessions, s.ttl))),
-            bytes_per_token,
+            bytes_per_token: AtomicU64::new(bytes_per_token.to_bits()),
         }
     }
 }
@@ -46,7 +48,7 @@ impl PlacementPolicy for LoadAware {
             key,
             lineage: lineage_of(req.prompt),
             body_bytes: req.body_bytes,
-            bytes_per_token: self.bytes_per_token,
+            bytes_per_token: f64::from_bits(self.bytes_per_token.load(Ordering::Relaxed)),
         };
         let p = table
             .lock()
@@ -63,6 +65,24 @@ impl PlacementPolicy for LoadAware {
         if let (Some(table), Ticket::Session(commit)) = (&self.sessions, ticket) {
             table.lock().commit(commit, now);
         }
+    }
+
+    fn reconfigure(&self, cfg: &PoolConfig, now: Instant) -> Result<Option<String>, &'static str> {
+        let new = cfg.policy.sessions();
+        if new.is_some() != self.sessions.is_some() {
+            return Err(
+                "turning sessions on or off changes the placement reasons and the session table",
+            );
+        }
+        self.bytes_per_token
+            .store(cfg.prefill.bytes_per_token.to_bits(), Ordering::Relaxed);
+        let (Some(table), Some(s)) = (&self.sessions, new) else {
+            return Ok(None);
+        };
+        let (expired, evicted) = table.lock().reconfigure(s.max_sessions, s.ttl, now);
+        Ok((expired + evicted > 0).then(|| {
+            format!("{expired} session binding(s) past the new ttl dropped, {evicted} beyond the new max_sessions evicted")
+        }))
     }
 
     fn expire(&self, now: Instant) -> Evictions {

@@ -65,6 +65,9 @@ impl Placement {
     }
 }
 
+/// Why a policy without its own `reconfigure` keeps its parameters.
+pub const CANNOT_RECONFIGURE: &str = "this policy keeps the parameters it was built with";
+
 /// Bindings a policy dropped since it was last asked: (idle past the TTL, over capacity).
 pub type Evictions = (u64, u64);
 
@@ -124,6 +127,17 @@ pub trait PlacementPolicy: Send + Sync {
         None
     }
 
+    /// Take a reloaded pool's new parameters (same policy kind; `cfg.policy` and `cfg.prefill` may differ) and keep
+    /// the state: what the new limits no longer hold is dropped and counted as evictions. Ok carries a note for the
+    /// reload's log line (what was dropped); Err says why this policy cannot change in place. The default cannot.
+    fn reconfigure(
+        &self,
+        _cfg: &PoolConfig,
+        _now: Instant,
+    ) -> Result<Option<String>, &'static str> {
+        Err(CANNOT_RECONFIGURE)
+    }
+
     /// Adopt bindings a previous instance saved (endpoint ids already mapped to this process's).
     fn import_sessions(&self, saved: Vec<SavedSession>, _now: Instant) -> ImportOutcome {
         ImportOutcome {
@@ -167,5 +181,167 @@ pub fn build(cfg: &PoolConfig) -> Box<dyn PlacementPolicy> {
             prefix,
             cfg.prefill.bytes_per_token,
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn pool(extra: &str) -> PoolConfig {
+        let text = format!("pools:\n  - name: a\n    endpoints: [\"http://127.0.0.1:9\"]\n{extra}");
+        let cfg = Config::parse(Path::new("t.yaml"), &text).expect("valid");
+        cfg.pools[0].clone()
+    }
+
+    const IDS: [u64; 2] = [1, 2];
+
+    fn cands() -> [Candidate; 2] {
+        [Candidate {
+            eligible: true,
+            ..Candidate::default()
+        }; 2]
+    }
+
+    /// Place `key`'s turn with `prompt` and commit it as served; returns the reason.
+    fn turn(p: &dyn PlacementPolicy, key: &[u8], prompt: &[u8], now: Instant) -> Reason {
+        let cands = cands();
+        let snap = Snapshot {
+            cands: &cands,
+            ids: &IDS,
+            now,
+        };
+        let req = PlaceRequest {
+            session_key: Some(key),
+            model: "m",
+            prompt,
+            body_bytes: prompt.len() as u64,
+        };
+        let placed = p
+            .place(&req, &snap, &mut fastrand::Rng::with_seed(7))
+            .unwrap();
+        p.dispatched(IDS[placed.index], &placed.ticket, now);
+        p.served(IDS[placed.index], &placed.ticket, now);
+        placed.reason
+    }
+
+    #[test]
+    fn a_smaller_session_table_keeps_the_most_recent_bindings_and_counts_the_rest() {
+        let p = build(&pool("    sessions: { max_sessions: 3, ttl: 1h }\n"));
+        let t0 = Instant::now();
+        for (i, key) in [b"s1", b"s2", b"s3"].iter().enumerate() {
+            turn(&*p, *key, b"hello", t0 + Duration::from_secs(i as u64));
+        }
+        assert_eq!(p.session_count(), Some(3));
+        let now = t0 + Duration::from_secs(10);
+        let note = p
+            .reconfigure(&pool("    sessions: { max_sessions: 1, ttl: 1h }\n"), now)
+            .unwrap();
+        assert_eq!(
+            note.as_deref(),
+            Some("0 session binding(s) past the new ttl dropped, 2 beyond the new max_sessions evicted")
+        );
+        assert_eq!(p.session_count(), Some(1));
+        // Counted as capacity evictions for infergate_session_evictions_total.
+        assert_eq!(p.expire(now), (0, 2));
+        // The binding kept is the most recently served one, and it is still sticky.
+        assert_eq!(turn(&*p, b"s3", b"hello", now), Reason::Sticky);
+        assert_eq!(turn(&*p, b"s1", b"hello", now), Reason::NewSession);
+    }
+
+    #[test]
+    fn a_shorter_session_ttl_drops_idle_bindings_now() {
+        let p = build(&pool("    sessions: { ttl: 1h }\n"));
+        let t0 = Instant::now();
+        turn(&*p, b"old", b"x", t0);
+        turn(&*p, b"new", b"x", t0 + Duration::from_secs(600));
+        let now = t0 + Duration::from_secs(660);
+        let note = p
+            .reconfigure(&pool("    sessions: { ttl: 5m }\n"), now)
+            .unwrap();
+        assert_eq!(
+            note.as_deref(),
+            Some("1 session binding(s) past the new ttl dropped, 0 beyond the new max_sessions evicted")
+        );
+        assert_eq!(p.session_count(), Some(1));
+        assert_eq!(p.expire(now), (1, 0));
+        assert_eq!(turn(&*p, b"new", b"x", now), Reason::Sticky);
+        // Nothing to drop: no note.
+        assert_eq!(
+            p.reconfigure(&pool("    sessions: { ttl: 2h }\n"), now),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn sessions_cannot_be_turned_on_or_off_in_place() {
+        let with = build(&pool("    sessions: {}\n"));
+        let without = build(&pool(""));
+        let now = Instant::now();
+        assert!(with.reconfigure(&pool(""), now).is_err());
+        assert!(without
+            .reconfigure(&pool("    sessions: {}\n"), now)
+            .is_err());
+        assert_eq!(
+            without.reconfigure(&pool("    prefill: { bytes_per_token: 2 }\n"), now),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn the_prefix_index_is_trimmed_to_a_new_capacity_and_cleared_by_a_new_block_size() {
+        let cfg = |extra: &str| {
+            pool(&format!(
+                "    policy: prefix_aware\n    prefix: {{ min_match_bytes: 64{extra} }}\n"
+            ))
+        };
+        let p = build(&cfg(""));
+        let now = Instant::now();
+        let prompt = vec![b'a'; 64 * 8];
+        assert_eq!(turn(&*p, b"", &prompt, now), Reason::PrefixMiss);
+        assert_eq!(turn(&*p, b"", &prompt, now), Reason::PrefixHit);
+        // 16 tokens × 4 bytes per token = one 64-byte block per endpoint: the first block is kept.
+        let note = p
+            .reconfigure(&cfg(", capacity_tokens_per_endpoint: 16"), now)
+            .unwrap();
+        assert_eq!(
+            note.as_deref(),
+            Some("7 prefix blocks beyond the new capacity dropped")
+        );
+        assert_eq!(turn(&*p, b"", &prompt, now), Reason::PrefixHit);
+        let note = p.reconfigure(&cfg(", block_bytes: 32"), now).unwrap();
+        assert!(
+            note.as_deref()
+                .is_some_and(|n| n.starts_with("prefix index cleared")),
+            "{note:?}"
+        );
+        assert_eq!(turn(&*p, b"", &prompt, now), Reason::PrefixMiss);
+        // A policy of another kind is refused.
+        assert!(p.reconfigure(&pool(""), now).is_err());
+    }
+
+    #[test]
+    fn policies_without_parameters_accept_and_others_refuse_by_default() {
+        let now = Instant::now();
+        for policy in ["round_robin", "least_request"] {
+            let cfg = pool(&format!("    policy: {policy}\n"));
+            assert_eq!(build(&cfg).reconfigure(&cfg, now), Ok(None));
+        }
+        struct Fixed;
+        impl PlacementPolicy for Fixed {
+            fn place(
+                &self,
+                _: &PlaceRequest,
+                _: &Snapshot,
+                _: &mut fastrand::Rng,
+            ) -> Option<Placement> {
+                None
+            }
+        }
+        assert_eq!(Fixed.reconfigure(&pool(""), now), Err(CANNOT_RECONFIGURE));
     }
 }

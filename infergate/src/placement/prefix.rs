@@ -240,6 +240,29 @@ impl PrefixIndex {
         }
     }
 
+    /// New settings from a reload. A new `block_bytes` changes every block hash, so the index starts empty; a
+    /// smaller capacity drops each endpoint's least recently used blocks; the other settings only change the next
+    /// decisions. Returns the blocks dropped.
+    pub fn reconfigure(&mut self, cfg: &PrefixConfig, bytes_per_token: f64) -> usize {
+        let rehash = cfg.block_bytes != self.cfg.block_bytes;
+        let endpoints = std::mem::take(&mut self.endpoints);
+        *self = PrefixIndex::new(cfg, bytes_per_token);
+        let cap = self.capacity_blocks;
+        let mut dropped = 0;
+        for (id, mut lru) in endpoints {
+            if rehash {
+                dropped += lru.len();
+                continue;
+            }
+            while lru.len() > cap {
+                lru.pop_lru();
+                dropped += 1;
+            }
+            self.endpoints.insert(id, lru);
+        }
+        dropped
+    }
+
     /// Forget an endpoint that left the pool.
     pub fn remove_endpoint(&mut self, id: u64) {
         self.endpoints.remove(&id);

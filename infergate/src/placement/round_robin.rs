@@ -11,6 +11,15 @@ pub struct RoundRobin {
 }
 
 impl PlacementPolicy for RoundRobin {
+    /// No parameters of its own: a reload has nothing to change.
+    fn reconfigure(
+        &self,
+        _cfg: &crate::config::PoolConfig,
+        _now: std::time::Instant,
+    ) -> Result<Option<String>, &'static str> {
+        Ok(None)
+    }
+
     fn place(
         &self,
         req: &PlaceRequest,

@@ -377,6 +377,20 @@ impl SessionTable {
         }
     }
 
+    /// New limits from a reload, keeping the bindings: beyond the new capacity the least recently served ones are
+    /// evicted (counted as capacity evictions), and those idle past the new TTL are dropped now (counted as TTL
+    /// evictions). Returns (dropped for the TTL, evicted for capacity).
+    pub fn reconfigure(&mut self, max_sessions: usize, ttl: Duration, now: Instant) -> (u64, u64) {
+        self.ttl = ttl;
+        let expired = self.expire(now) as u64;
+        let before = self.map.len();
+        self.map
+            .resize(NonZeroUsize::new(max_sessions).unwrap_or(NonZeroUsize::MIN));
+        let evicted = (before - self.map.len()) as u64;
+        self.capacity_evictions += evicted;
+        (expired, evicted)
+    }
+
     /// Drop bindings idle longer than the TTL; returns how many.
     pub fn expire(&mut self, now: Instant) -> usize {
         let mut dropped = 0;

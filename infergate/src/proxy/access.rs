@@ -32,7 +32,7 @@ impl Router {
         ctx: &Ctx,
     ) -> Result<()> {
         echo_request_id(session, resp)?;
-        if self.cfg.endpoint_header {
+        if self.current().endpoint_header {
             if let Some(ep) = &ctx.endpoint {
                 resp.insert_header(ENDPOINT_HEADER, ep.label.as_str())?;
             }

@@ -177,7 +177,7 @@ impl ProxyHttp for Router {
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
         // The header is in: its deadline is off, a kept-alive connection may idle timeouts.client_idle, and a
         // write to a client that stopped reading gives up after timeouts.client_write.
-        let t = &self.cfg.timeouts;
+        let t = &self.current().timeouts;
         crate::clients::header_received(session, t.client_idle, t.client_write);
         crate::request_id::assign(session.req_header_mut());
         // A client may send the next request before reading this response (RFC 9112 §9.3.2): serve them in
@@ -253,7 +253,7 @@ impl ProxyHttp for Router {
         if !self.admit_with_body(session, ctx, &pool).await? {
             return Ok(true);
         }
-        if let Some(s) = pool.cfg.policy.sessions() {
+        if let Some(s) = pool.cfg().policy.sessions() {
             ctx.session_key = session
                 .req_header()
                 .headers
@@ -332,7 +332,7 @@ impl ProxyHttp for Router {
         self.wake_queue_on_finish(&pool, &mut hold);
         if tokens > 0 && !ctx.is_stream() {
             let after =
-                non_streaming_release(ep.prefill_speed.estimate(tokens), &self.cfg.timeouts);
+                non_streaming_release(ep.prefill_speed.estimate(tokens), &self.current().timeouts);
             hold.release_at(now + after);
         }
         ctx.hold = Some(hold);
@@ -387,7 +387,7 @@ impl ProxyHttp for Router {
             t.set_upstream_target(req)?;
         }
         let peer = forwarded::peer_ip(session.client_addr());
-        forwarded::apply(req, peer, &self.cfg.trusted_proxies)?;
+        forwarded::apply(req, peer, &self.current().trusted_proxies)?;
         Ok(())
     }
 
@@ -440,7 +440,7 @@ impl ProxyHttp for Router {
         if status == 429 || status == 503 {
             // Refused: no room now. Retry elsewhere before the client sees it, if anywhere can take it.
             ep.outlier
-                .record_refusal(now, pool.outlier.saturation_cooldown);
+                .record_refusal(now, pool.cfg().outlier.saturation_cooldown);
             if status == 503 {
                 self.record_failure(ctx);
             }
@@ -512,7 +512,7 @@ impl ProxyHttp for Router {
         ctx.log.upstream_error = Some(e.etype().as_str());
         // Nothing was sent: always safe to try elsewhere.
         self.note_failed_attempt(ctx, "connect failed");
-        e.set_retry(ctx.tried.len() <= self.cfg.max_retries);
+        e.set_retry(ctx.tried.len() <= self.current().max_retries);
         e
     }
 

@@ -22,10 +22,11 @@ use crate::request::CallKind;
 
 impl Router {
     pub(super) fn body_limits(&self) -> BodyLimits {
+        let cfg = self.current();
         BodyLimits {
-            max_bytes: self.cfg.max_body_bytes,
-            deadline: self.cfg.timeouts.request_body,
-            budget_wait: self.cfg.body_budget_wait,
+            max_bytes: cfg.max_body_bytes,
+            deadline: cfg.timeouts.request_body,
+            budget_wait: cfg.body_budget_wait,
         }
     }
 
@@ -34,7 +35,7 @@ impl Router {
         let target = ctx.target.as_ref().ok_or_else(ApiError::internal)?;
         let i = self
             .exposure
-            .pool(&self.cfg, ctx.scan.model.as_deref(), target)?;
+            .pool(&self.current(), ctx.scan.model.as_deref(), target)?;
         self.pools
             .pools
             .get(i)
@@ -183,16 +184,13 @@ impl Router {
     }
 
     pub(super) fn estimate(&self, pool: &Pool, bytes: u64) -> u64 {
-        placement::estimate_tokens(
-            bytes,
-            pool.cfg.prefill.bytes_per_token,
-            pool.cfg.prefill.max_tokens,
-        )
+        let prefill = pool.cfg().prefill;
+        placement::estimate_tokens(bytes, prefill.bytes_per_token, prefill.max_tokens)
     }
 
     pub(super) fn peer(&self, ep: &Endpoint, fresh: bool) -> HttpPeer {
         let mut peer = HttpPeer::new(ep.addr(), false, String::new());
-        let t = &self.cfg.timeouts;
+        let t = self.current().timeouts;
         peer.options.connection_timeout = Some(t.connect);
         // Per read, not per response (pingora-notes.md): the longest legitimate silence is the wait for the first
         // byte (prefill), bounded by response_header, or a gap between chunks, bounded by stream_idle.
@@ -238,7 +236,7 @@ impl Router {
 
     /// Retries left for this request (the fresh-connection retry on the same endpoint is not counted).
     pub(super) fn retries_left(&self, ctx: &Ctx) -> bool {
-        ctx.tried.len() < self.cfg.max_retries
+        ctx.tried.len() < self.current().max_retries
     }
 
     /// Read the whole body; Ok(false) when the router has answered (or the client is gone).
@@ -250,8 +248,9 @@ impl Router {
                 return Ok(false);
             }
         };
-        if let Some(n) = content_length.filter(|&n| n > self.cfg.max_body_bytes as u64) {
-            let e = ApiError::body_too_large(self.cfg.max_body_bytes, Some(n));
+        let max_body_bytes = self.current().max_body_bytes;
+        if let Some(n) = content_length.filter(|&n| n > max_body_bytes as u64) {
+            let e = ApiError::body_too_large(max_body_bytes, Some(n));
             self.respond_error(session, &e).await?;
             return Ok(false);
         }
