@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -274,24 +274,40 @@ struct Writer {
     rx: Receiver<String>,
     out: Box<dyn Write + Send>,
     errors: IntCounter,
+    /// The file to open again on [`request_reopen`]; None for stderr.
+    path: Option<std::path::PathBuf>,
+}
+
+/// Bumped by [`request_reopen`]; each writer reopens its file when it sees a new value.
+static REOPEN_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Log rotation (SIGHUP): every access log file is opened again at its path before its next line, so that lines go
+/// to the new file once the old one was renamed away. Lines already queued may still go to the old file.
+pub fn request_reopen() {
+    REOPEN_GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Open (create, append, mode 0640) the access log file at `path`.
+fn open_file(path: &std::path::Path) -> std::io::Result<Box<dyn Write + Send>> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.create(true).append(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o640);
+    let file = opts.open(path)?;
+    Ok(Box::new(std::io::BufWriter::with_capacity(64 * 1024, file)))
 }
 
 impl AccessLog {
     /// Open the target (a file is created if missing and appended to) and start the writer thread. The dropped
     /// counters are registered on `metrics`, both causes at 0.
     pub fn open(cfg: &AccessLogConfig, metrics: &Metrics) -> Result<AccessLog, String> {
-        let out: Box<dyn Write + Send> = match &cfg.target {
-            LogTarget::Stderr => Box::new(StderrLines),
-            LogTarget::File(path) => {
-                let mut opts = std::fs::OpenOptions::new();
-                opts.create(true).append(true);
-                #[cfg(unix)]
-                std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o640);
-                let file = opts
-                    .open(path)
-                    .map_err(|e| format!("access_log.path: cannot open {}: {e}", path.display()))?;
-                Box::new(std::io::BufWriter::with_capacity(64 * 1024, file))
-            }
+        let (out, path): (Box<dyn Write + Send>, _) = match &cfg.target {
+            LogTarget::Stderr => (Box::new(StderrLines), None),
+            LogTarget::File(path) => (
+                open_file(path)
+                    .map_err(|e| format!("access_log.path: cannot open {}: {e}", path.display()))?,
+                Some(path.clone()),
+            ),
         };
         let dropped = IntCounterVec::new(
             Opts::new(
@@ -313,6 +329,7 @@ impl AccessLog {
                 rx,
                 out,
                 errors: write_error,
+                path,
             })),
             started: AtomicBool::new(false),
         })
@@ -329,7 +346,7 @@ impl AccessLog {
         self.started.store(true, Ordering::Release);
         let started = std::thread::Builder::new()
             .name("infergate-access-log".into())
-            .spawn(move || write_lines(w.rx, w.out, w.errors));
+            .spawn(move || write_lines(w));
         if let Err(e) = started {
             log::error!("cannot start the access log writer, access-log lines are dropped: {e}");
         }
@@ -363,8 +380,16 @@ impl Write for StderrLines {
     }
 }
 
-/// The writer thread: drain the queue, flush when it runs empty, end when every sender is gone.
-fn write_lines(rx: Receiver<String>, mut out: Box<dyn Write + Send>, errors: IntCounter) {
+/// The writer thread: drain the queue, flush when it runs empty, end when every sender is gone; reopen the file
+/// before a batch when [`request_reopen`] was called.
+fn write_lines(w: Writer) {
+    let Writer {
+        rx,
+        mut out,
+        errors,
+        path,
+    } = w;
+    let mut generation = REOPEN_GENERATION.load(Ordering::Acquire);
     let mut last_warning: Option<Instant> = None;
     let mut warn = |e: std::io::Error| {
         if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
@@ -373,6 +398,19 @@ fn write_lines(rx: Receiver<String>, mut out: Box<dyn Write + Send>, errors: Int
         }
     };
     while let Ok(first) = rx.recv() {
+        let wanted = REOPEN_GENERATION.load(Ordering::Acquire);
+        if let (true, Some(path)) = (wanted != generation, &path) {
+            generation = wanted;
+            let _ = out.flush();
+            match open_file(path) {
+                Ok(file) => out = file,
+                // Keep writing to the old file rather than losing lines.
+                Err(e) => log::warn!(
+                    "access log: cannot reopen {}: {e}; writing on to the file open before",
+                    path.display()
+                ),
+            }
+        }
         let mut next = Some(first);
         while let Some(line) = next {
             if let Err(e) = out.write_all(line.as_bytes()) {

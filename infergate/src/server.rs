@@ -100,6 +100,16 @@ impl RouterState {
     /// Re-read the config file and apply what can change in place (`reload`); anything invalid leaves the running
     /// state as is.
     pub fn reload_from_file(&self) {
+        // Log rotation: the access log file is opened again whatever the new file says (its settings need an
+        // upgrade; the running one is the start configuration's).
+        if let Some(crate::config::AccessLogConfig {
+            target: crate::config::LogTarget::File(path),
+            ..
+        }) = &self.cfg.access_log
+        {
+            crate::access_log::request_reopen();
+            log::info!("access log reopened at {} (before its next line)", path.display());
+        }
         match Config::load(&self.current().source) {
             Ok(new) => crate::reload::apply(self, &new),
             Err(e) => {

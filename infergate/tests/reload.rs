@@ -515,3 +515,54 @@ async fn sighup_applies_outlier_detection_and_names_what_needs_an_upgrade() {
     assert!(line("3 setting(s) not applied").contains(" WARN "));
     b.stop();
 }
+
+/// Log rotation: after the access log file is renamed away (logrotate's default, `create`), SIGHUP makes the router
+/// write the next lines to a new file at the configured path; lines before the signal stay in the renamed file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reopens_the_access_log_for_log_rotation() {
+    let eng = engines(1, SimConfig::default()).await;
+    let yaml = format!(
+        "{}access_log: {{ format: json, path: \"{{dir}}/access.log\" }}\n",
+        keyed_conf(&urls(&eng), "", "")
+    );
+    let b = Binary::start("rotate", &yaml, &format!("bob:{BOB}\n")).await;
+    until_served(&b).await;
+    let (log, rotated) = (b.dir.join("access.log"), b.dir.join("access.log.1"));
+    let lines = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("/v1/chat/completions"))
+            .count()
+    };
+    let start = Instant::now();
+    while lines(&log) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no access-log line"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = lines(&log);
+    std::fs::rename(&log, &rotated).unwrap();
+    b.hup();
+    b.wait_log("access log reopened", 1).await;
+    assert_eq!(b.chat(BOB, None, chat_body(100, false, 1)).await.0, 200);
+    let start = Instant::now();
+    while lines(&log) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no line in the new access log; rotated file has {} lines\n{}",
+            lines(&rotated),
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(lines(&log), 1, "the new file has the line after the signal");
+    assert_eq!(
+        lines(&rotated),
+        before,
+        "the old file kept its lines and got no new one"
+    );
+    b.stop();
+}
