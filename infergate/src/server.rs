@@ -108,7 +108,10 @@ impl RouterState {
         }) = &self.cfg.access_log
         {
             crate::access_log::request_reopen();
-            log::info!("access log reopened at {} (before its next line)", path.display());
+            log::info!(
+                "access log reopened at {} (before its next line)",
+                path.display()
+            );
         }
         match Config::load(&self.current().source) {
             Ok(new) => crate::reload::apply(self, &new),

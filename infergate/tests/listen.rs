@@ -18,9 +18,21 @@ fn conf(listen: u16, metrics: u16) -> String {
     )
 }
 
-/// Run the binary with `taken` held by this test; returns (exit code, stderr). Panics if `free` ever accepts.
-fn run_with_a_taken_port(listen: u16, metrics: u16, taken: u16, free: u16) -> (i32, String) {
-    let _held = TcpListener::bind(("127.0.0.1", taken)).expect("hold the port");
+/// A port this test holds for the whole run (bound to port 0: a port picked first and bound later could be taken
+/// by a concurrent test in between).
+fn held_port() -> (TcpListener, u16) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("hold a port");
+    let port = l.local_addr().expect("its address").port();
+    (l, port)
+}
+
+/// Run the binary while `_held` holds one of its ports; returns (exit code, stderr). Panics if `free` ever accepts.
+fn run_with_a_taken_port(
+    _held: TcpListener,
+    listen: u16,
+    metrics: u16,
+    free: u16,
+) -> (i32, String) {
     let dir = std::env::temp_dir().join(format!("infergate-listen-{listen}-{metrics}"));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("infergate.yaml");
@@ -60,8 +72,8 @@ fn run_with_a_taken_port(listen: u16, metrics: u16, taken: u16, free: u16) -> (i
 
 #[test]
 fn a_taken_listen_port_exits_before_serving() {
-    let (listen, metrics) = (free_port(), free_port());
-    let (code, err) = run_with_a_taken_port(listen, metrics, listen, metrics);
+    let ((held, listen), metrics) = (held_port(), free_port());
+    let (code, err) = run_with_a_taken_port(held, listen, metrics, metrics);
     assert_ne!(code, 0, "{err}");
     assert!(
         err.contains(&format!("infergate: cannot listen on 127.0.0.1:{listen}: ")),
@@ -73,8 +85,8 @@ fn a_taken_listen_port_exits_before_serving() {
 
 #[test]
 fn a_taken_metrics_port_exits_before_serving() {
-    let (listen, metrics) = (free_port(), free_port());
-    let (code, err) = run_with_a_taken_port(listen, metrics, metrics, listen);
+    let (listen, (held, metrics)) = (free_port(), held_port());
+    let (code, err) = run_with_a_taken_port(held, listen, metrics, listen);
     assert_ne!(code, 0, "{err}");
     assert!(
         err.contains(&format!(
