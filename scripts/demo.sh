@@ -30,15 +30,29 @@ while [ $# -gt 0 ]; do
 done
 
 if [ "$SHORT" = 1 ]; then
-  SESSIONS=${DEMO_SESSIONS:-12}; RATE=${DEMO_RATE:-1.5}; MAX_SECONDS=${DEMO_MAX_SECONDS:-30}; PRESSURE_AT=(5)
+  SESSIONS=${DEMO_SESSIONS:-12}; RATE=${DEMO_RATE:-1.5}; MAX_SECONDS=${DEMO_MAX_SECONDS:-40}; PRESSURE=("5 cold" "12 flood")
 else
-  SESSIONS=${DEMO_SESSIONS:-24}; RATE=${DEMO_RATE:-1.0}; MAX_SECONDS=${DEMO_MAX_SECONDS:-60}; PRESSURE_AT=(10 25)
+  SESSIONS=${DEMO_SESSIONS:-24}; RATE=${DEMO_RATE:-1.0}; MAX_SECONDS=${DEMO_MAX_SECONDS:-75}; PRESSURE=("10 cold" "22 flood")
 fi
 SEED=${DEMO_SEED:-1}
-# The moment of pressure: this many new sessions whose first prompt is this long, all within half a second.
-PRESSURE_SESSIONS=3
-PRESSURE_TOKENS=120000-140000
-PRESSURE_TEXT="$PRESSURE_SESSIONS new sessions, first prompts of 120k-140k tokens (3 s of prefill each)"
+# The moments of pressure, at the given second of each run:
+#  cold:  three new sessions through the router whose first prompts are 120k-140k tokens (3 s of prefill each), all
+#         within half a second: the engines they land on are jammed, so the sessions bound there spill;
+#  flood: another tenant sends 8 requests of 20k-40k tokens straight to the first engine, around the router: its
+#         queue grows, so the sessions bound there migrate.
+pressure_text() {
+  case $1 in
+    cold) echo "3 new sessions with 120k-140k-token first prompts (3 s of prefill each)" ;;
+    flood) echo "another tenant sends 8 requests of 20k-40k tokens straight to 127.0.0.1:${ENGINE_PORTS[0]}" ;;
+  esac
+}
+pressure_args() {
+  case $1 in
+    cold) echo --url "$ROUTER" --sessions 3 --first-long 120000-140000 --output-tokens 16 ;;
+    flood) echo --url "http://127.0.0.1:${ENGINE_PORTS[0]}" --no-session-header --sessions 8 \
+      --first-long 20000-40000 --output-tokens 64 ;;
+  esac
+}
 ROUTER_PORT=${DEMO_ROUTER_PORT:-8000}
 METRICS_PORT=${DEMO_METRICS_PORT:-9090}
 IFS=, read -r -a ENGINE_PORTS <<<"${DEMO_ENGINE_PORTS:-8101,8102,8103,8104}"
@@ -128,8 +142,7 @@ start_router() { # config
 stats_urls=()
 for p in "${ENGINE_PORTS[@]}"; do stats_urls+=(--engine-stats-url "http://127.0.0.1:$p"); done
 
-# One run of the workload against the router: agent sessions, plus at each PRESSURE_AT second a few new sessions
-# with long cold first prompts. $1 names the run's files; the live view (or one progress line) runs meanwhile.
+# One run of the workload against the router: agent sessions, plus the moments of PRESSURE. $1 names the run's files; the live view (or one progress line) runs meanwhile.
 run_workload() { # name, view mode (full|line)
   local name=$1 mode=$2 i=0
   LOAD_PIDS=()
@@ -138,18 +151,22 @@ run_workload() { # name, view mode (full|line)
     >"$LOGDIR/$name.txt" 2>"$LOGDIR/$name.progress" &
   local main=$!
   LOAD_PIDS+=("$main")
-  for at in "${PRESSURE_AT[@]}"; do
+  for p in "${PRESSURE[@]}"; do
     i=$((i + 1))
-    (sleep "$at" && exec "$BIN/loadgen" --scenario agent --url "$ROUTER" --sessions "$PRESSURE_SESSIONS" \
-      --arrival burst --burst-window-ms 500 --short-share 0 --long-share 1 --first-long "$PRESSURE_TOKENS" \
-      --turns 0 --output-tokens 16 --seed $((SEED * 100 + i)) --max-seconds 30 --quiet \
+    read -r at kind <<<"$p"
+    # shellcheck disable=SC2046 # pressure_args prints words without spaces inside
+    (sleep "$at" && exec "$BIN/loadgen" --scenario agent $(pressure_args "$kind") --arrival burst \
+      --burst-window-ms 500 --short-share 0 --long-share 1 --turns 0 --seed $((SEED * 100 + i)) --max-seconds 30 --quiet \
       --json "$LOGDIR/$name-pressure-$i.json") >"$LOGDIR/$name-pressure-$i.txt" 2>&1 &
     LOAD_PIDS+=($!)
   done
   local view=(--status "$METRICS/status.json" --metrics "$METRICS/metrics" --progress "$LOGDIR/$name.progress"
     --pid "$main" --max-seconds "$MAX_SECONDS" --label "$name" --totals-out "$LOGDIR/$name.totals.json"
-    --report "$LOGDIR/$name.json" --pressure-text "$PRESSURE_TEXT")
-  for at in "${PRESSURE_AT[@]}"; do view+=(--pressure-at "$at"); done
+    --report "$LOGDIR/$name.json")
+  for p in "${PRESSURE[@]}"; do
+    read -r at kind <<<"$p"
+    view+=(--pressure "$at:$(pressure_text "$kind")")
+  done
   python3 scripts/demo_view.py live "${view[@]}" --mode "$mode"
   wait "$main" || echo "loadgen exited with an error; see $LOGDIR/$name.txt" >&2
   stop "${LOAD_PIDS[@]}"
@@ -157,7 +174,7 @@ run_workload() { # name, view mode (full|line)
 }
 
 echo "== run 1 of 2: policy load_aware with sessions (conf/demo.yaml): $SESSIONS agent sessions, seed $SEED," \
-  "pressure at ${PRESSURE_AT[*]} s"
+  "pressure at $(printf '%s s, ' "${PRESSURE[@]}" | sed 's/, $//')"
 start_engines
 start_router "$LOGDIR/load_aware.yaml"
 run_workload load_aware full

@@ -2,8 +2,8 @@
 """The demo's live view and summary (Python 3 standard library only; scripts/demo.sh runs it).
 
 live:    polls the router's /status.json and /metrics once a second while loadgen runs and draws a frame: progress
-         (sessions done of total, elapsed, time left), per endpoint the requests in flight, the engine's queue and
-         the PEAK of prefill tokens in flight since the last frame (status.json's prefill_tokens_peak, a 2 s window
+         (sessions done of total, elapsed, time left), per endpoint the router's requests in flight, the engine's
+         running+waiting (its busiest sample since the last frame; other tenants' requests included) and the PEAK of prefill tokens in flight since the last frame (status.json's prefill_tokens_peak, a 2 s window
          polled every second, so nothing between frames is missed), and the placements by reason since the last
          frame, moves (migrate, spill, fallback) listed as they happen. On a terminal the frame is redrawn in place
          every 2 s; otherwise (piped, in a test) a compact frame is printed every few seconds, without escape codes.
@@ -88,6 +88,7 @@ class Live:
         self.prev = dict(self.base)
         self.peak = {}        # endpoint -> peak since the last frame
         self.peak_run = {}    # endpoint -> peak over the run
+        self.engine = {}      # endpoint -> (running, waiting) of the engine's busiest sample since the last frame
         self.delta = {}       # (endpoint, reason) -> placements since the last frame
         self.events = []      # (elapsed, text) of moves, newest last
         self.shown = 0        # events already printed (frames without a terminal)
@@ -107,6 +108,10 @@ class Live:
                     ep, p = e["endpoint"], e.get("prefill_tokens_peak", e.get("prefill_tokens", 0))
                     self.peak[ep] = max(self.peak.get(ep, 0), p)
                     self.peak_run[ep] = max(self.peak_run.get(ep, 0), p)
+                    eng = e.get("engine_stats") or {}
+                    if eng.get("running") is not None:
+                        seen = (eng["running"], eng.get("waiting") or 0)
+                        self.engine[ep] = max(self.engine.get(ep, (0, 0)), seen, key=lambda x: (x[1], x[0]))
         now = placements(fetch(self.a.metrics))
         moved = {}
         for k, v in now.items():
@@ -156,9 +161,10 @@ class Live:
         lines = [head]
         if self.a.mode == "line":
             return lines
-        for at in self.a.pressure_at:
-            if at <= t < at + self.a.pressure_seconds:
-                lines.append(f">>> pressure: {self.a.pressure_text}")
+        for p in self.a.pressure:
+            at, _, text = p.partition(":")
+            if float(at) <= t < float(at) + self.a.pressure_seconds:
+                lines.append(f">>> pressure: {text}")
         eps = []
         if self.status:
             for pool in self.status.get("pools", []):
@@ -166,17 +172,17 @@ class Live:
         self.scale = max([self.scale] + list(self.peak.values()))
         bar_char = "\u2588" if self.tty else "#"
         width = 16
-        lines.append(f"{'endpoint':<16}{'reqs':>5}{'queue':>6}  {'prefill peak':<{width + 9}} placements since last frame")
+        lines.append(f"{'endpoint':<16}{'reqs':>5}{'engine':>10}  {'prefill peak':<{width + 9}} "
+                     "placements since last frame")
         for e in eps:
             ep = e["endpoint"]
-            eng = e.get("engine_stats") or {}
-            queued = "-" if eng.get("waiting") is None else str(eng["waiting"])
+            queued = "%d+%d" % self.engine[ep] if ep in self.engine else "-"
             peak = self.peak.get(ep, 0)
             bar = bar_char * int(round(width * peak / self.scale)) if peak else ""
             by = {r: int(n) for (x, r), n in self.delta.items() if x == ep}
             order = sorted(by.items(), key=lambda x: REASONS.index(x[0]) if x[0] in REASONS else 99)
             placed = " ".join(f"{r} {n}" for r, n in order)
-            lines.append(f"{ep:<16}{e.get('requests_in_flight', 0):>5}{queued:>6}  {peak:>8} {bar:<{width}} {placed}")
+            lines.append(f"{ep:<16}{e.get('requests_in_flight', 0):>5}{queued:>10}  {peak:>8} {bar:<{width}} {placed}")
         tot = self.totals()
         lines.append("moves so far: " + ", ".join(f"{r} {tot.get(r, 0)}" for r in MOVES)
                      + "  (new_session " + str(tot.get("new_session", 0)) + ", sticky " + str(tot.get("sticky", 0))
@@ -192,6 +198,7 @@ class Live:
         self.shown = len(self.events)
         self.peak = {}
         self.delta = {}
+        self.engine = {}
         return lines
 
     def draw(self, lines):
@@ -294,9 +301,9 @@ def main():
     lv.add_argument("--tty", choices=("auto", "yes", "no"), default="auto")
     lv.add_argument("--frame-seconds", type=float, default=0.0)
     lv.add_argument("--events", type=int, default=6, help="latest moves listed")
-    lv.add_argument("--pressure-at", type=float, action="append", default=[], help="seconds into the run")
-    lv.add_argument("--pressure-seconds", type=float, default=6.0)
-    lv.add_argument("--pressure-text", default="long cold prompts arriving")
+    lv.add_argument("--pressure", action="append", default=[], metavar="SECONDS:TEXT",
+                    help="a moment of pressure starts SECONDS into the run (repeatable)")
+    lv.add_argument("--pressure-seconds", type=float, default=5.0, help="how long its banner shows")
     lv.add_argument("--totals-out", help="write the run's placement counts here (JSON)")
     sm = sub.add_parser("summary")
     sm.add_argument("--a", required=True, help="loadgen JSON of the first run")
