@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The demo: builds infergate, starts four simulated vLLM engines and the router (conf/demo.yaml, policy load_aware
-# with sessions) and drives agent sessions with a moment of real pressure (a few long cold prompts arriving at
-# once) while a live view shows each endpoint's load, the peak of prefill tokens in flight and the moves the router
-# makes (migrate, spill, fallback). Then the same workload (same seed, fresh engines) runs once more under
-# round_robin, the summary compares the two, and the router stays up on http://127.0.0.1:8000 until Ctrl-C.
-# Every process it starts is stopped on exit or Ctrl-C; everything listens on 127.0.0.1 only.
+# with sessions) and drives agent sessions with two moments of real pressure (long cold prompts arriving at once;
+# another tenant flooding one engine directly) while a live view shows each endpoint's load, the peak of prefill
+# tokens in flight and the moves the router makes (migrate, spill, fallback). Then the same workload (same seed,
+# fresh engines) runs once more under round_robin, the summary compares the two, and the router stays up on
+# http://127.0.0.1:8000 until Ctrl-C. Every process it starts is stopped on exit or Ctrl-C; all on 127.0.0.1.
 #
-#   scripts/demo.sh                  # about 2.5 minutes after the build (two runs of about a minute each)
-#   scripts/demo.sh --short          # about 1 minute (fewer sessions, one pressure moment)
+#   scripts/demo.sh                  # about 1.5 minutes after the build (two runs of about 40 s)
+#   scripts/demo.sh --short          # about 1 minute (12 sessions instead of 24)
 #   scripts/demo.sh --no-wait        # exit after the summary instead of leaving the router up
 #   scripts/demo.sh --bin-dir DIR    # use infergate, engine-sim and loadgen from DIR, no cargo build
-#   DEMO_SESSIONS=40 scripts/demo.sh # more sessions (the run is still bounded by DEMO_MAX_SECONDS)
+#   DEMO_SESSIONS=40 scripts/demo.sh # more sessions (each run is still bounded by DEMO_MAX_SECONDS: 75, short 40)
 #   DEMO_ROUTER_PORT, DEMO_METRICS_PORT, DEMO_ENGINE_PORTS=a,b,c,d move the listeners (8000, 9090, 8101-8104)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --short) SHORT=1 ;;
     --no-wait) WAIT=0 ;;
     --bin-dir) BIN=${2:?--bin-dir needs a directory}; shift ;;
-    -h | --help) sed -n '2,15p' "$0" | cut -c3-; exit 0 ;;
+    -h | --help) sed -n '2,14p' "$0" | cut -c3-; exit 0 ;;
     *) echo "demo: unknown argument '$1' (see scripts/demo.sh --help)" >&2; exit 2 ;;
   esac
   shift

@@ -152,10 +152,11 @@ class Live:
             head += ", finished"
         else:
             limit = self.a.max_seconds - t
-            left = limit
             if prog and prog[2] >= max(2, prog[1] // 8):
                 left = min(limit, t * (prog[1] - prog[2]) / prog[2])
-            head += f", ~{mmss(left)} left (at most {mmss(limit)})"
+                head += f", ~{mmss(left)} left (at most {mmss(limit)})"
+            else:
+                head += f", at most {mmss(limit)} left"
         if prog:
             head += f"  |  sessions {prog[2]} of {prog[1]} done, {prog[0]} started"
         lines = [head]
