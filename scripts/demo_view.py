@@ -3,11 +3,12 @@
 
 live:    polls the router's /status.json and /metrics once a second while loadgen runs and draws a frame: progress
          (sessions done of total, elapsed, time left), per endpoint the router's requests in flight, the engine's
-         running+waiting (its busiest sample since the last frame; other tenants' requests included) and the PEAK of prefill tokens in flight since the last frame (status.json's prefill_tokens_peak, a 2 s window
-         polled every second, so nothing between frames is missed), and the placements by reason since the last
-         frame, moves (migrate, spill, fallback) listed as they happen. On a terminal the frame is redrawn in place
-         every 2 s; otherwise (piped, in a test) a compact frame is printed every few seconds, without escape codes.
-line mode: one progress line per frame (the comparison run).
+         running+waiting (its busiest sample since the last frame; other tenants' requests included), the PEAK of
+         prefill tokens in flight since the last frame (status.json's prefill_tokens_peak, a 2 s window polled
+         every second, so nothing between frames is missed) and the placements by reason since the last frame;
+         moves (migrate, spill, fallback) are listed as they happen. On a terminal the frame is redrawn in place
+         every 2 s; otherwise (piped, in a test) a compact frame is printed every 6 s, without escape codes.
+         --mode line: one progress line per frame instead (the comparison run).
 summary: the same workload under load_aware with sessions and under round_robin, side by side.
 """
 
@@ -127,7 +128,7 @@ class Live:
             text = ", ".join(f"{r} x{int(n)} -> {short(ep)}" for (ep, r), n in sorted(moved.items()))
             self.events.append((t, text))
             if len(self.events) > self.a.events:
-                self.shown -= len(self.events) - self.a.events
+                self.shown = max(0, self.shown - (len(self.events) - self.a.events))
                 del self.events[:-self.a.events]
 
     def totals(self):
@@ -193,7 +194,7 @@ class Live:
             for at, text in reversed(self.events):
                 lines.append(f"  {mmss(at)}  {text}")
         else:
-            new = self.events[self.shown:] if self.shown <= len(self.events) else self.events
+            new = self.events[self.shown:]
             if new:
                 lines.append("moves: " + "; ".join(f"{mmss(at)} {x}" for at, x in new))
         self.shown = len(self.events)
