@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): formatting, lints, every unit and integration test, then the conformance
-# run (the openai SDK, 1.x and current, and curl against the router in front of engine-sim).
+# run (the openai SDK, 1.x and current, and curl against the router in front of engine-sim), then the short demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
@@ -16,3 +16,6 @@ echo "== cargo test"
 cargo test --all-targets -- --test-threads=2
 echo "== scripts/conformance.sh"
 scripts/conformance.sh
+echo "== scripts/check-demo.sh"
+# The README's demo, short and non-interactive: a move under pressure and the round_robin comparison.
+scripts/check-demo.sh

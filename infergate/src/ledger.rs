@@ -4,19 +4,82 @@
 //! prefill tokens to the endpoint's counters; the tokens go back at the first response body byte (or on any
 //! error), the request when the hold is finished or dropped. Release is idempotent, so no path can release twice
 //! and `Drop` makes sure every path releases once, even a panic inside a filter.
+//!
+//! Prefill tokens in flight usually last well under a second, so a sample of the gauge is nearly always 0; each
+//! endpoint also keeps the peak of the last [`PEAK_WINDOW`] (see [`PeakWindow`]) for the status page and the demo.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// The window [`EndpointLoad::prefill_tokens_peak`] covers.
+pub const PEAK_WINDOW: Duration = Duration::from_secs(2);
+/// Width of one slot of the peak ring.
+const PEAK_SLOT: Duration = Duration::from_millis(100);
+/// Slots in the ring: more than the window needs, so a reader never sees a slot a writer is reusing.
+const PEAK_SLOTS: usize = 32;
+
+/// Slot stamps count `PEAK_SLOT`s from here.
+static PEAK_EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn peak_stamp(now: Instant) -> u64 {
+    (now.saturating_duration_since(*PEAK_EPOCH).as_nanos() / PEAK_SLOT.as_nanos()) as u64
+}
+
+/// The highest prefill-token level of each 100 ms slot, in a ring; read-only for readers, so any number of them
+/// (status page, demo, scripts) see the same figure and none resets it for another.
+///
+/// A slot packs its stamp (high 32 bits: 100 ms units since `PEAK_EPOCH`, 13 years) and the level (low 32 bits,
+/// saturated) into one `AtomicU64`, so a write is one `fetch_max`: a newer stamp always wins over the slot's old
+/// lap, the same stamp keeps the larger level. Writers record the level after every increase and the level just
+/// before every decrease, so the peak over a window is the largest slot inside it or the current level (a level
+/// held unchanged through the whole window).
+#[derive(Debug)]
+pub struct PeakWindow {
+    slots: [AtomicU64; PEAK_SLOTS],
+}
+
+impl Default for PeakWindow {
+    fn default() -> Self {
+        PeakWindow {
+            slots: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl PeakWindow {
+    pub fn record(&self, level: u64, now: Instant) {
+        let stamp = peak_stamp(now);
+        let packed = (stamp << 32) | level.min(u64::from(u32::MAX));
+        self.slots[stamp as usize % PEAK_SLOTS].fetch_max(packed, Ordering::Relaxed);
+    }
+
+    /// The largest level recorded in the slots of the `window` up to `now` (0 if none).
+    pub fn max_over(&self, window: Duration, now: Instant) -> u64 {
+        let stamp = peak_stamp(now);
+        let span = (window.as_nanos() / PEAK_SLOT.as_nanos()).min(PEAK_SLOTS as u128 - 2) as u64;
+        self.slots
+            .iter()
+            .map(|s| s.load(Ordering::Relaxed))
+            .filter(|p| {
+                let at = p >> 32;
+                at <= stamp && stamp - at <= span
+            })
+            .map(|p| p & u64::from(u32::MAX))
+            .max()
+            .unwrap_or(0)
+    }
+}
 
 /// Live load of one endpoint, read by placement and by the metrics collector.
 #[derive(Debug, Default)]
 pub struct EndpointLoad {
     requests: AtomicU64,
     prefill_tokens: AtomicU64,
+    peak: PeakWindow,
 }
 
 impl EndpointLoad {
@@ -28,13 +91,36 @@ impl EndpointLoad {
         self.prefill_tokens.load(Ordering::Relaxed)
     }
 
+    /// The most prefill tokens in flight at any moment of the last [`PEAK_WINDOW`], the current level included.
+    pub fn prefill_tokens_peak(&self, now: Instant) -> u64 {
+        self.peak
+            .max_over(PEAK_WINDOW, now)
+            .max(self.prefill_tokens())
+    }
+
+    fn add_prefill(&self, tokens: u64) {
+        if tokens == 0 {
+            return;
+        }
+        let level = self
+            .prefill_tokens
+            .fetch_add(tokens, Ordering::Relaxed)
+            .saturating_add(tokens);
+        self.peak.record(level, Instant::now());
+    }
+
     fn sub_prefill(&self, tokens: u64) {
         // Saturating: a bug elsewhere must show as a wrong gauge, never as a wrapped 2^64 that repels all traffic.
-        let _ = self
+        let before = self
             .prefill_tokens
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(tokens))
             });
+        if let Ok(level) = before {
+            if tokens > 0 {
+                self.peak.record(level, Instant::now());
+            }
+        }
     }
 
     fn sub_request(&self) {
@@ -137,7 +223,7 @@ impl Ledger {
         on_release: ReleaseHook,
     ) -> Hold {
         load.requests.fetch_add(1, Ordering::Relaxed);
-        load.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
+        load.add_prefill(tokens);
         let entry = Arc::new(HoldEntry {
             load,
             started: Instant::now(),
@@ -248,10 +334,7 @@ impl Hold {
         }
         let add = tokens - st.tokens;
         st.tokens = tokens;
-        self.entry
-            .load
-            .prefill_tokens
-            .fetch_add(add, Ordering::Relaxed);
+        self.entry.load.add_prefill(add);
     }
 
     /// Release the tokens at `at` unless the first byte comes earlier (see [`Ledger::release_due`]).
@@ -429,6 +512,54 @@ mod tests {
         assert!(!h.release_prefill(ReleaseCause::FirstByte));
         drop((h, other));
         assert_eq!(released.load(Ordering::Relaxed), 305);
+    }
+
+    #[test]
+    fn peak_covers_a_released_prefill_for_the_window_then_forgets_it() {
+        let ledger = Ledger::new();
+        let load = Arc::new(EndpointLoad::default());
+        let (hook, _) = counting_hook();
+        let t0 = Instant::now();
+        let a = ledger.hold(load.clone(), 3000, hook.clone());
+        let b = ledger.hold(load.clone(), 500, hook);
+        drop(a);
+        assert_eq!(load.prefill_tokens(), 500);
+        // Read twice, by two readers: reading changes nothing.
+        assert_eq!(load.prefill_tokens_peak(Instant::now()), 3500);
+        assert_eq!(load.prefill_tokens_peak(Instant::now()), 3500);
+        // Past the window the released peak is gone, but a level still held counts.
+        let later = t0 + PEAK_WINDOW + PEAK_SLOT * 3;
+        assert_eq!(load.prefill_tokens_peak(later), 500);
+        drop(b);
+        assert_eq!(load.prefill_tokens_peak(later + PEAK_WINDOW * 2), 0);
+    }
+
+    #[test]
+    fn peak_window_keeps_the_level_held_before_a_decrease_and_reuses_old_slots() {
+        let w = PeakWindow::default();
+        let t0 = *PEAK_EPOCH + Duration::from_secs(100);
+        // A level reached long ago and released now: the release records it, so the window sees it.
+        w.record(7000, t0);
+        assert_eq!(
+            w.max_over(PEAK_WINDOW, t0 + Duration::from_millis(50)),
+            7000
+        );
+        assert_eq!(w.max_over(PEAK_WINDOW, t0 + PEAK_WINDOW), 7000);
+        assert_eq!(w.max_over(PEAK_WINDOW, t0 + PEAK_WINDOW + PEAK_SLOT), 0);
+        // The same slot one lap later: the newer stamp wins even with a lower level.
+        let lap = t0 + PEAK_SLOT * PEAK_SLOTS as u32;
+        w.record(10, lap);
+        assert_eq!(w.max_over(PEAK_WINDOW, lap), 10);
+        // A slot in the future (clock read before a concurrent writer's) is not counted yet.
+        w.record(99, lap + PEAK_SLOT);
+        assert_eq!(w.max_over(PEAK_WINDOW, lap), 10);
+        assert_eq!(w.max_over(PEAK_WINDOW, lap + PEAK_SLOT), 99);
+        // Levels saturate instead of spilling into the stamp.
+        w.record(u64::MAX, lap + PEAK_SLOT * 2);
+        assert_eq!(
+            w.max_over(PEAK_WINDOW, lap + PEAK_SLOT * 2),
+            u64::from(u32::MAX)
+        );
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! `GET /status.json` every 2 s; `/status.json` is the same data for scripts.
 //!
 //! The data: every pool (policy, models, sessions held, wait-queue length where a queue exists) and its endpoints
-//! (health, ejection, engine-stats state and last sample, requests and estimated prefill tokens in flight,
-//! learned prefill speed), the pool's placements by reason over the last minute and its latest placements
+//! (health, ejection, engine-stats state and last sample, requests and estimated prefill tokens in flight with
+//! their peak over the last 2 s, learned prefill speed), the pool's placements by reason over the last minute and its latest placements
 //! (`RecentPlacements`, bounded).
 
 use std::collections::VecDeque;
@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::config::PolicyConfig;
+use crate::ledger::PEAK_WINDOW;
 use crate::metrics::{Metrics, COMMIT, VERSION};
 use crate::placement::Reason;
 use crate::pool::{Health, Pool, Pools};
@@ -89,6 +90,8 @@ pub struct Status {
     pub uptime_seconds: f64,
     /// When this snapshot was taken (Unix time, milliseconds).
     pub time_unix_ms: u64,
+    /// The window of every endpoint's `prefill_tokens_peak`.
+    pub prefill_peak_window_seconds: f64,
     pub pools: Vec<PoolStatus>,
 }
 
@@ -121,6 +124,9 @@ pub struct EndpointStatus {
     pub engine_stats: EngineStatsStatus,
     pub requests_in_flight: u64,
     pub prefill_tokens: u64,
+    /// The most prefill tokens in flight at any moment of the last `prefill_peak_window_seconds` (a prefill
+    /// rarely lasts long enough to be caught by a sample of `prefill_tokens`).
+    pub prefill_tokens_peak: u64,
     /// Learned prefill speed (estimated tokens per second); null until learned.
     pub prefill_tokens_per_second: Option<f64>,
 }
@@ -186,6 +192,7 @@ fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStat
                 },
                 requests_in_flight: e.load.requests(),
                 prefill_tokens: e.load.prefill_tokens(),
+                prefill_tokens_peak: e.load.prefill_tokens_peak(now),
                 prefill_tokens_per_second: e.prefill_speed.tokens_per_sec(),
             }
         })
@@ -244,6 +251,7 @@ pub fn snapshot(pools: &Pools, metrics: &Metrics) -> Status {
         time_unix_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
+        prefill_peak_window_seconds: PEAK_WINDOW.as_secs_f64(),
         pools: pools
             .pools
             .iter()
@@ -332,6 +340,7 @@ mod tests {
             commit: "</script><script>alert(1)</script>",
             uptime_seconds: 0.0,
             time_unix_ms: 0,
+            prefill_peak_window_seconds: 2.0,
             pools: vec![],
         };
         let j = script_json(&s);

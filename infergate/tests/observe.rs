@@ -1,6 +1,7 @@
 //! What an operator watches: every series exists from the start and leaves with its endpoint; the shipped Grafana
 //! dashboard and Prometheus alert rules use only metrics a live router exports (and pass `promtool`); the status
-//! page renders every endpoint in headless Chromium while `/metrics` answers as before.
+//! page renders every endpoint in headless Chromium while `/metrics` answers as before; a prefill released a
+//! moment ago still shows in the status peak.
 //!
 //! promtool (Debian `prometheus`) and Chromium (Debian `chromium`) are installed by `scripts/ensure-test-tools.sh`
 //! when missing; a test fails if they still are, unless `INFERGATE_SKIP_TOOL_TESTS` is set.
@@ -829,4 +830,39 @@ async fn status_page_shows_every_endpoint_in_chromium_and_metrics_answer_as_befo
         assert_eq!(t.await.unwrap(), 200);
     }
     router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_prefill_shows_in_the_status_peak_for_its_window_whoever_reads() {
+    // One engine prefilling about 25k estimated tokens for about a second.
+    let engines = engines(1, slow_prefill()).await;
+    let router = router_for(&engines).await;
+    let base = format!("http://{}", router.metrics_addr);
+    let endpoint = |json: &serde_json::Value| json["pools"][0]["endpoints"][0].clone();
+
+    let before = get_json(&base, "/status.json").await;
+    assert_eq!(before["prefill_peak_window_seconds"], 2.0);
+    assert_eq!(endpoint(&before)["prefill_tokens_peak"], 0);
+
+    assert_eq!(
+        post_chat_in_session(&router.url(), "peak", chat_body(100_000, true, 2)).await,
+        200
+    );
+    let released = std::time::Instant::now();
+    // The tokens went back at the first byte; the peak still shows them, to every reader (the page and a
+    // script read the same figure, neither resets it).
+    for _ in 0..3 {
+        let e = endpoint(&get_json(&base, "/status.json").await);
+        assert_eq!(e["prefill_tokens"], 0, "{e}");
+        let peak = e["prefill_tokens_peak"].as_u64().unwrap();
+        assert!((20_000..=30_000).contains(&peak), "peak {peak}: {e}");
+    }
+    assert!(
+        released.elapsed() < Duration::from_millis(1500),
+        "reads were too slow to be inside the window"
+    );
+    // After the window it is gone.
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let e = endpoint(&get_json(&base, "/status.json").await);
+    assert_eq!(e["prefill_tokens_peak"], 0, "{e}");
 }
