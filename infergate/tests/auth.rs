@@ -394,13 +394,15 @@ async fn sighup_reloads_keys_and_a_bad_keys_file_keeps_the_old_ones_without_logg
     )
     .unwrap();
     let log = std::fs::File::create(dir.join("stderr")).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .args(["-c", conf.to_str().unwrap()])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(["-c", conf.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
     let url = format!("http://127.0.0.1:{listen}/v1/chat/completions");
     let status = |key: &'static str| {
         let url = url.clone();

@@ -7,7 +7,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::free_port;
+use common::{free_port, KillOnDrop};
 
 fn conf(listen: u16, metrics: u16) -> String {
     format!(
@@ -38,13 +38,15 @@ fn run_with_a_taken_port(
     let path = dir.join("infergate.yaml");
     std::fs::write(&path, conf(listen, metrics)).unwrap();
     let err_path = dir.join("stderr.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .args(["-c", path.to_str().unwrap()])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(["-c", path.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
+            .spawn()
+            .unwrap(),
+    );
     let start = Instant::now();
     let code = loop {
         if let Some(status) = child.try_wait().unwrap() {

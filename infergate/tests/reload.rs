@@ -174,7 +174,14 @@ impl Binary {
         }
     }
 
-    fn stop(mut self) {
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+/// A failed assertion must not leave the router running.
+impl Drop for Binary {
+    fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);

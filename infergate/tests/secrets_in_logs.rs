@@ -8,7 +8,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::free_port;
+use common::{free_port, KillOnDrop};
 use infergate_sim::{self as sim, SimConfig};
 
 const ENGINE_KEY: &str = "engine-key-7f3a9c1e5b";
@@ -78,14 +78,16 @@ async fn run_at_trace(uncap: bool) -> String {
     )
     .unwrap();
     let (out_path, err_path) = (dir.join("stdout.log"), dir.join("stderr.log"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_infergate"))
-        .args(["-c", path.to_str().unwrap()])
-        .env("RUST_LOG", "trace")
-        .env(infergate::logging::UNCAP_ENV, if uncap { "1" } else { "0" })
-        .stdout(Stdio::from(std::fs::File::create(&out_path).unwrap()))
-        .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(["-c", path.to_str().unwrap()])
+            .env("RUST_LOG", "trace")
+            .env(infergate::logging::UNCAP_ENV, if uncap { "1" } else { "0" })
+            .stdout(Stdio::from(std::fs::File::create(&out_path).unwrap()))
+            .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
+            .spawn()
+            .unwrap(),
+    );
 
     let start = Instant::now();
     while healthy_endpoints(metrics).await < 2 {

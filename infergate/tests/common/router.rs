@@ -206,3 +206,27 @@ pub fn sessions_yaml(max_sessions: usize) -> String {
 
 /// Pool `extra`: scrape the engines' `/metrics` every 100 ms.
 pub const ENGINE_STATS: &str = "    engine_stats: { path: /metrics, interval: 100ms }\n";
+
+/// A child process (the router binary) killed and reaped when dropped, so that a failed assertion does not leave
+/// it running and holding its ports.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
