@@ -6,6 +6,8 @@
 pub mod least_request;
 pub mod load_aware;
 pub mod policy;
+pub mod predicted;
+pub mod predicted_ttft;
 pub mod prefix;
 pub mod prefix_aware;
 pub mod round_robin;
@@ -50,6 +52,9 @@ pub struct Candidate {
     pub engine: Option<EngineLoad>,
     /// Per-endpoint in-flight limit from the config.
     pub max_in_flight: Option<u64>,
+    /// Learned prefill throughput in estimated tokens per second, queue included (tokens ahead at dispatch plus
+    /// the request's own, over its time to first byte); None until observed. Read by `predicted_ttft`.
+    pub prefill_speed: Option<f64>,
 }
 
 impl Candidate {
@@ -109,11 +114,12 @@ pub enum Reason {
     PrefixHit,
     PrefixMiss,
     PrefixGated,
+    Predicted,
 }
 
 impl Reason {
     /// Every reason, in declaration order (`index` is the position here).
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::RoundRobin,
         Reason::LeastRequest,
         Reason::LoadAware,
@@ -126,6 +132,7 @@ impl Reason {
         Reason::PrefixHit,
         Reason::PrefixMiss,
         Reason::PrefixGated,
+        Reason::Predicted,
     ];
 
     /// Position in `ALL`.
@@ -147,6 +154,7 @@ impl Reason {
             Reason::PrefixHit => "prefix_hit",
             Reason::PrefixMiss => "prefix_miss",
             Reason::PrefixGated => "prefix_gated",
+            Reason::Predicted => "predicted",
         }
     }
 }

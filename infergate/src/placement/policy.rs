@@ -41,6 +41,19 @@ pub enum Ticket {
     Session(SessionCommit),
     /// The prompt's block hashes, inserted into the prefix index once served.
     Prefix(Vec<u64>),
+    /// `predicted_ttft`: session commit, block hashes and the prediction.
+    Predicted(Box<super::predicted_ttft::PredictedTicket>),
+}
+
+impl Ticket {
+    /// The predicted seconds to first token and the prefill tokens that were ahead of the request, for a
+    /// placement that predicted them.
+    pub fn prediction(&self) -> Option<(Option<f64>, u64)> {
+        match self {
+            Ticket::Predicted(t) => Some((t.predicted_ttft, t.tokens_ahead)),
+            _ => None,
+        }
+    }
 }
 
 /// A placement decision.
@@ -135,6 +148,19 @@ pub fn reasons(policy: &PolicyConfig) -> &'static [Reason] {
         PolicyConfig::PrefixAware { .. } => {
             &[Reason::PrefixHit, Reason::PrefixMiss, Reason::PrefixGated]
         }
+        PolicyConfig::PredictedTtft { sessions: None, .. } => {
+            &[Reason::Predicted, Reason::LoadAware]
+        }
+        PolicyConfig::PredictedTtft {
+            sessions: Some(_), ..
+        } => &[
+            Reason::NewSession,
+            Reason::Sticky,
+            Reason::Migrate,
+            Reason::Spill,
+            Reason::Fallback,
+            Reason::Headerless,
+        ],
     }
 }
 
@@ -151,5 +177,12 @@ pub fn build(cfg: &PoolConfig) -> Box<dyn PlacementPolicy> {
             prefix,
             cfg.prefill.bytes_per_token,
         )),
+        PolicyConfig::PredictedTtft { sessions, prefix } => {
+            Box::new(super::predicted_ttft::PredictedTtft::new(
+                sessions.as_ref(),
+                prefix,
+                cfg.prefill.bytes_per_token,
+            ))
+        }
     }
 }
