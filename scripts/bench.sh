@@ -434,6 +434,7 @@ done
 OVERHEAD=(
   "floor pass-through"
   "infergate load_aware"
+  "infergate predicted_ttft"
   "infergate round_robin"
   "vllm-router round_robin"
   "vllm-router cache_aware"
