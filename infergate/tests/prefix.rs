@@ -145,7 +145,10 @@ async fn a_mis_prefixed_engine_is_missing_not_idle() {
 /// straight to engine `i` (not through the router); the burst's split per engine.
 async fn burst_after_foreign_load(foreign: [usize; 2]) -> Vec<usize> {
     let eng = engines(2, slow_prefill()).await;
-    let extra = format!("{PREFIX}{ENGINE_STATS}");
+    // Scrapes 1 s apart, so that the burst lands inside one interval (a scrape in the middle of it can see a
+    // request the router counts as sent but the engine has not received yet, and read one foreign request less).
+    let stats = ENGINE_STATS.replace("interval: 100ms", "interval: 1s");
+    let extra = format!("{PREFIX}{stats}");
     let router = start_router(&pool_yaml("prefix_aware", &urls(&eng), &extra)).await;
     router.all_healthy().await;
     // Load placed elsewhere: long streams sent to the engines directly, kept open through the burst.
