@@ -3,15 +3,21 @@
 # PyPI, installed into .venv/) under the same agent-session traffic, a burst of new sessions, and a router
 # overhead test. Writes BENCHMARKS.md (and raw JSON under bench-out/).
 #
-# Usage: scripts/bench.sh [--quick] [--no-peers] [--fleets "2 4"] [--scenarios "agent burst overhead"]
-#                          [--only REGEX] [--md FILE]
+# Usage: scripts/bench.sh [--quick] [--no-peers] [--fleets "2 4"]
+#                          [--scenarios "agent shared-prefix mixed burst overhead"] [--only REGEX] [--md FILE]
+#   scenarios: agent (default set: agent burst overhead), shared-prefix (every session opens with one shared
+#              SHARED_PREFIX_TOKENS-token system prompt), mixed (agent plus single-turn chats without the session
+#              header, 2 per session at twice the session rate)
+#   an infergate policy ending in /nostats runs without engine_stats (e.g. 'infergate predicted_ttft/nostats')
 #   --quick      a reduced matrix (2 engines only, fewer sessions, 2 burst seeds): ~5 minutes
 #   --no-peers   infergate only (no virtualenv, no PyPI)
 #   --only RE    only the router/policy pairs matching RE (e.g. 'infergate load_aware|vllm-router cache_aware')
 # Knobs (environment): TIME_SCALE (0.2), SESSIONS_PER_ENGINE (40), RATE_PER_ENGINE (0.5 sessions per simulated
 # second), OUTPUT_TOKENS (16-160), SEED (7), REPEAT_SEEDS ("8 9": the headline configurations REPEAT_ONLY run
 # again with these seeds), AGENT_MAX_SECONDS (120), BURST_SEEDS ("1 2 3 4 5"),
-# OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), ENGINE_STATS_INTERVAL (200ms).
+# OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), ENGINE_STATS_INTERVAL (200ms), SHARED_PREFIX_TOKENS (16000),
+# SCENARIO_TABLES (0; 1: one table per scenario and fleet with means over every seed run, ratios to the best peer
+# per metric and issue 13's targets, instead of the single-seed matrix).
 #
 # Every process it starts gets its own process group and is stopped (TERM, then KILL) after each run and on
 # exit. Only 127.0.0.1 is used; every port is a free one, and its owner is checked (ss -ltnp) against the
@@ -52,6 +58,7 @@ BURST_SEEDS=${BURST_SEEDS:-"1 2 3 4 5"}
 OVERHEAD_REQUESTS=${OVERHEAD_REQUESTS:-20000}
 OVERHEAD_CONCURRENCY=${OVERHEAD_CONCURRENCY:-8}
 ENGINE_STATS_INTERVAL=${ENGINE_STATS_INTERVAL:-200ms}
+SHARED_PREFIX_TOKENS=${SHARED_PREFIX_TOKENS:-16000}
 if [ "$QUICK" = 1 ]; then
   FLEETS="2"
   SESSIONS_PER_ENGINE=${QUICK_SESSIONS_PER_ENGINE:-20}
@@ -177,7 +184,8 @@ wait_ready() {
 # ---------------------------------------------------------------- build and peers
 log "building infergate, engine-sim and loadgen (release)"
 scripts/ensure-deps.sh
-cargo build --release --bin infergate --bin engine-sim --bin loadgen 2>&1 | tail -n 3 >&2
+cargo build --release --bin infergate --bin engine-sim --bin loadgen --example floor 2>&1 | tail -n 3 >&2
+FLOOR="$ROOT/target/release/examples/floor"
 
 : >"$OUT/peers.txt"
 VLLM_ROUTER=""
@@ -240,9 +248,12 @@ start_router() {
   mport=$PORT
   case "$router" in
     infergate)
-      local pol=$policy extra="" fallback=""
-      case "$policy" in
-        prefix_aware:*) pol=prefix_aware; fallback=${policy#prefix_aware:} ;;
+      local pol=$policy extra="" fallback="" stats=1
+      case "$pol" in
+        */nostats) pol=${pol%/nostats}; stats=0 ;;
+      esac
+      case "$pol" in
+        prefix_aware:*) fallback=${pol#prefix_aware:}; pol=prefix_aware ;;
       esac
       {
         echo "listen: \"127.0.0.1:$port\""
@@ -261,8 +272,8 @@ start_router() {
         echo "    endpoints:"
         for u in "${SIM_URLS[@]}"; do echo "      - url: \"$u\""; done
         echo "    health_check: { path: /health, interval: 1s, timeout: 1s, healthy_after: 1, unhealthy_after: 3 }"
-        echo "    engine_stats: { kind: vllm, path: /metrics, interval: $ENGINE_STATS_INTERVAL }"
-        [ "$pol" = load_aware ] && echo "    sessions: { header: x-session-id }"
+        [ "$stats" = 1 ] && echo "    engine_stats: { kind: vllm, path: /metrics, interval: $ENGINE_STATS_INTERVAL }"
+        case "$pol" in load_aware|predicted_ttft) echo "    sessions: { header: x-session-id }" ;; esac
         [ -n "$fallback" ] && echo "    prefix: { fallback: $fallback }"
         true
       } >"$RUN_DIR/infergate.yaml"
@@ -273,6 +284,11 @@ start_router() {
       start_bg "$RUN_DIR/router.log" "$VLLM_ROUTER" --host 127.0.0.1 --port "$port" --worker-urls "${SIM_URLS[@]}" \
         --policy "$policy" --prometheus-host 127.0.0.1 --prometheus-port "$mport" --log-level warning \
         --request-timeout-secs 600
+      ;;
+    floor)
+      # The floor: a bare Pingora pass-through to the first engine (no body scan, no placement).
+      [ -x "$FLOOR" ] || { REASON="the floor example is not built"; return 1; }
+      start_bg "$RUN_DIR/router.log" "$FLOOR" "127.0.0.1:$port" "${SIM_URLS[0]#http://}" 2
       ;;
     smg)
       [ -n "$SMG" ] || { REASON="smg is not installed"; return 1; }
@@ -316,6 +332,9 @@ MATRIX=(
   "infergate load_aware"
   "infergate prefix_aware:least_inflight"
   "infergate prefix_aware:qps"
+  "infergate predicted_ttft"
+  "infergate predicted_ttft/nostats"
+  "infergate load_aware/nostats"
   "vllm-router round_robin"
   "vllm-router power_of_two"
   "vllm-router cache_aware"
@@ -327,14 +346,22 @@ MATRIX=(
 
 # skipped ROUTER POLICY: peers are off, or --only does not select the pair.
 skipped() {
-  { [ "$PEERS" != 1 ] && [ "$1" != infergate ]; } && return 0
+  { [ "$PEERS" != 1 ] && [ "$1" != infergate ] && [ "$1" != floor ]; } && return 0
   [ -n "$ONLY" ] && ! echo "$1 $2" | grep -Eq -- "$ONLY" && return 0
   return 1
 }
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 
-# ---------------------------------------------------------------- agent scenario
-want agent || FLEETS=""
+# ---------------------------------------------------------------- agent, shared-prefix and mixed scenarios
+AGENT_SCENARIOS=""
+for sc in agent shared-prefix mixed; do want "$sc" && AGENT_SCENARIOS="$AGENT_SCENARIOS $sc"; done
+[ -n "$AGENT_SCENARIOS" ] || FLEETS=""
+for sc in $AGENT_SCENARIOS; do
+case "$sc" in
+  shared-prefix) sc_args=(--system-prompt-tokens "$SHARED_PREFIX_TOKENS") ;;
+  mixed) sc_args=() ;;
+  *) sc_args=() ;;
+esac
 for n in $FLEETS; do
   sessions=$((n * SESSIONS_PER_ENGINE))
   rate=$(python3 -c "print($n * $RATE_PER_ENGINE)")
@@ -344,7 +371,7 @@ for n in $FLEETS; do
       set -- $entry
       router=$1 policy=$2
       skipped "$router" "$policy" && continue
-      NAME="agent-$n-$router-${policy/:/-}"
+      NAME="$sc-$n-$router-$(echo "$policy" | tr ':/' '--')"
       if [ "$seed" != "$SEED" ]; then
         echo "$router $policy" | grep -Eq -- "$REPEAT_ONLY" || continue
         NAME="$NAME-seed$seed"
@@ -353,13 +380,18 @@ for n in $FLEETS; do
       RUN_SEED=$seed
       RUN_DIR="$OUT/$NAME"
       mkdir -p "$RUN_DIR"
-      log "agent: $n engines, $router $policy, seed $seed ($sessions sessions at $rate/s simulated)"
+      log "$sc: $n engines, $router $policy, seed $seed ($sessions sessions at $rate/s simulated)"
+      extra_args=("${sc_args[@]+"${sc_args[@]}"}")
+      if [ "$sc" = mixed ]; then
+        extra_args+=(--chat-requests $((2 * sessions)) --chat-rate "$(python3 -c "print(2 * $rate)")")
+      fi
       if ! start_sim "$n" "$TIME_SCALE"; then record_failure "engine-sim: $REASON"; stop_all; continue; fi
       if ! start_router "$router" "$policy"; then record_failure "$REASON"; stop_all; continue; fi
       stats_args=()
       for u in "${SIM_URLS[@]}"; do stats_args+=(--engine-stats-url "$u"); done
       # --field-order messages-first: bodies as openai-python 1.x (the most deployed client) sends them.
-      if ! "$BIN/loadgen" --scenario agent --field-order messages-first --url "$ROUTER_URL" "${stats_args[@]}" \
+      if ! "$BIN/loadgen" --scenario "$sc" "${extra_args[@]+"${extra_args[@]}"}" --field-order messages-first \
+        --url "$ROUTER_URL" "${stats_args[@]}" \
         --sessions "$sessions" --rate "$rate" --time-scale "$TIME_SCALE" --output-tokens "$OUTPUT_TOKENS" \
         --seed "$seed" --max-seconds "$AGENT_MAX_SECONDS" --request-timeout "$AGENT_MAX_SECONDS" --label "$LABEL" \
         --json "$OUT/$NAME.json" >"$RUN_DIR/loadgen.txt" 2>"$RUN_DIR/loadgen.err"; then
@@ -370,6 +402,7 @@ for n in $FLEETS; do
       stop_all
     done
   done
+done
 done
 
 # ---------------------------------------------------------------- burst scenario (2 engines)
@@ -399,7 +432,9 @@ done
 
 # ---------------------------------------------------------------- overhead scenario (1 engine, no simulated time)
 OVERHEAD=(
+  "floor pass-through"
   "infergate load_aware"
+  "infergate predicted_ttft"
   "infergate round_robin"
   "vllm-router round_robin"
   "vllm-router cache_aware"
@@ -440,7 +475,7 @@ python3 scripts/bench/report.py --out-dir "$OUT" --md "$MD" --elapsed "$ELAPSED"
   --sessions-per-engine "$SESSIONS_PER_ENGINE" --rate-per-engine "$RATE_PER_ENGINE" --output-tokens "$OUTPUT_TOKENS" \
   --seed "$SEED" --repeat-seeds "$REPEAT_SEEDS" --fleets "$FLEETS" --burst-seeds "$BURST_SEEDS" --overhead-requests "$OVERHEAD_REQUESTS" \
   --overhead-concurrency "$OVERHEAD_CONCURRENCY" --engine-stats-interval "$ENGINE_STATS_INTERVAL" \
-  --quick "$QUICK"
+  --quick "$QUICK" --scenario-tables "${SCENARIO_TABLES:-0}"
 if [ -s "$KEEP" ]; then printf '\n' >>"$MD"; cat "$KEEP" >>"$MD"; fi
 rm -f "$KEEP"
 log "done in ${ELAPSED}s: $MD (raw results in $OUT)"

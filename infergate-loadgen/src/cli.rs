@@ -15,6 +15,7 @@ const COMMON: &str = "Common";
 const AGENT: &str = "Agent (multi-turn sessions)";
 const BURST: &str = "Burst (needs one --engine-stats-url per engine)";
 const OVERHEAD: &str = "Overhead (tiny non-streaming requests, max_tokens 1)";
+const MIXED: &str = "Mixed (agent sessions plus single-turn chats without the session header)";
 
 /// How agent sessions arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -67,7 +68,9 @@ fn sec_range(v: &str) -> Result<SecRange, String> {
     next_line_help = true
 )]
 pub struct Cli {
-    /// Which traffic to send: multi-turn agent sessions, a burst of new long sessions on busy engines, or
+    /// Which traffic to send: multi-turn agent sessions (agent; shared-prefix: all opening with one shared
+    /// system prompt and tool list; mixed: plus single-turn chats without the session header), a burst of new
+    /// long sessions on busy engines, or
     /// router overhead
     #[arg(long, value_enum, default_value_t = Config::default().scenario, help_heading = COMMON)]
     pub scenario: Scenario,
@@ -131,7 +134,7 @@ pub struct Cli {
     /// Send no session header
     #[arg(long, overrides_with = "session_header", help_heading = AGENT)]
     pub no_session_header: bool,
-    /// A system prompt of N tokens shared by every session
+    /// A system prompt of N tokens shared by every session [shared-prefix: 16000 unless given]
     #[arg(long, value_name = "N", default_value_t = Config::default().system_prompt_tokens, help_heading = AGENT)]
     pub system_prompt_tokens: u64,
     /// Non-streaming requests (TTFT = whole response)
@@ -214,6 +217,18 @@ pub struct Cli {
     /// Read the router's CPU time (process tree) from /proc
     #[arg(long, value_name = "PID", help_heading = OVERHEAD)]
     pub router_pid: Option<u32>,
+
+    /// Single-turn chats
+    #[arg(long, value_name = "N", default_value_t = Config::default().chat_requests, help_heading = MIXED)]
+    pub chat_requests: usize,
+    /// Their Poisson arrival rate, per simulated second
+    #[arg(long, value_name = "R", allow_negative_numbers = true, default_value_t = Config::default().chat_rate,
+          help_heading = MIXED)]
+    pub chat_rate: f64,
+    /// Their prompt tokens
+    #[arg(long, value_name = "MIN-MAX", value_parser = range, default_value_t = Config::default().chat_tokens,
+          help_heading = MIXED)]
+    pub chat_tokens: Range,
 }
 
 impl Cli {
@@ -277,6 +292,9 @@ impl Cli {
             requests: self.requests,
             rounds: self.rounds,
             router_pid: self.router_pid,
+            chat_requests: self.chat_requests,
+            chat_rate: self.chat_rate,
+            chat_tokens: self.chat_tokens,
         };
         c.validate()?;
         Ok(c)

@@ -7,6 +7,9 @@
 //!   turns that append to the same conversation after a think time; streamed; per-session text is unique.
 //! - `burst`: long-running background streams first, then a chatty warm-up session, then 8 new long sessions
 //!   within 100 ms; reports how the new sessions split over the engines.
+//! - `shared-prefix`: `agent` whose sessions all open with one shared system prompt and tool list
+//!   (`--system-prompt-tokens`, 16k unless given), so cross-session prefix-cache locality matters.
+//! - `mixed`: `agent` plus single-turn chats without the session header (Poisson, `--chat-rate`).
 //! - `overhead`: tiny non-streaming requests at fixed concurrency, straight to an engine and through the router
 //!   in the same run: added latency, requests/s and the router's CPU time.
 //!
@@ -19,6 +22,7 @@ mod agent;
 mod burst;
 pub mod cli;
 pub mod client;
+pub mod mixed;
 mod overhead;
 pub mod report;
 pub mod stats;
@@ -42,6 +46,8 @@ use client::{Live, Outcome};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
     Agent,
+    SharedPrefix,
+    Mixed,
     Burst,
     Overhead,
 }
@@ -50,6 +56,8 @@ impl Scenario {
     pub fn name(self) -> &'static str {
         match self {
             Scenario::Agent => "agent",
+            Scenario::SharedPrefix => "shared-prefix",
+            Scenario::Mixed => "mixed",
             Scenario::Burst => "burst",
             Scenario::Overhead => "overhead",
         }
@@ -107,6 +115,11 @@ pub struct Config {
     pub rounds: usize,
     /// Overhead: the router process (its CPU time is read from /proc before and after).
     pub router_pid: Option<u32>,
+    /// Mixed: single-turn chats without the session header, their arrival rate (per simulated second) and
+    /// prompt tokens (before `shape.size_scale`).
+    pub chat_requests: usize,
+    pub chat_rate: f64,
+    pub chat_tokens: Range,
 }
 
 impl Default for Config {
@@ -143,6 +156,9 @@ impl Default for Config {
             requests: 2_000,
             rounds: 2,
             router_pid: None,
+            chat_requests: 100,
+            chat_rate: 1.0,
+            chat_tokens: Range::new(100, 2_000),
         }
     }
 }
@@ -180,7 +196,12 @@ impl Config {
             return Err("--size-scale must be > 0".into());
         }
         match self.scenario {
-            Scenario::Agent if self.sessions == 0 => Err("--sessions must be >= 1".into()),
+            Scenario::Agent | Scenario::SharedPrefix | Scenario::Mixed if self.sessions == 0 => {
+                Err("--sessions must be >= 1".into())
+            }
+            Scenario::Mixed if !(self.chat_rate.is_finite() && self.chat_rate > 0.0) => {
+                Err("--chat-rate must be > 0".into())
+            }
             Scenario::Burst if self.engine_stats_urls.is_empty() => {
                 Err("burst needs --engine-stats-url for every engine (the split is read from /sim/stats)".into())
             }
@@ -198,6 +219,8 @@ pub async fn run(cfg: &Config) -> Result<Report, String> {
     cfg.validate()?;
     let mut report = match cfg.scenario {
         Scenario::Agent => agent::run(cfg).await?,
+        Scenario::SharedPrefix => agent::run(&mixed::shared_prefix_config(cfg)).await?,
+        Scenario::Mixed => mixed::run(cfg).await?,
         Scenario::Burst => burst::run(cfg).await?,
         Scenario::Overhead => overhead::run(cfg).await?,
     };
@@ -224,6 +247,8 @@ struct Rec {
     chunks: u64,
     usage_prompt: Option<u64>,
     usage_cached: Option<u64>,
+    /// Turn of its session (0: a first turn or a request outside any session).
+    turn: usize,
 }
 
 impl Rec {
@@ -238,6 +263,7 @@ impl Rec {
             chunks: o.chunks,
             usage_prompt: o.usage_prompt_tokens,
             usage_cached: o.usage_cached_tokens,
+            turn: 0,
         }
     }
 }
@@ -276,6 +302,11 @@ impl Run {
         self.recs.lock().unwrap().push(Rec::of(o));
     }
 
+    /// `record`, for turn `turn` of a session (follow-up turns get their own TTFT figure).
+    fn record_turn(&self, o: &Outcome, turn: usize) {
+        self.recs.lock().unwrap().push(Rec { turn, ..Rec::of(o) });
+    }
+
     /// The request-level part of the report, from every recorded request.
     fn fill(&self, r: &mut Report) {
         let recs = self.recs.lock().unwrap();
@@ -292,6 +323,12 @@ impl Run {
         r.error_kinds = kinds;
         let ok = || recs.iter().filter(|x| x.error.is_none());
         r.ttft_ms = stats::summarize(&ok().filter_map(|x| x.ttft_ms).collect::<Vec<_>>());
+        r.ttft_followup_ms = stats::summarize(
+            &ok()
+                .filter(|x| x.turn > 0)
+                .filter_map(|x| x.ttft_ms)
+                .collect::<Vec<_>>(),
+        );
         r.headers_ms = stats::summarize(&ok().filter_map(|x| x.headers_ms).collect::<Vec<_>>());
         r.decode = stats::decode_stats(&ok().filter_map(|x| x.decode).collect::<Vec<_>>());
         r.output_tokens = recs.iter().map(|x| x.chunks).sum();

@@ -93,6 +93,8 @@ pub struct Report {
     pub error_kinds: BTreeMap<String, u64>,
     /// Send to first token chunk, in wall-clock ms.
     pub ttft_ms: Option<Pct>,
+    /// TTFT of sessions' follow-up turns only (turn 2 on), in wall-clock ms.
+    pub ttft_followup_ms: Option<Pct>,
     /// Send to response headers, in wall-clock ms.
     pub headers_ms: Option<Pct>,
     /// Per-request decode rates, in wall-clock tokens/s.
@@ -164,7 +166,11 @@ impl Report {
                 "{:<22}{:>10}{:>10}{:>10}{:>10}{:>10}",
                 "", "p50", "p95", "p99", "mean", "max"
             );
-            for (name, p) in [("TTFT ms", &self.ttft_ms), ("headers ms", &self.headers_ms)] {
+            for (name, p) in [
+                ("TTFT ms", &self.ttft_ms),
+                ("follow-up TTFT ms", &self.ttft_followup_ms),
+                ("headers ms", &self.headers_ms),
+            ] {
                 let _ = writeln!(
                     s,
                     "{:<22}{:>10}{:>10}{:>10}{:>10}{:>10}",

@@ -46,6 +46,13 @@ const LATENCY_BUCKETS: [f64; 15] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0,
 ];
 
+/// Buckets of `infergate_ttft_prediction_error_seconds` (predicted minus measured, seconds): symmetric around 0,
+/// 10 ms to 30 s either way.
+const PREDICTION_ERROR_BUCKETS: [f64; 19] = [
+    -30.0, -8.0, -4.0, -2.0, -1.0, -0.5, -0.25, -0.1, -0.01, 0.0, 0.01, 0.1, 0.25, 0.5, 1.0, 2.0,
+    4.0, 8.0, 30.0,
+];
+
 /// One endpoint's live values for the scrape-time collector.
 #[derive(Debug, Clone)]
 pub struct EndpointSample {
@@ -79,6 +86,8 @@ pub struct Metrics {
     pub requests_total: IntCounterVec,
     /// {pool, endpoint}: dispatch to the first response body byte of a successful answer.
     pub time_to_first_byte: HistogramVec,
+    /// `predicted_ttft`'s predicted time to first byte minus the measured one.
+    pub ttft_prediction_error: HistogramVec,
     /// {pool, endpoint}: request head read to response end, of every request sent to an endpoint.
     pub request_duration: HistogramVec,
     /// {version, commit}, always 1.
@@ -143,6 +152,19 @@ impl Metrics {
              prefill), per endpoint.",
             &["pool", "endpoint"],
         );
+        let ttft_prediction_error = HistogramVec::new(
+            HistogramOpts::new(
+                "infergate_ttft_prediction_error_seconds",
+                "Policy predicted_ttft: predicted minus measured time from dispatch to the first body byte of a \
+                 successful streamed answer, per endpoint (negative: the answer came later than predicted).",
+            )
+            .buckets(PREDICTION_ERROR_BUCKETS.to_vec()),
+            &["pool", "endpoint"],
+        )
+        .expect("static metric definition");
+        registry
+            .register(Box::new(ttft_prediction_error.clone()))
+            .expect("unique metric name");
         let request_duration = histogram(
             &registry,
             "infergate_request_duration_seconds",
@@ -206,6 +228,7 @@ impl Metrics {
                 &["pool", "endpoint", "code"],
             ),
             time_to_first_byte: ttfb,
+            ttft_prediction_error,
             request_duration,
             build_info,
             started: Instant::now(),
@@ -373,7 +396,11 @@ impl Metrics {
         ] {
             vec.with_label_values(&l);
         }
-        for h in [&self.time_to_first_byte, &self.request_duration] {
+        for h in [
+            &self.time_to_first_byte,
+            &self.request_duration,
+            &self.ttft_prediction_error,
+        ] {
             h.with_label_values(&l);
         }
         for r in reasons {
@@ -398,7 +425,11 @@ impl Metrics {
         ] {
             remove_series_of(vec, pool, endpoint);
         }
-        for h in [&self.time_to_first_byte, &self.request_duration] {
+        for h in [
+            &self.time_to_first_byte,
+            &self.request_duration,
+            &self.ttft_prediction_error,
+        ] {
             remove_series_of(h, pool, endpoint);
         }
     }
@@ -409,6 +440,15 @@ impl Metrics {
             self.time_to_first_byte
                 .with_label_values(&[&*ep.pool, &ep.label])
                 .observe(elapsed.as_secs_f64());
+        }
+    }
+
+    /// A prediction of the time to first byte against the measured one (not for a departed endpoint).
+    pub fn observe_ttft_prediction(&self, ep: &Endpoint, predicted: f64, measured: Duration) {
+        if !ep.removed.load(std::sync::atomic::Ordering::Relaxed) && predicted.is_finite() {
+            self.ttft_prediction_error
+                .with_label_values(&[&*ep.pool, &ep.label])
+                .observe(predicted - measured.as_secs_f64());
         }
     }
 

@@ -208,6 +208,8 @@ impl Endpoint {
 pub struct PrefillSpeed {
     /// f64 bits of the moving average; 0 = nothing observed yet.
     tokens_per_sec: AtomicU64,
+    /// f64 bits of the queue-inclusive moving average (`observe_throughput`); 0 = nothing observed yet.
+    throughput: AtomicU64,
 }
 
 impl PrefillSpeed {
@@ -216,22 +218,36 @@ impl PrefillSpeed {
     const WEIGHT: f64 = 0.2;
 
     pub fn observe(&self, tokens: u64, elapsed: Duration) {
+        Self::update(&self.tokens_per_sec, tokens, elapsed);
+    }
+
+    /// A sample of the endpoint's prefill throughput: `tokens` is the prefill that was ahead of a request at
+    /// dispatch plus its own estimate, `elapsed` its time to first byte (what `predicted_ttft` predicts with).
+    pub fn observe_throughput(&self, tokens: u64, elapsed: Duration) {
+        Self::update(&self.throughput, tokens, elapsed);
+    }
+
+    /// The learned queue-inclusive throughput in estimated tokens per second; None until observed.
+    pub fn throughput(&self) -> Option<f64> {
+        let speed = f64::from_bits(self.throughput.load(Ordering::Relaxed));
+        (speed > 0.0).then_some(speed)
+    }
+
+    fn update(cell: &AtomicU64, tokens: u64, elapsed: Duration) {
         let secs = elapsed.as_secs_f64();
         if tokens < Self::MIN_TOKENS || secs <= 0.0 {
             return;
         }
         let sample = tokens as f64 / secs;
-        let _ = self
-            .tokens_per_sec
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                let old = f64::from_bits(bits);
-                let new = if old > 0.0 {
-                    old + Self::WEIGHT * (sample - old)
-                } else {
-                    sample
-                };
-                Some(new.to_bits())
-            });
+        let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+            let old = f64::from_bits(bits);
+            let new = if old > 0.0 {
+                old + Self::WEIGHT * (sample - old)
+            } else {
+                sample
+            };
+            Some(new.to_bits())
+        });
     }
 
     /// The learned speed in estimated tokens per second; None until observed.
@@ -500,6 +516,7 @@ impl Pool {
                     peer_prefill_tokens,
                     engine: e.stats.fresh(now),
                     max_in_flight,
+                    prefill_speed: e.prefill_speed.throughput(),
                 }
             })
             .collect();

@@ -453,7 +453,11 @@ async fn run_pool_scrapes(
                 url: format!("http://{}{}", ep.label, cfg.path),
                 api_key,
                 cfg: cfg.clone(),
-                cell: Arc::new(move |outcome| {
+                cell: Arc::new(move |mut outcome| {
+                    // Our own count as the sample arrives: the engine's figure less it is the foreign load.
+                    if let crate::engine_stats::ScrapeOutcome::Good(load) = &mut outcome {
+                        load.own_at_sample = sink_ep.load.requests();
+                    }
                     sink_ep.stats.record_outcome(Instant::now(), &outcome)
                 }),
             };

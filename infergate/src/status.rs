@@ -163,6 +163,10 @@ fn policy_name(p: &PolicyConfig) -> &'static str {
         PolicyConfig::LoadAware { sessions: None } => "load_aware",
         PolicyConfig::LoadAware { sessions: Some(_) } => "load_aware (sessions)",
         PolicyConfig::PrefixAware { .. } => "prefix_aware",
+        PolicyConfig::PredictedTtft { sessions: None, .. } => "predicted_ttft",
+        PolicyConfig::PredictedTtft {
+            sessions: Some(_), ..
+        } => "predicted_ttft (sessions)",
     }
 }
 

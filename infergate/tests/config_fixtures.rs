@@ -25,7 +25,7 @@ const CASES: &[(&str, &str)] = &[
     ),
     (
         "sessions_round_robin.yaml",
-        "pools[0].sessions: sessions require policy load_aware",
+        "pools[0].sessions: sessions require policy load_aware or predicted_ttft",
     ),
     ("bad_yaml.yaml", "invalid YAML"),
     ("no_pools.yaml", "pools: at least one pool is required"),

@@ -84,9 +84,13 @@ def pct(d, key, field):
 
 
 POLICY_ORDER = [
+    "pass-through",
     "round_robin",
     "least_request",
     "load_aware",
+    "load_aware/nostats",
+    "predicted_ttft",
+    "predicted_ttft/nostats",
     "prefix_aware:least_inflight",
     "prefix_aware:qps",
     "power_of_two",
@@ -96,7 +100,7 @@ POLICY_ORDER = [
 
 
 def order_key(d):
-    routers = {"infergate": 0, "vllm-router": 1, "smg": 2}
+    routers = {"floor": -1, "infergate": 0, "vllm-router": 1, "smg": 2}
     pol = d["_policy"]
     return (routers.get(d["_router"], 9), POLICY_ORDER.index(pol) if pol in POLICY_ORDER else 99, pol)
 
@@ -328,6 +332,170 @@ def compare_section(runs, fleet, targets):
     return out
 
 
+def followup(d):
+    return pct(d, "ttft_followup_ms", "p95")
+
+
+def cache_hit(d):
+    return (d.get("engines") or {}).get("cache_hit_share")
+
+
+def computed_spread(d):
+    """Largest over smallest per-engine computed (uncached) prompt tokens."""
+    eng = (d.get("engines") or {}).get("engines") or []
+    xs = [e.get("computed_prompt_tokens") for e in eng if e.get("computed_prompt_tokens") is not None]
+    if len(xs) < 2 or min(xs) <= 0:
+        return None
+    return max(xs) / min(xs)
+
+
+# Issue 13's targets against the best peer: (name, value, lower is better, target, met(ratio)).
+ISSUE13 = (
+    ("TTFT p95", p95, True, "≤ 0.60×", lambda r: r <= 0.6, 0.6),
+    ("follow-up TTFT p95", followup, True, "≤ 0.60×", lambda r: r <= 0.6, 0.6),
+    ("slowest-5% decode", slow, False, "≥ 1.05×", lambda r: r >= 1.05, 1.05),
+    ("cache hit share", cache_hit, False, "≥ 1.00×", lambda r: r >= 1.0, 1.0),
+)
+
+
+def scenario_section(out_dir, scenario, runs, fleet, targets):
+    """Every configuration of one scenario and fleet, means over the seeds it ran with, ratios to the best peer
+    per metric (best by mean), per-seed ratios, and issue 13's targets for each infergate configuration."""
+    groups = {}
+    for d in runs:
+        if d["_fleet"] == str(fleet) and "failed" not in d:
+            groups.setdefault((d["_router"], d["_policy"]), []).append(d)
+    failed = [d for d in runs if d["_fleet"] == str(fleet) and "failed" in d]
+    if not groups:
+        return []
+    seeds = sorted({str(d.get("seed")) for v in groups.values() for d in v}, key=lambda x: int(x) if x.isdigit() else 0)
+    out = ["### %s, %s engines (seeds %s)\n" % (scenario, fleet, ", ".join(seeds))]
+    out.append(
+        "| router | policy | runs | errors | TTFT p95 ms | follow-up TTFT p95 ms | slowest-5% decode tok/s "
+        "| cache hit % | computed tokens max/min engine | TTFT p95 / best peer | follow-up / best peer "
+        "| decode / best peer |"
+    )
+    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    peers = {k: v for k, v in groups.items() if k[0] in PEERS}
+
+    def best(val, lower):
+        scored = [(k, mean([val(d) for d in v])) for k, v in peers.items()]
+        scored = [x for x in scored if x[1] is not None]
+        if not scored:
+            return None
+        return (min if lower else max)(scored, key=lambda x: x[1])
+
+    bests = {name: best(val, lower) for name, val, lower, *_ in ISSUE13}
+
+    def ratio(v, name, val):
+        b = bests.get(name)
+        m = mean([val(d) for d in v])
+        if b is None or not b[1] or m is None:
+            return None
+        return m / b[1]
+
+    for key, v in sorted(groups.items(), key=lambda kv: order_key(kv[1][0])):
+        errs = sum(d.get("errors", 0) + d.get("unfinished", 0) for d in v)
+        out.append(
+            "| %s | %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |"
+            % (
+                key[0],
+                key[1],
+                len(v),
+                errs,
+                f(mean([p95(d) for d in v])),
+                f(mean([followup(d) for d in v])),
+                f(mean([slow(d) for d in v])),
+                f((mean([cache_hit(d) for d in v]) or 0) * 100, 1),
+                f(mean([computed_spread(d) for d in v]), 2),
+                f(ratio(v, "TTFT p95", p95), 2),
+                f(ratio(v, "follow-up TTFT p95", followup), 2),
+                f(ratio(v, "slowest-5% decode", slow), 2),
+            )
+        )
+    for d in failed:
+        out.append("| %s | %s | failed: %s |||||||||||" % (d["_router"], d["_policy"], d["failed"].replace("|", "/")))
+    out.append("")
+    out.append(
+        "Best peer per metric (mean over the seeds): "
+        + "; ".join(
+            "%s %s %s %s" % (name, b[0][0], b[0][1], f(b[1] * (100 if name == "cache hit share" else 1)))
+            for name, b in bests.items()
+            if b
+        )
+        + ".\n"
+    )
+    # Per-seed ratios of each infergate configuration against the best peer of that metric.
+    out.append("| infergate policy | metric | " + " | ".join("s%s" % x for x in seeds) + " | mean ratio | target | result |")
+    out.append("|---|---|" + "---:|" * len(seeds) + "---:|---|---|")
+    for key, v in sorted(groups.items(), key=lambda kv: order_key(kv[1][0])):
+        if key[0] != "infergate":
+            continue
+        by = {str(d.get("seed")): d for d in v}
+        for name, val, lower, txt, ok, goal in ISSUE13:
+            b = bests.get(name)
+            if not b:
+                continue
+            bby = {str(d.get("seed")): d for d in peers[b[0]]}
+            per = []
+            for x in seeds:
+                if x in by and x in bby and val(by[x]) is not None and val(bby[x]):
+                    per.append(val(by[x]) / val(bby[x]))
+                else:
+                    per.append(None)
+            r = ratio(v, name, val)
+            worst_ok = all(
+                p is None or (p <= goal + 0.1 if lower else p >= goal - 0.1) for p in per
+            )
+            res = "met" if r is not None and ok(r) and worst_ok else "missed"
+            out.append(
+                "| %s | %s | %s | %s | %s | %s |"
+                % (key[1], name, " | ".join(f(p, 2) for p in per), f(r, 2), txt, res)
+            )
+            targets.append(
+                (
+                    "%s %s: %s %s best peer (%s engines)" % (scenario, key[1], name, txt, fleet),
+                    res,
+                    "mean ratio %s vs %s %s; per seed %s" % (f(r, 2), b[0][0], b[0][1], ", ".join(f(p, 2) for p in per)),
+                )
+            )
+        spread = mean([computed_spread(d) for d in v])
+        targets.append(
+            (
+                "%s %s: computed tokens across engines within 1.25× (%s engines)" % (scenario, key[1], fleet),
+                "met" if spread is not None and spread <= 1.25 else "missed",
+                "largest / smallest engine's computed prompt tokens, mean %s" % f(spread, 2),
+            )
+        )
+    out.append("")
+    # Placement reasons and the share of turns that moved, summed over the seeds.
+    rows = []
+    reasons = []
+    for key, v in sorted(groups.items(), key=lambda kv: order_key(kv[1][0])):
+        if key[0] != "infergate":
+            continue
+        total = {}
+        for d in v:
+            for r, n in (placements(out_dir, d) or {}).items():
+                total[r] = total.get(r, 0) + n
+        if total:
+            rows.append((key[1], total))
+            reasons.extend(r for r in total if r not in reasons)
+    if rows:
+        out.append("infergate placement reasons (`infergate_placements_total`, summed over the seeds):\n")
+        out.append("| policy | " + " | ".join(reasons) + " | moved (spill + migrate) |")
+        out.append("|---|" + "---:|" * (len(reasons) + 1))
+        for pol, c in rows:
+            t = sum(c.values())
+            moved = c.get("spill", 0) + c.get("migrate", 0)
+            out.append(
+                "| %s | %s | %s |"
+                % (pol, " | ".join("%d" % c.get(r, 0) for r in reasons), "%d (%.1f%%)" % (moved, 100.0 * moved / t) if t else "-")
+            )
+        out.append("")
+    return out
+
+
 def in_flight_after(b):
     bg, burst = b.get("background_split", []), b.get("burst_split", [])
     return [x + y for x, y in zip(bg, burst)]
@@ -499,6 +667,7 @@ def main():
     ap.add_argument("--overhead-concurrency", default="?")
     ap.add_argument("--engine-stats-interval", default="?")
     ap.add_argument("--quick", default="0")
+    ap.add_argument("--scenario-tables", default="0", help="1: per-scenario means over seeds against the peers")
     args = ap.parse_args()
 
     m = machine()
@@ -568,13 +737,20 @@ def main():
         "engine's `/sim/stats`; cache hit % = cached / prompt tokens over all engines.\n"
     )
 
-    L.append("## Agent scenario\n")
     fleets = [x for x in args.fleets.split() if x]
-    for fl in fleets:
-        sec, rows = agent_section(agent, fl, args.seed)
-        L.extend(sec)
-        L.extend(placement_section(args.out_dir, agent, fl, args.seed))
-        L.extend(compare_section(agent, fl, targets))
+    if args.scenario_tables == "1":
+        # Issue 13's comparison: each scenario against the peers, means over the seeds.
+        for sc in ("agent", "shared-prefix", "mixed"):
+            runs = load(args.out_dir, sc + "-")
+            for fl in fleets:
+                L.extend(scenario_section(args.out_dir, sc, runs, fl, targets))
+    else:
+        L.append("## Agent scenario\n")
+        for fl in fleets:
+            sec, rows = agent_section(agent, fl, args.seed)
+            L.extend(sec)
+            L.extend(placement_section(args.out_dir, agent, fl, args.seed))
+            L.extend(compare_section(agent, fl, targets))
     L.extend(burst_section(burst, targets))
     L.extend(overhead_section(overhead, targets, args))
 

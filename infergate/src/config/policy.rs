@@ -12,15 +12,17 @@ pub enum Policy {
     LeastRequest,
     LoadAware,
     PrefixAware,
+    PredictedTtft,
 }
 
 impl Policy {
     /// Every policy, in the order the names are listed in messages.
-    pub const ALL: [Policy; 4] = [
+    pub const ALL: [Policy; 5] = [
         Policy::RoundRobin,
         Policy::LeastRequest,
         Policy::LoadAware,
         Policy::PrefixAware,
+        Policy::PredictedTtft,
     ];
 
     /// The name used in the YAML file (and in metric labels).
@@ -30,6 +32,7 @@ impl Policy {
             Policy::LeastRequest => "least_request",
             Policy::LoadAware => "load_aware",
             Policy::PrefixAware => "prefix_aware",
+            Policy::PredictedTtft => "predicted_ttft",
         }
     }
 
@@ -57,8 +60,17 @@ impl Policy {
 pub enum PolicyConfig {
     RoundRobin,
     LeastRequest,
-    LoadAware { sessions: Option<SessionsConfig> },
-    PrefixAware { prefix: PrefixConfig },
+    LoadAware {
+        sessions: Option<SessionsConfig>,
+    },
+    PrefixAware {
+        prefix: PrefixConfig,
+    },
+    /// Lowest predicted time to first token; `prefix` sizes its prefix index.
+    PredictedTtft {
+        sessions: Option<SessionsConfig>,
+        prefix: PrefixConfig,
+    },
 }
 
 impl PolicyConfig {
@@ -74,6 +86,7 @@ impl PolicyConfig {
             Policy::LeastRequest => PolicyConfig::LeastRequest,
             Policy::LoadAware => PolicyConfig::LoadAware { sessions },
             Policy::PrefixAware => PolicyConfig::PrefixAware { prefix },
+            Policy::PredictedTtft => PolicyConfig::PredictedTtft { sessions, prefix },
         }
     }
 
@@ -83,13 +96,16 @@ impl PolicyConfig {
             PolicyConfig::LeastRequest => Policy::LeastRequest,
             PolicyConfig::LoadAware { .. } => Policy::LoadAware,
             PolicyConfig::PrefixAware { .. } => Policy::PrefixAware,
+            PolicyConfig::PredictedTtft { .. } => Policy::PredictedTtft,
         }
     }
 
     /// Session settings, when the policy keeps sessions.
     pub fn sessions(&self) -> Option<&SessionsConfig> {
         match self {
-            PolicyConfig::LoadAware { sessions } => sessions.as_ref(),
+            PolicyConfig::LoadAware { sessions } | PolicyConfig::PredictedTtft { sessions, .. } => {
+                sessions.as_ref()
+            }
             _ => None,
         }
     }
@@ -114,12 +130,12 @@ impl Default for SessionsConfig {
 }
 
 impl SessionsConfig {
-    /// A pool's `sessions`, allowed with policy load_aware only.
+    /// A pool's `sessions`, allowed with policies load_aware and predicted_ttft only.
     pub(super) fn read(n: Node<'_>, policy: Policy) -> Result<SessionsConfig, ConfigError> {
         let [header, ttl, max_sessions] = n.keys(["header", "ttl", "max_sessions"])?;
-        if policy != Policy::LoadAware {
+        if !matches!(policy, Policy::LoadAware | Policy::PredictedTtft) {
             return Err(n.err(format!(
-                "sessions require policy load_aware (this pool's policy is {}); remove `sessions` or change the policy",
+                "sessions require policy load_aware or predicted_ttft (this pool's policy is {}); remove `sessions` or change the policy",
                 policy.as_str()
             )));
         }
@@ -301,7 +317,7 @@ mod tests {
         assert_err(
             &pool_with("    policy: fastest\n"),
             "pools[0].policy",
-            &["unknown policy `fastest`; expected one of round_robin, least_request, load_aware, prefix_aware"],
+            &["unknown policy `fastest`; expected one of round_robin, least_request, load_aware, prefix_aware, predicted_ttft"],
         );
         for (name, p) in [
             ("round_robin", Policy::RoundRobin),
@@ -335,7 +351,7 @@ mod tests {
         assert_err(
             &pool_with("    policy: round_robin\n    sessions: { header: x-session-id }\n"),
             "pools[0].sessions",
-            &["sessions require policy load_aware (this pool's policy is round_robin)"],
+            &["sessions require policy load_aware or predicted_ttft (this pool's policy is round_robin)"],
         );
         assert_err(
             &pool_with("    sessions: { header: \"x session\" }\n"),

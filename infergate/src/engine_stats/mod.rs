@@ -170,6 +170,7 @@ mod tests {
             running: 2,
             waiting: 1,
             kv_usage: 0.5,
+            own_at_sample: 0,
         };
         let cell = StatsCell::default();
         assert_eq!(cell.state(t0), StatsState::Off);

@@ -154,6 +154,7 @@ pub fn parse(text: &str, kind: EngineKind, prefix: &str) -> Result<EngineLoad, P
             running: running.0.round() as u64,
             waiting: waiting.0.round() as u64,
             kv_usage: (sum / k as f64).clamp(0.0, 1.0),
+            own_at_sample: 0,
         }),
         _ => {
             close.sort();

@@ -6,6 +6,8 @@
 pub mod least_request;
 pub mod load_aware;
 pub mod policy;
+pub mod predicted;
+pub mod predicted_ttft;
 pub mod prefix;
 pub mod prefix_aware;
 pub mod round_robin;
@@ -22,6 +24,16 @@ pub struct EngineLoad {
     pub waiting: u64,
     /// KV cache usage, 0..=1.
     pub kv_usage: f64,
+    /// infergate's own requests in flight to this endpoint when the sample arrived (set by the scraper; the parser
+    /// leaves 0). The engine's running + waiting less this is the load placed elsewhere ("foreign").
+    pub own_at_sample: u64,
+}
+
+impl EngineLoad {
+    /// Requests the engine holds that infergate did not place (other routers, direct clients), as of the sample.
+    pub fn foreign(&self) -> u64 {
+        (self.running + self.waiting).saturating_sub(self.own_at_sample)
+    }
 }
 
 /// KV usage at or above which an endpoint is "full" and is no migration target.
@@ -44,6 +56,9 @@ pub struct Candidate {
     pub engine: Option<EngineLoad>,
     /// Per-endpoint in-flight limit from the config.
     pub max_in_flight: Option<u64>,
+    /// Learned prefill throughput in estimated tokens per second, queue included (tokens ahead at dispatch plus
+    /// the request's own, over its time to first byte); None until observed. Read by `predicted_ttft`.
+    pub prefill_speed: Option<f64>,
 }
 
 impl Candidate {
@@ -57,13 +72,28 @@ impl Candidate {
         self.prefill_tokens.saturating_add(self.peer_prefill_tokens)
     }
 
-    /// Requests in flight, counting traffic from other routers: the engine's running + waiting includes the
-    /// routers' own requests, so take the larger of the two instead of adding them.
+    /// Requests in flight, counting traffic from other routers: the live count (ours and our peers') plus the
+    /// engine's foreign load as of its last sample. Only the foreign part lags by a scrape interval: requests that
+    /// finished since the sample leave at once (no phantom load), and a burst just sent counts at once (the stale
+    /// sample does not hide it). The sample's foreign part includes our peers' requests, which the live count
+    /// already has: they are taken off it (at their current count, the closest figure there is). Without fresh
+    /// stats, the live count alone (never less: unknown is not idle).
     pub fn request_load(&self) -> u64 {
         match self.engine {
-            Some(e) => self.live_requests().max(e.running + e.waiting),
+            Some(e) => self
+                .live_requests()
+                .saturating_add(e.foreign().saturating_sub(self.peer_requests)),
             None => self.live_requests(),
         }
+    }
+
+    /// The engine's waiting queue corrected for our requests that finished since the sample: each one freed a
+    /// slot, which the engine gave to a waiting request, so a queue that drained since the scrape is not read.
+    pub fn waiting(&self) -> u64 {
+        self.engine.map_or(0, |e| {
+            let finished = e.own_at_sample.saturating_sub(self.requests);
+            e.waiting.saturating_sub(finished)
+        })
     }
 
     /// The load_aware score: requests × 16384 + prefill tokens in flight. Lower is better.
@@ -75,7 +105,7 @@ impl Candidate {
 
     /// Fresh stats show a queue, or our own in-flight count reached the configured limit.
     pub fn has_queue(&self) -> bool {
-        self.engine.is_some_and(|e| e.waiting > 0) || self.at_limit()
+        self.waiting() > 0 || self.at_limit()
     }
 
     /// This replica's own requests reached `max_in_flight_per_endpoint`. Peers' requests do not count: the wait
@@ -104,11 +134,12 @@ pub enum Reason {
     PrefixHit,
     PrefixMiss,
     PrefixGated,
+    Predicted,
 }
 
 impl Reason {
     /// Every reason, in declaration order (`index` is the position here).
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::RoundRobin,
         Reason::LeastRequest,
         Reason::LoadAware,
@@ -121,6 +152,7 @@ impl Reason {
         Reason::PrefixHit,
         Reason::PrefixMiss,
         Reason::PrefixGated,
+        Reason::Predicted,
     ];
 
     /// Position in `ALL`.
@@ -142,6 +174,7 @@ impl Reason {
             Reason::PrefixHit => "prefix_hit",
             Reason::PrefixMiss => "prefix_miss",
             Reason::PrefixGated => "prefix_gated",
+            Reason::Predicted => "predicted",
         }
     }
 }
@@ -193,33 +226,16 @@ pub fn pick_within(
     chosen
 }
 
-/// `least_inflight`: the endpoints within +1 of the minimum combined load (engine stats can lag by a scrape
-/// interval, so their exact minimum means little), and among those the fewest of the routers' own requests in
-/// flight (live: this replica's and its peers'), random ties. A burst inside one scrape interval neither dogpiles one endpoint nor drifts:
-/// 8 new sessions on 2 equally busy endpoints split 4/4.
+/// `least_inflight`: the fewest requests in flight counting load placed elsewhere ([`Candidate::request_load`]:
+/// our live count plus the engine's foreign load), random ties. A burst inside one scrape interval neither
+/// dogpiles one endpoint nor drifts: 8 new sessions on 2 equally busy endpoints split 4/4, and with one endpoint
+/// holding 4 requests from elsewhere and the other idle they split 2/6 (each request sees the ones before it).
+///
+/// Before the foreign load was separated from our own, this took the endpoints within +1 of `max(own, engine)`
+/// and broke ties by our own count alone: the stale engine figure hid the burst, the own count hid the foreign
+/// load, and the busy endpoint won as soon as the idle one had 3 (4/4 every time).
 pub fn least_inflight(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<usize> {
-    let min = cands
-        .iter()
-        .filter(|c| c.eligible)
-        .map(Candidate::request_load)
-        .min()?;
-    let near = |c: &Candidate| c.eligible && c.request_load() <= min.saturating_add(1);
-    let own_min = cands
-        .iter()
-        .filter(|c| near(c))
-        .map(Candidate::live_requests)
-        .min()?;
-    let mut chosen = None;
-    let mut seen = 0u32;
-    for (i, c) in cands.iter().enumerate() {
-        if near(c) && c.live_requests() == own_min {
-            seen += 1;
-            if rng.u32(0..seen) == 0 {
-                chosen = Some(i);
-            }
-        }
-    }
-    chosen
+    pick_min_by_key(cands, rng, Candidate::request_load)
 }
 
 /// `load_aware`: minimise requests × 16384 + prefill tokens; exact ties at random.
@@ -312,80 +328,96 @@ mod tests {
         assert_eq!(picks, vec![0, 2, 2, 0]);
     }
 
+    fn with_stats(mut c: Candidate, running: u64, waiting: u64, own_at_sample: u64) -> Candidate {
+        c.engine = Some(EngineLoad {
+            running,
+            waiting,
+            kv_usage: 0.1,
+            own_at_sample,
+        });
+        c
+    }
+
+    /// Place `n` requests one after another with `pick`, each adding one to our own live count of its endpoint
+    /// while the engine stats stay as they were (the burst lands inside one scrape interval); the split.
+    fn burst(
+        mut cands: Vec<Candidate>,
+        n: usize,
+        seed: u64,
+        pick: fn(&[Candidate], &mut fastrand::Rng) -> Option<usize>,
+    ) -> Vec<u64> {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut split = vec![0; cands.len()];
+        for _ in 0..n {
+            let i = pick(&cands, &mut rng).unwrap();
+            cands[i].requests += 1;
+            split[i] += 1;
+        }
+        split
+    }
+
     #[test]
-    fn least_inflight_uses_the_slack_for_stale_stats_and_live_counts_for_the_rest() {
+    fn a_burst_on_equally_busy_endpoints_splits_evenly() {
+        for seed in 0..50 {
+            // Busy with our own requests (the engines saw them at the last scrape)...
+            let ours = vec![with_stats(cand(2, 0), 2, 0, 2); 2];
+            assert_eq!(burst(ours, 8, seed, least_inflight), vec![4, 4]);
+            // ...or with requests placed elsewhere.
+            let foreign = vec![with_stats(cand(0, 0), 2, 0, 0); 2];
+            assert_eq!(burst(foreign, 8, seed, least_inflight), vec![4, 4]);
+        }
+    }
+
+    #[test]
+    fn a_burst_goes_to_the_endpoint_idle_of_foreign_load() {
+        // Endpoint 0 runs 4 requests another router placed; endpoint 1 is idle. Balanced end state: 2 / 6.
+        for seed in 0..50 {
+            let cands = vec![
+                with_stats(cand(0, 0), 4, 0, 0),
+                with_stats(cand(0, 0), 0, 0, 0),
+            ];
+            let split = burst(cands.clone(), 8, seed, least_inflight);
+            assert_eq!(split, vec![2, 6], "seed {seed}");
+            assert_eq!(burst(cands, 8, seed, load_aware), vec![2, 6], "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn foreign_load_is_engine_load_less_ours_at_the_sample() {
+        // Our 3 requests were all the engine had: no foreign load, no double counting.
+        assert_eq!(with_stats(cand(3, 0), 3, 0, 3).request_load(), 3);
+        // 7 running + 2 waiting of which 3 ours: 6 from elsewhere.
+        assert_eq!(with_stats(cand(3, 0), 7, 2, 3).request_load(), 9);
+        // Ours finished since the sample (stats lag): the phantom 3 are gone at once.
+        assert_eq!(with_stats(cand(0, 0), 3, 0, 3).request_load(), 0);
+        // Ours sent since the sample (a burst): counted at once.
+        assert_eq!(with_stats(cand(5, 0), 1, 0, 1).request_load(), 5);
+        // The engine saw fewer than we count (requests still in transit): foreign 0, never negative.
+        assert_eq!(with_stats(cand(4, 0), 2, 0, 4).request_load(), 4);
+        // No fresh stats: our own count, not zero.
+        assert_eq!(cand(4, 0).request_load(), 4);
+    }
+
+    #[test]
+    fn a_queue_that_drained_since_the_sample_is_not_read() {
+        // The sample showed 2 waiting while 4 of ours ran; 2 of ours finished since: their slots took the queue.
+        let c = with_stats(cand(2, 0), 4, 2, 4);
+        assert_eq!(c.waiting(), 0);
+        assert!(!c.has_queue());
+        // Nothing of ours finished: the queue stands.
+        let c = with_stats(cand(4, 0), 4, 2, 4);
+        assert_eq!(c.waiting(), 2);
+        assert!(c.has_queue());
+    }
+
+    #[test]
+    fn least_inflight_ties_are_random() {
         let mut rng = fastrand::Rng::with_seed(5);
-        // Stats say 5 vs 6 (within +1); our own live counts say 3 vs 1: the live count decides.
-        let mut a = cand(3, 0);
-        a.engine = Some(EngineLoad {
-            running: 5,
-            waiting: 0,
-            kv_usage: 0.1,
-        });
-        let mut b = cand(1, 0);
-        b.engine = Some(EngineLoad {
-            running: 6,
-            waiting: 0,
-            kv_usage: 0.1,
-        });
-        assert_eq!(least_inflight(&[a, b], &mut rng), Some(1));
-        // Outside the slack the combined load excludes an endpoint whatever our own count says.
-        b.engine = Some(EngineLoad {
-            running: 7,
-            waiting: 0,
-            kv_usage: 0.1,
-        });
-        assert_eq!(least_inflight(&[a, b], &mut rng), Some(0));
-        // Equal everything: random.
         let mut seen = [0; 2];
         for _ in 0..200 {
             seen[least_inflight(&[cand(2, 0), cand(2, 0)], &mut rng).unwrap()] += 1;
         }
         assert!(seen[0] > 50 && seen[1] > 50, "{seen:?}");
-    }
-
-    #[test]
-    fn engine_stats_add_foreign_load_without_double_counting() {
-        let mut c = cand(3, 0);
-        c.engine = Some(EngineLoad {
-            running: 2,
-            waiting: 0,
-            kv_usage: 0.1,
-        });
-        assert_eq!(c.request_load(), 3, "our 3 requests include the engine's 2");
-        c.engine = Some(EngineLoad {
-            running: 7,
-            waiting: 2,
-            kv_usage: 0.1,
-        });
-        assert_eq!(c.request_load(), 9, "another router's traffic counts");
-    }
-
-    #[test]
-    fn peers_load_adds_to_the_live_figures_and_the_engine_stats_still_do_not_double_count() {
-        let mut rng = fastrand::Rng::with_seed(6);
-        // Another replica holds a 100k-token prefill on endpoint 0: this replica's own figures are equal.
-        let mut held = cand(0, 0);
-        held.peer_requests = 1;
-        held.peer_prefill_tokens = 100_000;
-        for _ in 0..50 {
-            assert_eq!(load_aware(&[held, cand(0, 0)], &mut rng), Some(1));
-            assert_eq!(least_request(&[held, cand(0, 0)], &mut rng), Some(1));
-            assert_eq!(least_inflight(&[held, cand(0, 0)], &mut rng), Some(1));
-        }
-        assert_eq!(held.score(), REQUEST_WEIGHT_TOKENS + 100_000);
-        // Engine stats count every router's requests: the larger of the two, never the sum.
-        let mut c = cand(2, 0);
-        c.peer_requests = 3;
-        c.engine = Some(EngineLoad {
-            running: 4,
-            waiting: 0,
-            kv_usage: 0.1,
-        });
-        assert_eq!(c.request_load(), 5);
-        // The limit is this replica's own.
-        c.max_in_flight = Some(3);
-        assert!(!c.at_limit());
     }
 
     #[test]

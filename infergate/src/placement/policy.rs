@@ -41,6 +41,19 @@ pub enum Ticket {
     Session(SessionCommit),
     /// The prompt's block hashes, inserted into the prefix index once served.
     Prefix(Vec<u64>),
+    /// `predicted_ttft`: session commit, block hashes and the prediction.
+    Predicted(Box<super::predicted_ttft::PredictedTicket>),
+}
+
+impl Ticket {
+    /// The predicted seconds to first token and the prefill tokens that were ahead of the request, for a
+    /// placement that predicted them.
+    pub fn prediction(&self) -> Option<(Option<f64>, u64)> {
+        match self {
+            Ticket::Predicted(t) => Some((t.predicted_ttft, t.tokens_ahead)),
+            _ => None,
+        }
+    }
 }
 
 /// A placement decision.
@@ -165,6 +178,19 @@ pub fn reasons(policy: &PolicyConfig) -> &'static [Reason] {
         PolicyConfig::PrefixAware { .. } => {
             &[Reason::PrefixHit, Reason::PrefixMiss, Reason::PrefixGated]
         }
+        PolicyConfig::PredictedTtft { sessions: None, .. } => {
+            &[Reason::Predicted, Reason::LoadAware]
+        }
+        PolicyConfig::PredictedTtft {
+            sessions: Some(_), ..
+        } => &[
+            Reason::NewSession,
+            Reason::Sticky,
+            Reason::Migrate,
+            Reason::Spill,
+            Reason::Fallback,
+            Reason::Headerless,
+        ],
     }
 }
 
@@ -181,6 +207,13 @@ pub fn build(cfg: &PoolConfig) -> Box<dyn PlacementPolicy> {
             prefix,
             cfg.prefill.bytes_per_token,
         )),
+        PolicyConfig::PredictedTtft { sessions, prefix } => {
+            Box::new(super::predicted_ttft::PredictedTtft::new(
+                sessions.as_ref(),
+                prefix,
+                cfg.prefill.bytes_per_token,
+            ))
+        }
     }
 }
 
@@ -322,6 +355,32 @@ mod tests {
         assert_eq!(turn(&*p, b"", &prompt, now), Reason::PrefixMiss);
         // A policy of another kind is refused.
         assert!(p.reconfigure(&pool(""), now).is_err());
+    }
+
+    #[test]
+    fn predicted_ttft_resizes_its_session_table_and_refuses_a_new_prefix_index() {
+        let sessions = "    policy: predicted_ttft\n    sessions: { max_sessions: 3, ttl: 1h }\n";
+        let p = build(&pool(sessions));
+        let t0 = Instant::now();
+        for (i, key) in [b"s1", b"s2", b"s3"].iter().enumerate() {
+            turn(&*p, *key, b"hello", t0 + Duration::from_secs(i as u64));
+        }
+        assert_eq!(p.session_count(), Some(3));
+        let now = t0 + Duration::from_secs(10);
+        let smaller = "    policy: predicted_ttft\n    sessions: { max_sessions: 1, ttl: 1h }\n";
+        assert!(p.reconfigure(&pool(smaller), now).unwrap().is_some());
+        assert_eq!(p.session_count(), Some(1));
+        let rehash = format!("{smaller}    prefix: {{ block_bytes: 32 }}\n");
+        assert!(p.reconfigure(&pool(&rehash), now).is_err());
+        assert!(
+            p.reconfigure(&pool("    policy: predicted_ttft\n"), now)
+                .is_err(),
+            "sessions off"
+        );
+        // The binding a served turn leaves is what the cluster shares.
+        let key: &[u8] = b"s9";
+        turn(&*p, key, b"hello", now);
+        assert_eq!(p.has_session(key, now), Some(true));
     }
 
     #[test]

@@ -136,6 +136,23 @@ pub struct SessionCommit {
 }
 
 impl SessionCommit {
+    /// The commit of a placement another policy decided (`predicted_ttft`): `Sticky` records the size,
+    /// `Spill` keeps the binding of `endpoint`, every other reason binds to `endpoint`.
+    pub fn for_reason(req: &SessionRequest, endpoint: u64, reason: Reason) -> SessionCommit {
+        let kind = match reason {
+            Reason::Sticky => CommitKind::Sticky,
+            Reason::Spill => CommitKind::Spill,
+            _ => CommitKind::Bind,
+        };
+        SessionCommit {
+            key: session_key(req.key),
+            lineage: req.lineage,
+            endpoint,
+            body_bytes: req.body_bytes,
+            kind,
+        }
+    }
+
     /// The endpoint id the commit binds to (or, for a spill, the binding it keeps).
     pub fn endpoint(&self) -> u64 {
         self.endpoint
@@ -247,6 +264,13 @@ impl SessionTable {
             return None;
         }
         Some(b)
+    }
+
+    /// The live binding of a session request: its endpoint id and the body size its bound endpoint last served
+    /// of this lineage (None for a lineage new to the session). Drops an expired binding, like `place`.
+    pub fn bound(&mut self, req: &SessionRequest, now: Instant) -> Option<(u64, Option<u64>)> {
+        let b = self.live(session_key(req.key), now)?;
+        Some((b.endpoint, b.size_of(req.lineage)))
     }
 
     /// Place one session request (policy load_aware, request carries the session header).

@@ -488,6 +488,16 @@ impl ProxyHttp for Router {
                 // A successful streaming first byte marks the end of prefill: learn the endpoint's speed from it.
                 if h.release_prefill(ReleaseCause::FirstByte) && success && ctx.is_stream() {
                     ep.prefill_speed.observe(h.estimate(), h.age());
+                    // predicted_ttft: the prefill that was ahead plus this one's, over the wait, is the
+                    // throughput it predicts with; and how far off its prediction was.
+                    let ticket = ctx.placement.as_ref().map(|p| &p.ticket);
+                    if let Some((predicted, ahead)) = ticket.and_then(|t| t.prediction()) {
+                        ep.prefill_speed
+                            .observe_throughput(ahead.saturating_add(h.estimate()), h.age());
+                        if let Some(p) = predicted {
+                            self.metrics.observe_ttft_prediction(ep, p, h.age());
+                        }
+                    }
                 }
             }
             if let (Some(t0), Some(ep), true) = (ctx.dispatched_at, &ctx.endpoint, success) {

@@ -180,7 +180,7 @@ fn stale_stats_fall_back_to_own_counts_never_zero() {
     let mut ix = PrefixIndex::new(&cfg(256, PrefixFallback::LeastInflight), 4.0);
     let h = ix.block_hashes("m", &text("a", 8));
     // Endpoint 0: stats stale/absent (engine None) but 5 of our requests in flight: load 5, not 0.
-    // Endpoint 1: 1 of ours, fresh stats show 3 from other routers too: load max(1, 3) = 3.
+    // Endpoint 1: 1 of ours, fresh stats show 3 of which 1 ours: load 1 + 2 = 3.
     let mut busy_stale = cand(5);
     busy_stale.engine = None;
     let mut fresh = cand(1);
@@ -188,6 +188,7 @@ fn stale_stats_fall_back_to_own_counts_never_zero() {
         running: 3,
         waiting: 0,
         kv_usage: 0.2,
+        own_at_sample: 1,
     });
     for seed in 0..50 {
         let d = ix
@@ -206,6 +207,7 @@ fn stale_stats_fall_back_to_own_counts_never_zero() {
         running: 5,
         waiting: 3,
         kv_usage: 0.2,
+        own_at_sample: 1,
     });
     let d = ix
         .place(

@@ -16,14 +16,15 @@ fn cand(requests: u64, prefill: u64) -> Candidate {
     }
 }
 
-/// A candidate whose fresh engine stats show a queue (has_queue): `load - 1` running + 1 waiting, so its
-/// request_load() is `load`.
+/// A candidate whose fresh engine stats show a queue (has_queue): `load - 1` running + 1 waiting, all ours, so
+/// its request_load() is `load`.
 fn queued(load: u64) -> Candidate {
     Candidate {
         engine: Some(EngineLoad {
             running: load - 1,
             waiting: 1,
             kv_usage: 0.5,
+            own_at_sample: load,
         }),
         ..cand(load, 0)
     }
@@ -34,6 +35,7 @@ fn kv_full(mut c: Candidate) -> Candidate {
         running: c.requests,
         waiting: 0,
         kv_usage: 0.99,
+        own_at_sample: c.requests,
     });
     c
 }

@@ -1,0 +1,255 @@
+//! The predicted-TTFT cost model: what a request would cost on each endpoint, in seconds, and when a session
+//! should move.
+//!
+//! Pure: the caller passes the candidates (with their learned prefill throughput) and each one's uncached tokens
+//! for this request; nothing here reads a clock or does I/O.
+//!
+//! For endpoint `e` with learned throughput `s` (estimated tokens per second, queue included):
+//!
+//! * `ttft = (prefill tokens in flight there + this request's uncached tokens there) / s`: chunked prefill is
+//!   FIFO, so the request waits for what is ahead of it, then its own uncached part. Uncached is the body less
+//!   what `e` holds of it (the session's recorded size where it is bound, the prefix index elsewhere).
+//! * `total = ttft + DECODE_WEIGHT (0.3) × requests in flight there × own prefill seconds`: every step that carries
+//!   this prefill also stalls the requests decoding there, so a prefill placed beside many decodes costs them.
+//!
+//! A session stays on its bound endpoint unless another one's `total` is lower by more than [`MOVE_MARGIN`] of
+//! staying's: the recompute of its whole context elsewhere (that endpoint's uncached tokens) and the stall it
+//! causes there are inside that `total`, so a move is taken only when the predicted saving exceeds its cost.
+//! The old token-only backlog spill is the case where the bound endpoint's queue ahead is long: it is this rule.
+
+use super::Candidate;
+
+/// Weight of the decode stall a prefill causes, per request in flight on the endpoint, against the request's
+/// own waiting time. 0.3: with ten requests decoding there, their stall weighs three times the request's own
+/// prefill time. Chosen on the agent benchmark (2 engines, seeds 7 and 8): 0.1 gave the lowest TTFT p95 but ~10%
+/// lower slowest-5% decode; 1.0 gave up TTFT without a consistent decode gain.
+pub const DECODE_WEIGHT: f64 = 0.3;
+
+/// A move must save more than this share of staying's predicted cost: estimates are noisy (bytes per token,
+/// a moving-average speed) and a move that saves nothing real throws away a warm cache.
+pub const MOVE_MARGIN: f64 = 0.1;
+
+/// Costs within this many seconds of each other are ties (broken at random).
+pub const TIE_SECONDS: f64 = 1e-6;
+
+/// What a request would cost on one endpoint, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cost {
+    /// Predicted time to first token.
+    pub ttft: f64,
+    /// `ttft` plus the decode stall it causes.
+    pub total: f64,
+}
+
+/// The learned throughput, when usable.
+fn speed(c: &Candidate) -> Option<f64> {
+    c.prefill_speed.filter(|s| s.is_finite() && *s > 0.0)
+}
+
+/// The cost of `uncached` tokens on `c`; None until `c`'s throughput was learned.
+pub fn cost(c: &Candidate, uncached: u64) -> Option<Cost> {
+    let s = speed(c)?;
+    let own = uncached as f64 / s;
+    // Prefill queued ahead: ours and our peers' (replicas sharing the engine through `cluster`).
+    let ttft = c.live_prefill_tokens() as f64 / s + own;
+    let total = ttft + DECODE_WEIGHT * c.request_load() as f64 * own;
+    Some(Cost { ttft, total })
+}
+
+/// Every eligible candidate has a learned throughput (otherwise the caller places as `load_aware` does).
+pub fn all_learned(cands: &[Candidate]) -> bool {
+    cands
+        .iter()
+        .filter(|c| c.eligible)
+        .all(|c| speed(c).is_some())
+}
+
+/// The cheapest eligible candidate that `allow` accepts, by `total`; ties (within [`TIE_SECONDS`]) uniformly at
+/// random. `uncached[i]` is the request's uncached tokens on `cands[i]`. None when nothing qualifies or a
+/// qualifying candidate has no learned throughput.
+pub fn cheapest(
+    cands: &[Candidate],
+    uncached: &[u64],
+    rng: &mut fastrand::Rng,
+    allow: impl Fn(usize, &Candidate) -> bool,
+) -> Option<(usize, Cost)> {
+    let ok = |i: usize, c: &Candidate| c.eligible && i < uncached.len() && allow(i, c);
+    let mut min = f64::INFINITY;
+    for (i, c) in cands.iter().enumerate().filter(|(i, c)| ok(*i, c)) {
+        min = min.min(cost(c, uncached[i])?.total);
+    }
+    if !min.is_finite() {
+        return None;
+    }
+    let mut chosen = None;
+    let mut seen = 0u32;
+    for (i, c) in cands.iter().enumerate().filter(|(i, c)| ok(*i, c)) {
+        let k = cost(c, uncached[i])?;
+        if k.total <= min + TIE_SECONDS {
+            seen += 1;
+            if rng.u32(0..seen) == 0 {
+                chosen = Some((i, k));
+            }
+        }
+    }
+    chosen
+}
+
+/// Whether a session bound where it would cost `stay` should move to where it would cost `best`.
+pub fn should_move(stay: Cost, best: Cost) -> bool {
+    best.total + MOVE_MARGIN * stay.total < stay.total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::EngineLoad;
+
+    fn cand(requests: u64, prefill: u64, speed: f64) -> Candidate {
+        Candidate {
+            eligible: true,
+            requests,
+            prefill_tokens: prefill,
+            prefill_speed: Some(speed),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cost_is_queue_plus_own_prefill_plus_decode_stall() {
+        let c = cand(10, 20_000, 10_000.0);
+        let k = cost(&c, 5_000).unwrap();
+        assert!((k.ttft - 2.5).abs() < 1e-9, "{k:?}");
+        // 0.3 × 10 requests × 0.5 s of own prefill.
+        assert!((k.total - 4.0).abs() < 1e-9, "{k:?}");
+        assert_eq!(cost(&Candidate::default(), 5), None, "no speed, no cost");
+    }
+
+    #[test]
+    fn cached_tokens_beat_an_idle_endpoint_until_the_queue_outweighs_them() {
+        let mut rng = fastrand::Rng::with_seed(1);
+        // 40k-token body: endpoint 0 holds 36k of it but has 10k prefill queued; endpoint 1 is idle and cold.
+        let cands = [cand(2, 10_000, 20_000.0), cand(0, 0, 20_000.0)];
+        assert_eq!(
+            cheapest(&cands, &[4_000, 40_000], &mut rng, |_, _| true)
+                .unwrap()
+                .0,
+            0
+        );
+        // With 50k queued ahead, the cold idle endpoint wins.
+        let cands = [cand(2, 50_000, 20_000.0), cand(0, 0, 20_000.0)];
+        assert_eq!(
+            cheapest(&cands, &[4_000, 40_000], &mut rng, |_, _| true)
+                .unwrap()
+                .0,
+            1
+        );
+    }
+
+    #[test]
+    fn a_faster_endpoint_wins_equal_work_and_decodes_weigh_in() {
+        let mut rng = fastrand::Rng::with_seed(2);
+        let cands = [cand(0, 0, 10_000.0), cand(0, 0, 30_000.0)];
+        assert_eq!(
+            cheapest(&cands, &[9_000, 9_000], &mut rng, |_, _| true)
+                .unwrap()
+                .0,
+            1
+        );
+        // Same speed and queue; 30 requests decoding on endpoint 0: the stall sends the prefill elsewhere.
+        let cands = [cand(30, 0, 10_000.0), cand(2, 0, 10_000.0)];
+        assert_eq!(
+            cheapest(&cands, &[9_000, 9_000], &mut rng, |_, _| true)
+                .unwrap()
+                .0,
+            1
+        );
+    }
+
+    #[test]
+    fn the_move_rule_charges_the_recompute() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        // Bound endpoint 0: 1k growth behind 30k queued (1.55 s). Endpoint 1 idle but must recompute 60k (3 s).
+        let cands = [cand(3, 30_000, 20_000.0), cand(0, 0, 20_000.0)];
+        let stay = cost(&cands[0], 1_000).unwrap();
+        let (best, k) = cheapest(&cands, &[1_000, 60_000], &mut rng, |_, _| true).unwrap();
+        assert_eq!(best, 0);
+        assert!(!should_move(stay, k));
+        // A short conversation (4k) behind the same queue: moving saves more than it costs.
+        let (best, k) = cheapest(&cands, &[1_000, 4_000], &mut rng, |_, _| true).unwrap();
+        assert_eq!(best, 1);
+        assert!(should_move(stay, k));
+        // A saving inside the margin is no move.
+        let a = Cost {
+            ttft: 1.0,
+            total: 1.0,
+        };
+        assert!(!should_move(
+            a,
+            Cost {
+                ttft: 0.95,
+                total: 0.95
+            }
+        ));
+        assert!(should_move(
+            a,
+            Cost {
+                ttft: 0.8,
+                total: 0.8
+            }
+        ));
+    }
+
+    #[test]
+    fn unlearned_speed_is_reported_not_guessed() {
+        let mut rng = fastrand::Rng::with_seed(4);
+        let mut cands = [cand(0, 0, 20_000.0), cand(0, 0, 20_000.0)];
+        cands[1].prefill_speed = None;
+        assert!(!all_learned(&cands));
+        assert_eq!(cheapest(&cands, &[1, 1], &mut rng, |_, _| true), None);
+        // An ineligible endpoint's missing speed does not matter.
+        cands[1].eligible = false;
+        assert!(all_learned(&cands));
+        assert_eq!(
+            cheapest(&cands, &[1, 1], &mut rng, |_, _| true).unwrap().0,
+            0
+        );
+        cands[0].prefill_speed = Some(f64::NAN);
+        assert!(!all_learned(&cands));
+    }
+
+    #[test]
+    fn stale_or_missing_stats_are_not_zero_load() {
+        // Endpoint 0: no fresh stats but 20 of our requests in flight; endpoint 1: fresh stats, 2 requests.
+        let busy = cand(20, 0, 20_000.0);
+        let mut fresh = cand(2, 0, 20_000.0);
+        fresh.engine = Some(EngineLoad {
+            running: 2,
+            waiting: 0,
+            kv_usage: 0.1,
+            own_at_sample: 2,
+        });
+        assert!(cost(&busy, 10_000).unwrap().total > cost(&fresh, 10_000).unwrap().total);
+        // Load placed elsewhere counts: 30 foreign requests on endpoint 1 make it the costlier one.
+        fresh.engine = Some(EngineLoad {
+            running: 32,
+            waiting: 0,
+            kv_usage: 0.1,
+            own_at_sample: 2,
+        });
+        assert!(cost(&busy, 10_000).unwrap().total < cost(&fresh, 10_000).unwrap().total);
+    }
+
+    #[test]
+    fn ties_are_random() {
+        let mut rng = fastrand::Rng::with_seed(5);
+        let cands = [cand(1, 100, 20_000.0); 3];
+        let mut seen = [0; 3];
+        for _ in 0..600 {
+            seen[cheapest(&cands, &[500; 3], &mut rng, |_, _| true)
+                .unwrap()
+                .0] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 120), "{seen:?}");
+    }
+}

@@ -1,0 +1,338 @@
+//! `predicted_ttft`: the endpoint with the lowest predicted time to first token plus the decode stall it causes
+//! (see `predicted`), where a session moves only when that saves more than its recompute costs. Owns a session
+//! table (with `sessions`) and a prefix index (what each endpoint holds of a prompt, across sessions).
+//!
+//! Until every eligible endpoint's prefill throughput is learned, it places as `load_aware` does.
+
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
+use super::predicted::{all_learned, cheapest, cost, should_move, Cost};
+use super::prefix::PrefixIndex;
+use super::sessions::{
+    lineage_of, ImportOutcome, SavedSession, SessionCommit, SessionRequest, SessionTable,
+};
+use super::Reason;
+use crate::config::{PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig};
+
+/// What a `predicted_ttft` placement carries to the lifecycle hooks and the proxy.
+#[derive(Debug, Clone, Default)]
+pub struct PredictedTicket {
+    /// The session commit, for a request that carries the session header.
+    pub session: Option<SessionCommit>,
+    /// The prompt's block hashes, inserted into the prefix index once served.
+    pub hashes: Vec<u64>,
+    /// Predicted seconds to first token on the chosen endpoint (None while placing as load_aware).
+    pub predicted_ttft: Option<f64>,
+    /// Prefill tokens in flight on the chosen endpoint at placement (ahead of this request): with the request's
+    /// own estimate over its time to first byte, a sample of the endpoint's prefill throughput.
+    pub tokens_ahead: u64,
+}
+
+pub struct PredictedTtft {
+    sessions: Option<Mutex<SessionTable>>,
+    prefix: PrefixConfig,
+    index: Mutex<PrefixIndex>,
+    bytes_per_token: f64,
+}
+
+impl PredictedTtft {
+    pub fn new(
+        sessions: Option<&SessionsConfig>,
+        prefix: &PrefixConfig,
+        bytes_per_token: f64,
+    ) -> PredictedTtft {
+        PredictedTtft {
+            sessions: sessions.map(|s| Mutex::new(SessionTable::new(s.max_sessions, s.ttl))),
+            prefix: prefix.clone(),
+            index: Mutex::new(PrefixIndex::new(prefix, bytes_per_token)),
+            bytes_per_token,
+        }
+    }
+
+    fn tokens(&self, bytes: u64) -> u64 {
+        if self.bytes_per_token > 0.0 {
+            (bytes as f64 / self.bytes_per_token).ceil() as u64
+        } else {
+            bytes
+        }
+    }
+}
+
+/// One decision before it becomes a `Placement`.
+struct Pick {
+    index: usize,
+    reason: Reason,
+    /// Bytes of the body the chosen endpoint must compute.
+    uncached_bytes: u64,
+    cost: Option<Cost>,
+}
+
+impl PlacementPolicy for PredictedTtft {
+    fn place(
+        &self,
+        req: &PlaceRequest,
+        snap: &Snapshot,
+        rng: &mut fastrand::Rng,
+    ) -> Option<Placement> {
+        let (cands, ids) = (snap.cands, snap.ids);
+        let n = cands.len().min(ids.len());
+        let hashes = PrefixIndex::hash_blocks(&self.prefix, req.model, req.prompt);
+        let block = self.prefix.block_bytes.max(1) as u64;
+        let body = req.body_bytes;
+        // What each endpoint holds of this prompt, by the prefix index.
+        let mut uncached_bytes: Vec<u64> = self
+            .index
+            .lock()
+            .matched_blocks(&hashes, &ids[..n])
+            .iter()
+            .map(|&m| body.saturating_sub(m as u64 * block))
+            .collect();
+        let sreq = req.session_key.map(|key| SessionRequest {
+            key,
+            lineage: lineage_of(req.prompt),
+            body_bytes: body,
+            bytes_per_token: self.bytes_per_token,
+        });
+        let table = self.sessions.as_ref();
+        let binding = match (table, &sreq) {
+            (Some(t), Some(r)) => t.lock().bound(r, snap.now),
+            _ => None,
+        };
+        // The bound endpoint holds the session up to its recorded size.
+        let bound = binding.and_then(|(id, size)| {
+            let b = ids[..n].iter().position(|&i| i == id)?;
+            if let Some(last) = size.filter(|&s| body >= s) {
+                uncached_bytes[b] = uncached_bytes[b].min(body - last);
+            }
+            Some(b)
+        });
+
+        let pick = if all_learned(&cands[..n]) {
+            let uncached: Vec<u64> = uncached_bytes.iter().map(|&b| self.tokens(b)).collect();
+            self.by_cost(
+                &cands[..n],
+                &uncached,
+                &uncached_bytes,
+                bound,
+                &sreq,
+                binding.is_some(),
+                rng,
+            )?
+        } else {
+            return self.as_load_aware(req, snap, sreq, hashes, rng);
+        };
+        let session = match (&sreq, table) {
+            (Some(r), Some(_)) => {
+                let endpoint = match pick.reason {
+                    Reason::Spill => binding.map_or(ids[pick.index], |(id, _)| id),
+                    _ => ids[pick.index],
+                };
+                Some(SessionCommit::for_reason(r, endpoint, pick.reason))
+            }
+            _ => None,
+        };
+        Some(Placement {
+            index: pick.index,
+            reason: pick.reason,
+            estimate_bytes: pick.uncached_bytes,
+            ticket: Ticket::Predicted(Box::new(PredictedTicket {
+                session,
+                hashes,
+                predicted_ttft: pick.cost.map(|c| c.ttft),
+                tokens_ahead: cands[pick.index].live_prefill_tokens(),
+            })),
+        })
+    }
+
+    fn served(&self, endpoint: u64, ticket: &Ticket, now: Instant) {
+        let Ticket::Predicted(t) = ticket else { return };
+        if let (Some(table), Some(commit)) = (&self.sessions, &t.session) {
+            table.lock().commit(commit, now);
+        }
+        self.index.lock().insert(endpoint, &t.hashes, now);
+    }
+
+    fn endpoint_removed(&self, endpoint: u64) {
+        self.index.lock().remove_endpoint(endpoint);
+    }
+
+    fn expire(&self, now: Instant) -> Evictions {
+        let Some(table) = &self.sessions else {
+            return (0, 0);
+        };
+        let mut table = table.lock();
+        table.expire(now);
+        table.take_evictions()
+    }
+
+    fn session_count(&self) -> Option<usize> {
+        self.sessions.as_ref().map(|t| t.lock().len())
+    }
+
+    fn export_sessions(&self, now: Instant) -> Option<Vec<SavedSession>> {
+        self.sessions.as_ref().map(|t| t.lock().export(now))
+    }
+
+    fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
+        match &self.sessions {
+            Some(t) => t.lock().import(saved, now),
+            None => ImportOutcome {
+                no_sessions: saved.len(),
+                ..ImportOutcome::default()
+            },
+        }
+    }
+
+    fn has_session(&self, key: &[u8], now: Instant) -> Option<bool> {
+        self.sessions
+            .as_ref()
+            .map(|t| t.lock().contains_live(key, now))
+    }
+
+    fn import_binding(&self, saved: SavedSession, now: Instant) -> bool {
+        self.sessions
+            .as_ref()
+            .is_some_and(|t| t.lock().import_one(saved, now))
+    }
+
+    fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
+        match (&self.sessions, ticket) {
+            (Some(table), Ticket::Predicted(t)) => {
+                let commit = t.session.as_ref()?;
+                table.lock().saved(commit.key(), now)
+            }
+            _ => None,
+        }
+    }
+
+    /// The session table's ttl and size change in place (as in `load_aware`); the prefix settings and
+    /// `bytes_per_token` shape the prefix index's hashes and are taken at start.
+    fn reconfigure(&self, cfg: &PoolConfig, now: Instant) -> Result<Option<String>, &'static str> {
+        let PolicyConfig::PredictedTtft { sessions, prefix } = &cfg.policy else {
+            return Err(super::policy::CANNOT_RECONFIGURE);
+        };
+        if sessions.is_some() != self.sessions.is_some() {
+            return Err(
+                "turning sessions on or off changes the placement reasons and the session table",
+            );
+        }
+        if *prefix != self.prefix || cfg.prefill.bytes_per_token != self.bytes_per_token {
+            return Err("predicted_ttft's prefix settings and bytes_per_token shape its prefix index at start");
+        }
+        let (Some(table), Some(s)) = (&self.sessions, sessions) else {
+            return Ok(None);
+        };
+        let (expired, evicted) = table.lock().reconfigure(s.max_sessions, s.ttl, now);
+        Ok((expired + evicted > 0).then(|| {
+            format!("{expired} session binding(s) past the new ttl dropped, {evicted} beyond the new max_sessions evicted")
+        }))
+    }
+}
+
+impl PredictedTtft {
+    /// The cost-based decision (every eligible endpoint's throughput is learned).
+    #[allow(clippy::too_many_arguments)]
+    fn by_cost(
+        &self,
+        cands: &[super::Candidate],
+        uncached: &[u64],
+        uncached_bytes: &[u64],
+        bound: Option<usize>,
+        sreq: &Option<SessionRequest>,
+        has_binding: bool,
+        rng: &mut fastrand::Rng,
+    ) -> Option<Pick> {
+        let pick = |(index, c): (usize, Cost), reason| Pick {
+            index,
+            reason,
+            uncached_bytes: uncached_bytes[index],
+            cost: Some(c),
+        };
+        let sessions = self.sessions.is_some();
+        let Some(_) = sreq.as_ref().filter(|_| sessions) else {
+            let reason = if sessions {
+                Reason::Headerless
+            } else {
+                Reason::Predicted
+            };
+            return Some(pick(cheapest(cands, uncached, rng, |_, _| true)?, reason));
+        };
+        let Some(b) = bound.filter(|&b| cands[b].eligible) else {
+            let reason = if has_binding {
+                Reason::Fallback
+            } else {
+                Reason::NewSession
+            };
+            return Some(pick(cheapest(cands, uncached, rng, |_, _| true)?, reason));
+        };
+        if cands[b].at_limit() {
+            // A hard limit is a constraint, not a cost: one turn elsewhere, the binding kept.
+            let other = cheapest(cands, uncached, rng, |i, c| {
+                i != b && !c.at_limit() && !c.kv_full()
+            })
+            .or_else(|| cheapest(cands, uncached, rng, |i, c| i != b && !c.at_limit()));
+            if let Some(t) = other {
+                return Some(pick(t, Reason::Spill));
+            }
+        }
+        let stay = cost(&cands[b], uncached[b])?;
+        let best = cheapest(cands, uncached, rng, |i, c| i == b || !c.kv_full())?;
+        if best.0 != b && should_move(stay, best.1) {
+            return Some(pick(best, Reason::Migrate));
+        }
+        Some(pick((b, stay), Reason::Sticky))
+    }
+
+    /// Before every throughput is learned: `load_aware`'s decisions (the session table's rules for session
+    /// requests), the prefix index still learning from what is served.
+    fn as_load_aware(
+        &self,
+        req: &PlaceRequest,
+        snap: &Snapshot,
+        sreq: Option<SessionRequest>,
+        hashes: Vec<u64>,
+        rng: &mut fastrand::Rng,
+    ) -> Option<Placement> {
+        let ticket = |session, index: usize| {
+            Ticket::Predicted(Box::new(PredictedTicket {
+                session,
+                hashes,
+                predicted_ttft: None,
+                tokens_ahead: snap.cands[index].live_prefill_tokens(),
+            }))
+        };
+        match (&self.sessions, sreq) {
+            (Some(table), Some(sreq)) => {
+                let p = table
+                    .lock()
+                    .place(&sreq, snap.cands, snap.ids, snap.now, rng)?;
+                Some(Placement {
+                    index: p.index,
+                    reason: p.reason,
+                    estimate_bytes: p.estimate_bytes,
+                    ticket: ticket(Some(p.commit), p.index),
+                })
+            }
+            (sessions, _) => {
+                let index = super::load_aware(snap.cands, rng)?;
+                let reason = if sessions.is_some() {
+                    Reason::Headerless
+                } else {
+                    Reason::LoadAware
+                };
+                Some(Placement {
+                    index,
+                    reason,
+                    estimate_bytes: req.body_bytes,
+                    ticket: ticket(None, index),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

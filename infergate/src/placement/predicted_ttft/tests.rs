@@ -1,0 +1,206 @@
+//! Unit tests of the `predicted_ttft` policy: its decisions over snapshots, sessions and the prefix index.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::placement::Candidate;
+
+const IDS: [u64; 2] = [10, 11];
+const SPEED: f64 = 20_000.0;
+
+fn policy() -> PredictedTtft {
+    let sessions = SessionsConfig {
+        header: "x-session-id".into(),
+        ttl: Duration::from_secs(3600),
+        max_sessions: 100,
+    };
+    PredictedTtft::new(Some(&sessions), &PrefixConfig::default(), 4.0)
+}
+
+fn cand(requests: u64, prefill: u64) -> Candidate {
+    Candidate {
+        eligible: true,
+        requests,
+        prefill_tokens: prefill,
+        prefill_speed: Some(SPEED),
+        ..Default::default()
+    }
+}
+
+/// A prompt of `bytes` bytes starting with `head` (distinct text per head).
+fn prompt(head: &str, bytes: usize) -> Vec<u8> {
+    let mut p = head.as_bytes().to_vec();
+    let mut i = 0;
+    while p.len() < bytes {
+        p.extend_from_slice(format!(" {head} word {i};").as_bytes());
+        i += 1;
+    }
+    p.truncate(bytes);
+    p
+}
+
+struct Fx {
+    p: PredictedTtft,
+    rng: fastrand::Rng,
+    now: Instant,
+}
+
+impl Fx {
+    fn new() -> Fx {
+        Fx {
+            p: policy(),
+            rng: fastrand::Rng::with_seed(7),
+            now: Instant::now(),
+        }
+    }
+
+    fn place(&mut self, key: Option<&str>, text: &[u8], cands: &[Candidate]) -> Placement {
+        let req = PlaceRequest {
+            session_key: key.map(str::as_bytes),
+            model: "m",
+            prompt: text,
+            body_bytes: text.len() as u64,
+        };
+        let snap = Snapshot {
+            cands,
+            ids: &IDS,
+            now: self.now,
+        };
+        self.p
+            .place(&req, &snap, &mut self.rng)
+            .expect("a placement")
+    }
+
+    /// Place and serve.
+    fn serve(&mut self, key: Option<&str>, text: &[u8], cands: &[Candidate]) -> Placement {
+        let p = self.place(key, text, cands);
+        self.p.served(IDS[p.index], &p.ticket, self.now);
+        p
+    }
+}
+
+#[test]
+fn before_speeds_are_learned_it_places_as_load_aware() {
+    let mut fx = Fx::new();
+    let mut cands = [cand(3, 0), cand(1, 0)];
+    cands[1].prefill_speed = None;
+    let p = fx.place(Some("s"), &prompt("a", 4000), &cands);
+    // load_aware: fewer requests wins; no prediction made.
+    assert_eq!((p.index, p.reason), (1, Reason::NewSession));
+    assert_eq!(p.ticket.prediction(), Some((None, 0)));
+    // Without the header in a sessions pool: headerless, still load_aware.
+    let p = fx.place(None, &prompt("b", 4000), &cands);
+    assert_eq!((p.index, p.reason), (1, Reason::Headerless));
+}
+
+#[test]
+fn a_session_stays_and_counts_only_its_growth() {
+    let mut fx = Fx::new();
+    let even = [cand(0, 0), cand(0, 0)];
+    let first = prompt("s1", 40_000);
+    let p = fx.serve(Some("s1"), &first, &even);
+    assert_eq!(p.reason, Reason::NewSession);
+    let home = p.index;
+    // The next turn grows by 2,000 bytes; the other endpoint is idle, the home one a little busier.
+    let mut cands = [cand(0, 0), cand(0, 0)];
+    cands[home] = cand(2, 2_000);
+    let mut second = first.clone();
+    second.extend_from_slice(&prompt("more", 2_000));
+    let p = fx.place(Some("s1"), &second, &cands);
+    assert_eq!((p.index, p.reason), (home, Reason::Sticky));
+    assert_eq!(p.estimate_bytes, 2_000);
+    let (predicted, ahead) = p.ticket.prediction().unwrap();
+    assert_eq!(ahead, 2_000);
+    // (2,000 queued + 500 own tokens) / 20,000 tokens/s.
+    assert!((predicted.unwrap() - 0.125).abs() < 1e-9, "{predicted:?}");
+}
+
+#[test]
+fn a_session_moves_only_when_the_saving_beats_the_recompute() {
+    let mut fx = Fx::new();
+    let even = [cand(0, 0), cand(0, 0)];
+    let short = prompt("short", 8_000); // 2k tokens
+    let long = prompt("long", 240_000); // 60k tokens
+    let ps = fx.serve(Some("short"), &short, &even);
+    let pl = fx.serve(Some("long"), &long, &[cand(0, 0), cand(0, 0)]);
+    // A 40k-token cold prefill is running on each one's home endpoint; the other endpoint is idle.
+    for (key, text, home) in [("short", &short, ps.index), ("long", &long, pl.index)] {
+        let mut cands = [cand(0, 0), cand(0, 0)];
+        cands[home] = cand(1, 40_000);
+        let mut next = text.clone();
+        next.extend_from_slice(&prompt("turn", 2_000));
+        let p = fx.place(Some(key), &next, &cands);
+        if key == "short" {
+            // 2.5k tokens recomputed elsewhere (0.13 s) against 40.5k tokens of queue at home (2 s): move.
+            assert_eq!((p.index, p.reason), (1 - home, Reason::Migrate));
+            assert_eq!(p.estimate_bytes, next.len() as u64);
+        } else {
+            // 60.5k tokens recomputed elsewhere (3 s) is worse than waiting (2 s): stay.
+            assert_eq!((p.index, p.reason), (home, Reason::Sticky));
+        }
+    }
+}
+
+#[test]
+fn a_shared_prefix_draws_new_sessions_unless_the_queue_outweighs_it() {
+    let mut fx = Fx::new();
+    let system = prompt("shared system prompt and tools", 64_000); // 16k tokens
+    let with = |user: &str| {
+        let mut p = system.clone();
+        p.extend_from_slice(&prompt(user, 4_000));
+        p
+    };
+    let p = fx.serve(Some("first"), &with("u0"), &[cand(0, 0), cand(0, 0)]);
+    let warm = p.index;
+    // Equal load: the endpoint holding the 16k shared tokens costs 1k tokens, the other 17k.
+    let p = fx.place(Some("second"), &with("u1"), &[cand(1, 0), cand(1, 0)]);
+    assert_eq!((p.index, p.reason), (warm, Reason::NewSession));
+    assert_eq!(p.estimate_bytes, 4_000);
+    // 30k tokens queued on the warm endpoint: the cold one is sooner.
+    let mut cands = [cand(1, 0), cand(1, 0)];
+    cands[warm] = cand(1, 30_000);
+    let p = fx.place(Some("third"), &with("u2"), &cands);
+    assert_eq!((p.index, p.reason), (1 - warm, Reason::NewSession));
+    assert_eq!(p.estimate_bytes, 68_000);
+}
+
+#[test]
+fn a_bound_endpoint_at_its_limit_spills_one_turn_and_keeps_the_binding() {
+    let mut fx = Fx::new();
+    let first = prompt("s", 20_000);
+    let p = fx.serve(Some("s"), &first, &[cand(0, 0), cand(0, 0)]);
+    let home = p.index;
+    let mut cands = [cand(0, 0), cand(0, 0)];
+    cands[home] = Candidate {
+        max_in_flight: Some(4),
+        ..cand(4, 0)
+    };
+    let p = fx.serve(Some("s"), &first, &cands);
+    assert_eq!((p.index, p.reason), (1 - home, Reason::Spill));
+    // The binding stayed: with room again, the session is sticky at home.
+    let p = fx.place(Some("s"), &first, &[cand(0, 0), cand(0, 0)]);
+    assert_eq!((p.index, p.reason), (home, Reason::Sticky));
+}
+
+#[test]
+fn ties_are_random_and_nothing_latches() {
+    let mut fx = Fx::new();
+    let mut seen = [0; 2];
+    for i in 0..200 {
+        let p = fx.place(
+            None,
+            &prompt(&format!("chat {i}"), 2_000),
+            &[cand(1, 0), cand(1, 0)],
+        );
+        assert_eq!(p.reason, Reason::Headerless);
+        seen[p.index] += 1;
+    }
+    assert!(seen[0] > 50 && seen[1] > 50, "{seen:?}");
+    // A session served on one endpoint goes to the other once the home one is far busier.
+    let text = prompt("s", 4_000);
+    let home = fx.serve(Some("s"), &text, &[cand(0, 0), cand(0, 0)]).index;
+    let mut cands = [cand(0, 0), cand(0, 0)];
+    cands[home] = cand(40, 80_000);
+    let p = fx.place(Some("s"), &text, &cands);
+    assert_eq!((p.index, p.reason), (1 - home, Reason::Migrate));
+}

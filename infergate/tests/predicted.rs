@@ -1,0 +1,103 @@
+//! predicted_ttft end to end with engine-sim: it learns each endpoint's prefill throughput, then places by
+//! predicted time to first token, keeps sessions where their cache is, and exports how far off its predictions
+//! were.
+
+mod common;
+
+use common::*;
+
+fn body(system: &str, user: &str, max_tokens: u32) -> String {
+    serde_json::json!({
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "model": "sim-model", "stream": true, "max_tokens": max_tokens,
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_stay_with_their_cache_and_predictions_are_measured() {
+    let eng = engines(2, slow_prefill()).await;
+    let extra = format!("{}{ENGINE_STATS}", sessions_yaml(1000));
+    let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), &extra)).await;
+    router.all_healthy().await;
+    let system = "You are a coding agent with these tools: read, write, run. ".repeat(200);
+    // Six sessions of three turns, one after another: the first turns teach both endpoints' throughput.
+    for s in 0..6 {
+        let mut history = format!("session {s}: ") + &"the task at hand in detail; ".repeat(150);
+        for turn in 0..3 {
+            history.push_str(&format!(" turn {turn} adds more words to the conversation"));
+            let status =
+                post_chat_in_session(&router.url(), &format!("s{s}"), body(&system, &history, 4))
+                    .await;
+            assert_eq!(status, 200);
+        }
+    }
+    let m = router
+        .metrics_when(|m| {
+            metric_sum(m, "infergate_placements_total", &[]) >= 18.0
+                && metric_sum(m, "infergate_ttft_prediction_error_seconds_count", &[]) >= 1.0
+        })
+        .await;
+    let reason = |r: &str| {
+        metric_sum(
+            &m,
+            "infergate_placements_total",
+            &[&format!("reason=\"{r}\"")],
+        )
+    };
+    assert_eq!(reason("new_session"), 6.0, "{m}");
+    assert_eq!(
+        reason("sticky"),
+        12.0,
+        "idle engines: no session moves\n{m}"
+    );
+    // Once both throughputs were learned, placements were predicted and their error observed.
+    let predicted = metric_sum(&m, "infergate_ttft_prediction_error_seconds_count", &[]);
+    assert!(predicted >= 6.0, "{m}");
+    // With sequential traffic the prediction is a prefill time: off by well under a second either way.
+    let sum = metric_sum(&m, "infergate_ttft_prediction_error_seconds_sum", &[]);
+    assert!(
+        (sum / predicted).abs() < 1.0,
+        "mean error {}",
+        sum / predicted
+    );
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prediction_error_series_exist_from_start() {
+    let eng = engines(2, time_scaled(0.1)).await;
+    let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), "")).await;
+    router.all_healthy().await;
+    let m = router.metrics_text().await;
+    for e in &eng {
+        let ep = format!("endpoint=\"{}\"", e.addr);
+        assert_eq!(
+            metric_value(&m, "infergate_ttft_prediction_error_seconds_count", &[&ep]),
+            Some(0.0),
+            "{m}"
+        );
+        for r in ["predicted", "load_aware"] {
+            assert_eq!(
+                metric_value(
+                    &m,
+                    "infergate_placements_total",
+                    &[&ep, &format!("reason=\"{r}\"")]
+                ),
+                Some(0.0)
+            );
+        }
+    }
+    // Without sessions, before throughputs are learned: placed as load_aware.
+    assert_eq!(
+        post_chat(&router.url(), chat_body(2000, true, 4)).await,
+        200
+    );
+    let m = router
+        .metrics_when(|m| metric_sum(m, "infergate_placements_total", &[]) >= 1.0)
+        .await;
+    assert_eq!(
+        metric_sum(&m, "infergate_placements_total", &["reason=\"load_aware\""]),
+        1.0
+    );
+}
