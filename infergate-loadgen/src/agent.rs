@@ -8,7 +8,7 @@ use tokio::task::JoinSet;
 use super::client::{self, Call, ChatBody, Msg};
 use super::text::TextGen;
 use super::workload::{mix, plan_sessions, wall, SessionPlan};
-use super::{session_headers, snapshot, stats, Config, Report, Run};
+use super::{finish, session_headers, snapshot, Config, Report, Run};
 
 /// Salt of the shared system prompt's text seed.
 const SYSTEM_SALT: u64 = 0x0051_57E4;
@@ -141,22 +141,5 @@ pub(super) async fn run(cfg: &Config) -> Result<Report, String> {
         while set.join_next().await.is_some() {}
     };
     report.timed_out = tokio::time::timeout_at(run.deadline, drive).await.is_err();
-    set.abort_all();
-    while set.join_next().await.is_some() {}
-    if let Some(p) = progress {
-        p.abort();
-    }
-
-    run.fill(&mut report);
-    match (before, snapshot(&run, &cfg.engine_stats_urls).await) {
-        (Ok(b), Ok(a)) => {
-            report.engines = Some(stats::engine_report(&cfg.engine_stats_urls, &b, &a))
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            if !cfg.engine_stats_urls.is_empty() {
-                report.engine_stats_error = Some(e);
-            }
-        }
-    }
-    Ok(report)
+    Ok(finish(&run, cfg, report, before, set, progress).await)
 }

@@ -395,6 +395,35 @@ impl Run {
     }
 }
 
+/// The end of a scenario's run (after its drive ended or timed out): stop what still runs, fill the report and the
+/// engines' figures between `before` and now.
+async fn finish<T: 'static>(
+    run: &Run,
+    cfg: &Config,
+    mut report: Report,
+    before: Result<Vec<stats::EngineTotals>, String>,
+    mut set: tokio::task::JoinSet<T>,
+    progress: Option<tokio::task::JoinHandle<()>>,
+) -> Report {
+    set.abort_all();
+    while set.join_next().await.is_some() {}
+    if let Some(p) = progress {
+        p.abort();
+    }
+    run.fill(&mut report);
+    match (before, snapshot(run, &cfg.engine_stats_urls).await) {
+        (Ok(b), Ok(a)) => {
+            report.engines = Some(stats::engine_report(&cfg.engine_stats_urls, &b, &a))
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            if !cfg.engine_stats_urls.is_empty() {
+                report.engine_stats_error = Some(e);
+            }
+        }
+    }
+    report
+}
+
 /// Per-engine totals now, or the reason they cannot be read.
 async fn snapshot(run: &Run, urls: &[String]) -> Result<Vec<stats::EngineTotals>, String> {
     if urls.is_empty() {

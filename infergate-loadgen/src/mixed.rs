@@ -10,7 +10,7 @@ use super::agent::{play_session, system_prompt};
 use super::client::{self, Call, ChatBody, Msg};
 use super::text::TextGen;
 use super::workload::{mix, plan_sessions, wall};
-use super::{snapshot, stats, Config, Report, Run};
+use super::{finish, snapshot, Config, Report, Run};
 
 /// Tokens of the shared prefix when `--system-prompt-tokens` is not given for `shared-prefix` (coding agents
 /// open with 10–30k tokens of system prompt and tool definitions).
@@ -144,24 +144,7 @@ pub(super) async fn run(cfg: &Config) -> Result<Report, String> {
         while set.join_next().await.is_some() {}
     };
     report.timed_out = tokio::time::timeout_at(run.deadline, drive).await.is_err();
-    set.abort_all();
-    while set.join_next().await.is_some() {}
-    if let Some(p) = progress {
-        p.abort();
-    }
-
-    run.fill(&mut report);
-    match (before, snapshot(&run, &cfg.engine_stats_urls).await) {
-        (Ok(b), Ok(a)) => {
-            report.engines = Some(stats::engine_report(&cfg.engine_stats_urls, &b, &a))
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            if !cfg.engine_stats_urls.is_empty() {
-                report.engine_stats_error = Some(e);
-            }
-        }
-    }
-    Ok(report)
+    Ok(finish(&run, cfg, report, before, set, progress).await)
 }
 
 #[cfg(test)]

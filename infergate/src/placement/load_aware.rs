@@ -4,15 +4,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use parking_lot::Mutex;
-
 use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
-use super::sessions::{lineage_of, ImportOutcome, SavedSession, SessionRequest, SessionTable};
+use super::sessions::{lineage_of, ImportOutcome, SavedSession, SessionRequest, SessionSlot};
 use super::Reason;
 use crate::config::{PoolConfig, SessionsConfig};
 
 pub struct LoadAware {
-    sessions: Option<Mutex<SessionTable>>,
+    sessions: SessionSlot,
     /// f64 bits: a reload may change it (`reconfigure`).
     bytes_per_token: AtomicU64,
 }
@@ -20,7 +18,7 @@ pub struct LoadAware {
 impl LoadAware {
     pub fn new(sessions: Option<&SessionsConfig>, bytes_per_token: f64) -> LoadAware {
         LoadAware {
-            sessions: sessions.map(|s| Mutex::new(SessionTable::new(s.max_sessions, s.ttl))),
+            sessions: SessionSlot::new(sessions),
             bytes_per_token: AtomicU64::new(bytes_per_token.to_bits()),
         }
     }
@@ -33,7 +31,7 @@ impl PlacementPolicy for LoadAware {
         snap: &Snapshot,
         rng: &mut fastrand::Rng,
     ) -> Option<Placement> {
-        let (table, key) = match (&self.sessions, req.session_key) {
+        let (table, key) = match (self.sessions.table(), req.session_key) {
             (Some(table), Some(key)) => (table, key),
             (Some(_), None) => {
                 let index = super::load_aware(snap.cands, rng)?;
@@ -62,72 +60,46 @@ impl PlacementPolicy for LoadAware {
     }
 
     fn served(&self, _endpoint: u64, ticket: &Ticket, now: Instant) {
-        if let (Some(table), Ticket::Session(commit)) = (&self.sessions, ticket) {
-            table.lock().commit(commit, now);
+        if let Ticket::Session(commit) = ticket {
+            self.sessions.commit(commit, now);
         }
     }
 
     fn reconfigure(&self, cfg: &PoolConfig, now: Instant) -> Result<Option<String>, &'static str> {
-        let new = cfg.policy.sessions();
-        if new.is_some() != self.sessions.is_some() {
-            return Err(
-                "turning sessions on or off changes the placement reasons and the session table",
-            );
-        }
+        let note = self.sessions.reconfigure(cfg.policy.sessions(), now)?;
         self.bytes_per_token
             .store(cfg.prefill.bytes_per_token.to_bits(), Ordering::Relaxed);
-        let (Some(table), Some(s)) = (&self.sessions, new) else {
-            return Ok(None);
-        };
-        let (expired, evicted) = table.lock().reconfigure(s.max_sessions, s.ttl, now);
-        Ok((expired + evicted > 0).then(|| {
-            format!("{expired} session binding(s) past the new ttl dropped, {evicted} beyond the new max_sessions evicted")
-        }))
+        Ok(note)
     }
 
     fn expire(&self, now: Instant) -> Evictions {
-        let Some(table) = &self.sessions else {
-            return (0, 0);
-        };
-        let mut table = table.lock();
-        table.expire(now);
-        table.take_evictions()
+        self.sessions.expire(now)
     }
 
     fn session_count(&self) -> Option<usize> {
-        self.sessions.as_ref().map(|t| t.lock().len())
+        self.sessions.count()
     }
 
     fn export_sessions(&self, now: Instant) -> Option<Vec<SavedSession>> {
-        self.sessions.as_ref().map(|t| t.lock().export(now))
+        self.sessions.export(now)
     }
 
     fn has_session(&self, key: &[u8], now: Instant) -> Option<bool> {
-        self.sessions
-            .as_ref()
-            .map(|t| t.lock().contains_live(key, now))
+        self.sessions.has(key, now)
     }
 
     fn import_binding(&self, saved: SavedSession, now: Instant) -> bool {
-        self.sessions
-            .as_ref()
-            .is_some_and(|t| t.lock().import_one(saved, now))
+        self.sessions.import_one(saved, now)
     }
 
     fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
-        match (&self.sessions, ticket) {
-            (Some(table), Ticket::Session(commit)) => table.lock().saved(commit.key(), now),
+        match ticket {
+            Ticket::Session(commit) => self.sessions.saved(commit, now),
             _ => None,
         }
     }
 
     fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
-        match &self.sessions {
-            Some(t) => t.lock().import(saved, now),
-            None => ImportOutcome {
-                no_sessions: saved.len(),
-                ..ImportOutcome::default()
-            },
-        }
+        self.sessions.import(saved, now)
     }
 }

@@ -12,7 +12,7 @@ use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapsho
 use super::predicted::{all_learned, cheapest, cost, should_move, Cost};
 use super::prefix::PrefixIndex;
 use super::sessions::{
-    lineage_of, ImportOutcome, SavedSession, SessionCommit, SessionRequest, SessionTable,
+    lineage_of, ImportOutcome, SavedSession, SessionCommit, SessionRequest, SessionSlot,
 };
 use super::Reason;
 use crate::config::{PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig};
@@ -32,7 +32,7 @@ pub struct PredictedTicket {
 }
 
 pub struct PredictedTtft {
-    sessions: Option<Mutex<SessionTable>>,
+    sessions: SessionSlot,
     prefix: PrefixConfig,
     index: Mutex<PrefixIndex>,
     bytes_per_token: f64,
@@ -45,7 +45,7 @@ impl PredictedTtft {
         bytes_per_token: f64,
     ) -> PredictedTtft {
         PredictedTtft {
-            sessions: sessions.map(|s| Mutex::new(SessionTable::new(s.max_sessions, s.ttl))),
+            sessions: SessionSlot::new(sessions),
             prefix: prefix.clone(),
             index: Mutex::new(PrefixIndex::new(prefix, bytes_per_token)),
             bytes_per_token,
@@ -96,7 +96,7 @@ impl PlacementPolicy for PredictedTtft {
             body_bytes: body,
             bytes_per_token: self.bytes_per_token,
         });
-        let table = self.sessions.as_ref();
+        let table = self.sessions.table();
         let binding = match (table, &sreq) {
             (Some(t), Some(r)) => t.lock().bound(r, snap.now),
             _ => None,
@@ -149,8 +149,8 @@ impl PlacementPolicy for PredictedTtft {
 
     fn served(&self, endpoint: u64, ticket: &Ticket, now: Instant) {
         let Ticket::Predicted(t) = ticket else { return };
-        if let (Some(table), Some(commit)) = (&self.sessions, &t.session) {
-            table.lock().commit(commit, now);
+        if let Some(commit) = &t.session {
+            self.sessions.commit(commit, now);
         }
         self.index.lock().insert(endpoint, &t.hashes, now);
     }
@@ -160,50 +160,32 @@ impl PlacementPolicy for PredictedTtft {
     }
 
     fn expire(&self, now: Instant) -> Evictions {
-        let Some(table) = &self.sessions else {
-            return (0, 0);
-        };
-        let mut table = table.lock();
-        table.expire(now);
-        table.take_evictions()
+        self.sessions.expire(now)
     }
 
     fn session_count(&self) -> Option<usize> {
-        self.sessions.as_ref().map(|t| t.lock().len())
+        self.sessions.count()
     }
 
     fn export_sessions(&self, now: Instant) -> Option<Vec<SavedSession>> {
-        self.sessions.as_ref().map(|t| t.lock().export(now))
+        self.sessions.export(now)
     }
 
     fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
-        match &self.sessions {
-            Some(t) => t.lock().import(saved, now),
-            None => ImportOutcome {
-                no_sessions: saved.len(),
-                ..ImportOutcome::default()
-            },
-        }
+        self.sessions.import(saved, now)
     }
 
     fn has_session(&self, key: &[u8], now: Instant) -> Option<bool> {
-        self.sessions
-            .as_ref()
-            .map(|t| t.lock().contains_live(key, now))
+        self.sessions.has(key, now)
     }
 
     fn import_binding(&self, saved: SavedSession, now: Instant) -> bool {
-        self.sessions
-            .as_ref()
-            .is_some_and(|t| t.lock().import_one(saved, now))
+        self.sessions.import_one(saved, now)
     }
 
     fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
-        match (&self.sessions, ticket) {
-            (Some(table), Ticket::Predicted(t)) => {
-                let commit = t.session.as_ref()?;
-                table.lock().saved(commit.key(), now)
-            }
+        match ticket {
+            Ticket::Predicted(t) => self.sessions.saved(t.session.as_ref()?, now),
             _ => None,
         }
     }
@@ -214,21 +196,10 @@ impl PlacementPolicy for PredictedTtft {
         let PolicyConfig::PredictedTtft { sessions, prefix } = &cfg.policy else {
             return Err(super::policy::CANNOT_RECONFIGURE);
         };
-        if sessions.is_some() != self.sessions.is_some() {
-            return Err(
-                "turning sessions on or off changes the placement reasons and the session table",
-            );
-        }
         if *prefix != self.prefix || cfg.prefill.bytes_per_token != self.bytes_per_token {
             return Err("predicted_ttft's prefix settings and bytes_per_token shape its prefix index at start");
         }
-        let (Some(table), Some(s)) = (&self.sessions, sessions) else {
-            return Ok(None);
-        };
-        let (expired, evicted) = table.lock().reconfigure(s.max_sessions, s.ttl, now);
-        Ok((expired + evicted > 0).then(|| {
-            format!("{expired} session binding(s) past the new ttl dropped, {evicted} beyond the new max_sessions evicted")
-        }))
+        self.sessions.reconfigure(sessions.as_ref(), now)
     }
 }
 
@@ -251,7 +222,7 @@ impl PredictedTtft {
             uncached_bytes: uncached_bytes[index],
             cost: Some(c),
         };
-        let sessions = self.sessions.is_some();
+        let sessions = self.sessions.is_on();
         let Some(_) = sreq.as_ref().filter(|_| sessions) else {
             let reason = if sessions {
                 Reason::Headerless
@@ -304,7 +275,7 @@ impl PredictedTtft {
                 tokens_ahead: snap.cands[index].live_prefill_tokens(),
             }))
         };
-        match (&self.sessions, sreq) {
+        match (self.sessions.table(), sreq) {
             (Some(table), Some(sreq)) => {
                 let p = table
                     .lock()

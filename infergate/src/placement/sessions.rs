@@ -45,7 +45,9 @@ use lru::LruCache;
 use super::{Candidate, Reason};
 
 mod persist;
+mod slot;
 pub use persist::{ImportOutcome, SavedSession};
+pub use slot::SessionSlot;
 
 /// Prompt lineages remembered per session (LRU among them beyond this).
 pub const MAX_LINEAGES: usize = 4;
