@@ -78,7 +78,7 @@ impl ClusterConfig {
             if connection.redis.password.is_some() {
                 return Err(n.err("set the password in `redis` or in `password_file`, not both"));
             }
-            connection.redis.password = Some(read_password(&password_file)?);
+            connection.redis.password = Some(super::walk::secret_from_file(&password_file)?);
         }
         let replica = match replica.value() {
             None => default_replica(listen),
@@ -147,21 +147,6 @@ fn shown_url(url: &str) -> String {
             format!("{scheme}://{user}:***@{host}")
         }
         _ => url.to_string(),
-    }
-}
-
-fn read_password(f: &Field<'_>) -> Result<String, ConfigError> {
-    let fname = f.string()?.trim();
-    if fname.is_empty() {
-        return Err(f.err("must name a file"));
-    }
-    match std::fs::read(fname) {
-        Err(err) => Err(f.err(format!("cannot read `{fname}`: {err}"))),
-        Ok(bytes) => match String::from_utf8(bytes) {
-            Err(_) => Err(f.err(format!("`{fname}` is not valid UTF-8"))),
-            Ok(text) if text.trim().is_empty() => Err(f.err(format!("`{fname}` is empty"))),
-            Ok(text) => Ok(text.trim().to_string()),
-        },
     }
 }
 

@@ -279,7 +279,7 @@ fn api_key(
             return Err(endpoint.err("set either `api_key_env` or `api_key_file`, not both"))
         }
         (Some(_), None) => (env, api_key_from_env(env)?),
-        (None, Some(_)) => (file, api_key_from_file(file)?),
+        (None, Some(_)) => (file, super::walk::secret_from_file(file)?),
     };
     if key.chars().any(|c| c.is_control() || c == ' ') {
         return Err(source.err(
@@ -303,21 +303,6 @@ fn api_key_from_env(f: &Field<'_>) -> Result<String, ConfigError> {
         Err(std::env::VarError::NotUnicode(_)) => {
             Err(f.err(format!("environment variable `{name}` is not valid UTF-8")))
         }
-    }
-}
-
-fn api_key_from_file(f: &Field<'_>) -> Result<String, ConfigError> {
-    let fname = f.string()?.trim();
-    if fname.is_empty() {
-        return Err(f.err("must name a file"));
-    }
-    match std::fs::read(fname) {
-        Err(err) => Err(f.err(format!("cannot read `{fname}`: {err}"))),
-        Ok(bytes) => match String::from_utf8(bytes) {
-            Err(_) => Err(f.err(format!("`{fname}` is not valid UTF-8"))),
-            Ok(text) if text.trim().is_empty() => Err(f.err(format!("`{fname}` is empty"))),
-            Ok(text) => Ok(text.trim().to_string()),
-        },
     }
 }
 

@@ -328,6 +328,22 @@ fn unknown_key_reason(key: &str, known: &[&str]) -> String {
     }
 }
 
+/// A secret (API key, password) read from the file this field names: trimmed, non-empty UTF-8.
+pub(super) fn secret_from_file(f: &Field<'_>) -> Result<String, ConfigError> {
+    let fname = f.string()?.trim();
+    if fname.is_empty() {
+        return Err(f.err("must name a file"));
+    }
+    match std::fs::read(fname) {
+        Err(err) => Err(f.err(format!("cannot read `{fname}`: {err}"))),
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Err(_) => Err(f.err(format!("`{fname}` is not valid UTF-8"))),
+            Ok(text) if text.trim().is_empty() => Err(f.err(format!("`{fname}` is empty"))),
+            Ok(text) => Ok(text.trim().to_string()),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::testing::*;
