@@ -179,7 +179,8 @@ def fig(r):
 b = fig(base)
 lines = ["## Router replicas (`cluster`)", "",
     f"`scripts/bench-replicas.sh` (release builds, commit {commit}, {elapsed} s in all, measured "
-    f"{os.path.basename(out)[9:]} on the 2-core machine while other builds ran, so absolute figures are noisy; the "
+    f"{os.path.basename(out)[9:]} on the 2-core machine that also runs the engines and the load generator, so "
+    "absolute figures are noisy; the "
     "three rows come from one run each, back to back, with fresh engines): the agent scenario of the main table "
     f"(seed {seed}, {int(spe) * int(engines)} sessions at {float(rpe) * int(engines):g} per simulated second, "
     f"`max_tokens` {otok}, `--time-scale {ts}`) on {engines} engines. With replicas every request of a session goes "
