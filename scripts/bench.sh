@@ -394,7 +394,7 @@ for n in $FLEETS; do
         --url "$ROUTER_URL" "${stats_args[@]}" \
         --sessions "$sessions" --rate "$rate" --time-scale "$TIME_SCALE" --output-tokens "$OUTPUT_TOKENS" \
         --seed "$seed" --max-seconds "$AGENT_MAX_SECONDS" --request-timeout "$AGENT_MAX_SECONDS" --label "$LABEL" \
-        --json "$OUT/$NAME.json" >"$RUN_DIR/loadgen.txt" 2>"$RUN_DIR/loadgen.err"; then
+        --json "$OUT/$NAME.json" --trace "$RUN_DIR/trace.jsonl" >"$RUN_DIR/loadgen.txt" 2>"$RUN_DIR/loadgen.err"; then
         record_failure "loadgen failed: $(tail -n 1 "$RUN_DIR/loadgen.err")"
       else
         grep -E "TTFT ms|slowest|CV" "$RUN_DIR/loadgen.txt" | sed 's/^/    /' >&2 || true

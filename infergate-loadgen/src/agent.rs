@@ -77,7 +77,7 @@ pub(super) async fn play_session(
             timeout: run.request_timeout,
         };
         let out = client::chat(&run.client, call, &run.live, None).await;
-        run.record_turn(&out, i);
+        run.record_turn(&out, i, Some(&id));
         let ok = out.ok();
         let content = if out.content.is_empty() {
             "ok".to_string()

@@ -103,6 +103,9 @@ pub struct Cli {
     /// Also write the report as JSON
     #[arg(long, value_name = "FILE", help_heading = COMMON)]
     pub json: Option<PathBuf>,
+    /// Also write one JSON line per finished request (sent time, TTFT, decode rate, tokens, serving endpoint)
+    #[arg(long, value_name = "FILE", help_heading = COMMON)]
+    pub trace: Option<PathBuf>,
     /// Key order of request bodies: messages-first is what openai-python 1.x sends (messages, model, ...);
     /// model-first is what infergate's tools sent before
     #[arg(long, value_enum, default_value_t = Config::default().field_order, help_heading = COMMON)]
@@ -279,6 +282,7 @@ impl Cli {
             max_seconds: self.max_seconds,
             request_timeout: self.request_timeout,
             json: self.json,
+            trace: self.trace,
             label: self.label,
             progress: !self.quiet,
             burst_sessions: self.burst_sessions,

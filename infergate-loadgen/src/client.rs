@@ -120,6 +120,10 @@ pub struct Outcome {
     /// `usage.prompt_tokens` / `usage.prompt_tokens_details.cached_tokens` when the server sent them.
     pub usage_prompt_tokens: Option<u64>,
     pub usage_cached_tokens: Option<u64>,
+    /// When the request was sent.
+    pub sent_at: Option<Instant>,
+    /// The serving endpoint, from infergate's `x-infergate-endpoint` response header.
+    pub endpoint: Option<String>,
 }
 
 impl Outcome {
@@ -289,6 +293,7 @@ async fn chat_inner(
         req = req.header(k.as_str(), v.as_str());
     }
     let t0 = Instant::now();
+    out.sent_at = Some(t0);
     let resp = match req.send().await {
         Ok(r) => r,
         Err(e) => {
@@ -299,6 +304,11 @@ async fn chat_inner(
     };
     out.headers_at = Some(t0.elapsed());
     out.status = resp.status().as_u16();
+    out.endpoint = resp
+        .headers()
+        .get("x-infergate-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     if !resp.status().is_success() {
         // Drain (bounded by the request timeout) so the connection can be reused.
         let _ = resp.bytes().await;

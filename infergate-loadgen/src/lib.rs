@@ -96,6 +96,8 @@ pub struct Config {
     /// Limit on one request (wall-clock seconds).
     pub request_timeout: f64,
     pub json: Option<PathBuf>,
+    /// One JSON line per finished request (timings, tokens, serving endpoint), for analysing a run.
+    pub trace: Option<PathBuf>,
     pub label: String,
     /// Progress line on stderr once per second.
     pub progress: bool,
@@ -143,6 +145,7 @@ impl Default for Config {
             max_seconds: 600.0,
             request_timeout: 600.0,
             json: None,
+            trace: None,
             label: String::new(),
             progress: true,
             burst_sessions: 8,
@@ -249,6 +252,11 @@ struct Rec {
     usage_cached: Option<u64>,
     /// Turn of its session (0: a first turn or a request outside any session).
     turn: usize,
+    /// Seconds from the run's start to sending.
+    sent_s: Option<f64>,
+    endpoint: Option<String>,
+    /// The session's id (None outside any session).
+    session: Option<String>,
 }
 
 impl Rec {
@@ -264,7 +272,18 @@ impl Rec {
             usage_prompt: o.usage_prompt_tokens,
             usage_cached: o.usage_cached_tokens,
             turn: 0,
+            sent_s: None,
+            endpoint: o.endpoint.clone(),
+            session: None,
         }
+    }
+
+    fn trace_line(&self) -> serde_json::Value {
+        serde_json::json!({
+            "session": self.session, "turn": self.turn, "sent_s": self.sent_s, "ttft_ms": self.ttft_ms,
+            "decode_tok_s": self.decode, "chunks": self.chunks, "prompt_tokens": self.usage_prompt,
+            "cached_tokens": self.usage_cached, "endpoint": self.endpoint, "error": self.error,
+        })
     }
 }
 
@@ -298,13 +317,39 @@ impl Run {
         })
     }
 
-    fn record(&self, o: &Outcome) {
-        self.recs.lock().unwrap().push(Rec::of(o));
+    fn rec(&self, o: &Outcome) -> Rec {
+        let sent_s = o
+            .sent_at
+            .map(|t| t.saturating_duration_since(self.started).as_secs_f64());
+        Rec {
+            sent_s,
+            ..Rec::of(o)
+        }
     }
 
-    /// `record`, for turn `turn` of a session (follow-up turns get their own TTFT figure).
-    fn record_turn(&self, o: &Outcome, turn: usize) {
-        self.recs.lock().unwrap().push(Rec { turn, ..Rec::of(o) });
+    fn record(&self, o: &Outcome) {
+        let r = self.rec(o);
+        self.recs.lock().unwrap().push(r);
+    }
+
+    /// `record`, for turn `turn` of session `session` (follow-up turns get their own TTFT figure).
+    fn record_turn(&self, o: &Outcome, turn: usize, session: Option<&str>) {
+        let r = Rec {
+            turn,
+            session: session.map(str::to_owned),
+            ..self.rec(o)
+        };
+        self.recs.lock().unwrap().push(r);
+    }
+
+    /// Writes every recorded request as one JSON line to `path`.
+    fn write_trace(&self, path: &std::path::Path) -> Result<(), String> {
+        let mut text = String::new();
+        for r in self.recs.lock().unwrap().iter() {
+            text.push_str(&r.trace_line().to_string());
+            text.push('\n');
+        }
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// The request-level part of the report, from every recorded request.
@@ -411,6 +456,11 @@ async fn finish<T: 'static>(
         p.abort();
     }
     run.fill(&mut report);
+    if let Some(path) = &cfg.trace {
+        if let Err(e) = run.write_trace(path) {
+            eprintln!("loadgen: --trace: {e}");
+        }
+    }
     match (before, snapshot(run, &cfg.engine_stats_urls).await) {
         (Ok(b), Ok(a)) => {
             report.engines = Some(stats::engine_report(&cfg.engine_stats_urls, &b, &a))

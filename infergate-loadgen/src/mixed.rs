@@ -84,7 +84,7 @@ async fn play_chat(run: Arc<Run>, cfg: Arc<Config>, plan: ChatPlan, url: String)
         timeout: run.request_timeout,
     };
     let out = client::chat(&run.client, call, &run.live, None).await;
-    run.record_turn(&out, 0);
+    run.record_turn(&out, 0, None);
 }
 
 /// The `mixed` scenario: the agent sessions of `agent` and, interleaved, the planned chats.

@@ -45,11 +45,13 @@ async fn agent_report_is_sane() {
     let dir = std::env::temp_dir().join(format!("loadgen-smoke-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("agent.json");
+    let trace = dir.join("agent-trace.jsonl");
     let cfg = Config {
         sessions: 8,
         arrival: Arrival::Poisson { rate: 4.0 },
         system_prompt_tokens: 300,
         json: Some(json.clone()),
+        trace: Some(trace.clone()),
         label: "smoke".into(),
         ..base(&e)
     };
@@ -97,6 +99,23 @@ async fn agent_report_is_sane() {
     assert_eq!(v["requests"].as_u64(), Some(r.requests));
     assert!(v["ttft_ms"]["p99"].as_f64().is_some());
     assert!(r.table().contains("request-share CV"));
+
+    // The trace: one line per request, each with its session, turn, send time and timings.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len() as u64, r.requests);
+    let sessions: std::collections::HashSet<&str> =
+        lines.iter().filter_map(|l| l["session"].as_str()).collect();
+    assert_eq!(sessions.len(), 8);
+    assert_eq!(lines.iter().filter(|l| l["turn"] == 0).count(), 8);
+    for l in &lines {
+        assert!(l["sent_s"].as_f64().is_some_and(|s| s >= 0.0), "{l}");
+        assert!(l["ttft_ms"].as_f64().is_some_and(|t| t > 0.0), "{l}");
+        assert!(l["error"].is_null(), "{l}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
