@@ -20,6 +20,7 @@ use crate::ledger::EndpointLoad;
 use crate::metrics::{EndpointSample, LiveSource, Metrics};
 use crate::outlier::Outlier;
 use crate::placement::policy::{self, PlacementPolicy};
+use crate::placement::throughput::{Fitted, ThroughputFit};
 use crate::placement::Candidate;
 
 static NEXT_ENDPOINT_ID: AtomicU64 = AtomicU64::new(1);
@@ -208,8 +209,8 @@ impl Endpoint {
 pub struct PrefillSpeed {
     /// f64 bits of the moving average; 0 = nothing observed yet.
     tokens_per_sec: AtomicU64,
-    /// f64 bits of the queue-inclusive moving average (`observe_throughput`); 0 = nothing observed yet.
-    throughput: AtomicU64,
+    /// The queue-inclusive line `predicted_ttft` predicts with (`observe_throughput`).
+    fit: Mutex<ThroughputFit>,
 }
 
 impl PrefillSpeed {
@@ -224,13 +225,14 @@ impl PrefillSpeed {
     /// A sample of the endpoint's prefill throughput: `tokens` is the prefill that was ahead of a request at
     /// dispatch plus its own estimate, `elapsed` its time to first byte (what `predicted_ttft` predicts with).
     pub fn observe_throughput(&self, tokens: u64, elapsed: Duration) {
-        Self::update(&self.throughput, tokens, elapsed);
+        self.fit
+            .lock()
+            .observe(tokens as f64, elapsed.as_secs_f64());
     }
 
-    /// The learned queue-inclusive throughput in estimated tokens per second; None until observed.
-    pub fn throughput(&self) -> Option<f64> {
-        let speed = f64::from_bits(self.throughput.load(Ordering::Relaxed));
-        (speed > 0.0).then_some(speed)
+    /// The learned queue-inclusive line (overhead, then tokens per second); None until observed.
+    pub fn throughput(&self) -> Option<Fitted> {
+        self.fit.lock().fitted()
     }
 
     fn update(cell: &AtomicU64, tokens: u64, elapsed: Duration) {
@@ -714,6 +716,30 @@ mod tests {
             .expect("valid")
             .pools[0]
             .clone()
+    }
+
+    #[test]
+    fn twin_endpoints_learn_the_same_speed_whichever_served_the_last_long_prompt() {
+        // Two identical engines (30 ms overhead, 100k tokens/s) serve the same mix of 2k and 100k prompts; one
+        // served a long prompt last, the other a short one. The old ratio average read the first as about twice
+        // as fast, and `predicted_ttft` sent it every long prompt after (the herding seen in the agent bench).
+        let ttft = |tokens: u64| Duration::from_secs_f64(0.03 + tokens as f64 / 100_000.0);
+        let (a, b) = (PrefillSpeed::default(), PrefillSpeed::default());
+        for i in 0..40u64 {
+            for s in [&a, &b] {
+                let tokens = if i % 4 == 0 { 100_000 } else { 2_000 + 50 * i };
+                s.observe_throughput(tokens, ttft(tokens));
+            }
+        }
+        a.observe_throughput(120_000, ttft(120_000));
+        b.observe_throughput(1_500, ttft(1_500));
+        let (fa, fb) = (a.throughput().unwrap(), b.throughput().unwrap());
+        let ratio = fa.tokens_per_second / fb.tokens_per_second;
+        assert!((0.95..=1.05).contains(&ratio), "{fa:?} {fb:?}");
+        assert!(
+            (fa.tokens_per_second / 100_000.0 - 1.0).abs() < 0.02,
+            "{fa:?}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod prefix;
 pub mod prefix_aware;
 pub mod round_robin;
 pub mod sessions;
+pub mod throughput;
 
 /// What one request costs in the load score, in prefill-token units: a request in flight weighs as much as a
 /// 16k-token prompt, so requests dominate unless a prefill is really long (the LLMKube design).
@@ -56,9 +57,9 @@ pub struct Candidate {
     pub engine: Option<EngineLoad>,
     /// Per-endpoint in-flight limit from the config.
     pub max_in_flight: Option<u64>,
-    /// Learned prefill throughput in estimated tokens per second, queue included (tokens ahead at dispatch plus
-    /// the request's own, over its time to first byte); None until observed. Read by `predicted_ttft`.
-    pub prefill_speed: Option<f64>,
+    /// Learned time to first byte as a line over the prefill tokens to compute first (tokens ahead at dispatch
+    /// plus the request's own): overhead and tokens per second; None until observed. Read by `predicted_ttft`.
+    pub prefill_speed: Option<throughput::Fitted>,
 }
 
 impl Candidate {

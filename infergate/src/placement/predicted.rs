@@ -4,10 +4,11 @@
 //! Pure: the caller passes the candidates (with their learned prefill throughput) and each one's uncached tokens
 //! for this request; nothing here reads a clock or does I/O.
 //!
-//! For endpoint `e` with learned throughput `s` (estimated tokens per second, queue included):
+//! For endpoint `e` with its learned line (`throughput::Fitted`: an overhead `o` in seconds and a throughput `s`
+//! in estimated tokens per second, queue included):
 //!
-//! * `ttft = (prefill tokens in flight there + this request's uncached tokens there) / s`: chunked prefill is
-//!   FIFO, so the request waits for what is ahead of it, then its own uncached part. Uncached is the body less
+//! * `ttft = o + (prefill tokens in flight there + this request's uncached tokens there) / s`: chunked prefill
+//!   is FIFO, so the request waits for what is ahead of it, then its own uncached part. Uncached is the body less
 //!   what `e` holds of it (the session's recorded size where it is bound, the prefix index elsewhere).
 //! * `total = ttft + DECODE_WEIGHT (0.3) × requests in flight there × own prefill seconds`: every step that carries
 //!   this prefill also stalls the requests decoding there, so a prefill placed beside many decodes costs them.
@@ -17,6 +18,7 @@
 //! causes there are inside that `total`, so a move is taken only when the predicted saving exceeds its cost.
 //! The old token-only backlog spill is the case where the bound endpoint's queue ahead is long: it is this rule.
 
+use super::throughput::Fitted;
 use super::Candidate;
 
 /// Weight of the decode stall a prefill causes, per request in flight on the endpoint, against the request's
@@ -26,7 +28,7 @@ use super::Candidate;
 pub const DECODE_WEIGHT: f64 = 0.3;
 
 /// A move must save more than this share of staying's predicted cost: estimates are noisy (bytes per token,
-/// a moving-average speed) and a move that saves nothing real throws away a warm cache.
+/// a fitted speed) and a move that saves nothing real throws away a warm cache.
 pub const MOVE_MARGIN: f64 = 0.1;
 
 /// Costs within this many seconds of each other are ties (broken at random).
@@ -41,17 +43,23 @@ pub struct Cost {
     pub total: f64,
 }
 
-/// The learned throughput, when usable.
-fn speed(c: &Candidate) -> Option<f64> {
-    c.prefill_speed.filter(|s| s.is_finite() && *s > 0.0)
+/// The learned line, when usable.
+fn speed(c: &Candidate) -> Option<Fitted> {
+    c.prefill_speed.filter(|f| {
+        f.tokens_per_second.is_finite()
+            && f.tokens_per_second > 0.0
+            && f.overhead_seconds.is_finite()
+            && f.overhead_seconds >= 0.0
+    })
 }
 
 /// The cost of `uncached` tokens on `c`; None until `c`'s throughput was learned.
 pub fn cost(c: &Candidate, uncached: u64) -> Option<Cost> {
-    let s = speed(c)?;
+    let fit = speed(c)?;
+    let s = fit.tokens_per_second;
     let own = uncached as f64 / s;
     // Prefill queued ahead: ours and our peers' (replicas sharing the engine through `cluster`).
-    let ttft = c.live_prefill_tokens() as f64 / s + own;
+    let ttft = fit.overhead_seconds + c.live_prefill_tokens() as f64 / s + own;
     let total = ttft + DECODE_WEIGHT * c.request_load() as f64 * own;
     Some(Cost { ttft, total })
 }
@@ -110,7 +118,7 @@ mod tests {
             eligible: true,
             requests,
             prefill_tokens: prefill,
-            prefill_speed: Some(speed),
+            prefill_speed: Some(Fitted::ratio(speed)),
             ..Default::default()
         }
     }
@@ -214,7 +222,7 @@ mod tests {
             cheapest(&cands, &[1, 1], &mut rng, |_, _| true).unwrap().0,
             0
         );
-        cands[0].prefill_speed = Some(f64::NAN);
+        cands[0].prefill_speed = Some(Fitted::ratio(f64::NAN));
         assert!(!all_learned(&cands));
     }
 

@@ -22,7 +22,7 @@ fn cand(requests: u64, prefill: u64) -> Candidate {
         eligible: true,
         requests,
         prefill_tokens: prefill,
-        prefill_speed: Some(SPEED),
+        prefill_speed: Some(crate::placement::throughput::Fitted::ratio(SPEED)),
         ..Default::default()
     }
 }
