@@ -358,6 +358,9 @@ pub struct Pool {
     discovered_models: RwLock<Vec<String>>,
     /// The latest placements and the reasons of the last minute, for the status page.
     pub recent: crate::status::RecentPlacements,
+    /// Held from a placement's snapshot of the candidates until its hold is in the ledger, so that requests
+    /// placed at the same moment on different worker threads see each other (a burst splits as planned).
+    pub placing: Mutex<()>,
 }
 
 /// Forwards discovery to the shared membership so the pool can swap members.
@@ -390,6 +393,7 @@ impl Pool {
             policy: policy::build(cfg),
             discovered_models: RwLock::new(Vec::new()),
             recent: crate::status::RecentPlacements::default(),
+            placing: Mutex::new(()),
         });
         pool.set_endpoints(&cfg.endpoints, None);
         pool

@@ -280,6 +280,8 @@ impl ProxyHttp for Router {
         ctx.first_byte_seen = false;
         // Held until this attempt's hold exists (end of this function).
         let _turn = self.wait_turn(session, &pool, ctx).await?;
+        // From the snapshot to the hold (no await in between): concurrent placements see each other's holds.
+        let _placing = pool.placing.lock();
         let now = Instant::now();
 
         let fresh = ctx.fresh_retry.take();
