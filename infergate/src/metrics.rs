@@ -67,6 +67,8 @@ pub struct EndpointSample {
     pub stats_state: &'static str,
     /// Learned prefill speed in estimated tokens per second; 0 until learned.
     pub prefill_tokens_per_sec: f64,
+    /// The time-to-first-byte line `predicted_ttft` predicts with; None until learned.
+    pub ttft_line: Option<crate::placement::throughput::Fitted>,
 }
 
 /// Live state the collector reads at scrape time.
@@ -560,6 +562,8 @@ struct LiveCollector {
     stats_state: IntGaugeVec,
     sessions: IntGaugeVec,
     prefill_speed: GaugeVec,
+    ttft_overhead: GaugeVec,
+    ttft_throughput: GaugeVec,
 }
 
 impl LiveCollector {
@@ -605,6 +609,22 @@ impl LiveCollector {
             &["pool", "endpoint"],
         )
         .expect("static metric definition");
+        let ttft_overhead = GaugeVec::new(
+            Opts::new(
+                "infergate_endpoint_ttft_overhead_seconds",
+                "predicted_ttft's learned time to first byte before any prefill progresses (the line's intercept); absent until learned.",
+            ),
+            &["pool", "endpoint"],
+        )
+        .expect("static metric definition");
+        let ttft_throughput = GaugeVec::new(
+            Opts::new(
+                "infergate_endpoint_ttft_throughput_tokens_per_second",
+                "predicted_ttft's learned prefill throughput, queue included (estimated tokens per second, the line's inverse slope); absent until learned.",
+            ),
+            &["pool", "endpoint"],
+        )
+        .expect("static metric definition");
         let descs = [
             &prefill,
             &requests,
@@ -615,7 +635,11 @@ impl LiveCollector {
         ]
         .iter()
         .flat_map(|g| g.desc().into_iter().cloned())
-        .chain(prefill_speed.desc().into_iter().cloned())
+        .chain(
+            [&prefill_speed, &ttft_overhead, &ttft_throughput]
+                .into_iter()
+                .flat_map(|g| g.desc().into_iter().cloned()),
+        )
         .collect();
         LiveCollector {
             lock: parking_lot::Mutex::new(()),
@@ -628,6 +652,8 @@ impl LiveCollector {
             stats_state,
             sessions,
             prefill_speed,
+            ttft_overhead,
+            ttft_throughput,
         }
     }
 }
@@ -649,7 +675,13 @@ impl Collector for LiveCollector {
         ] {
             g.reset();
         }
-        self.prefill_speed.reset();
+        for g in [
+            &self.prefill_speed,
+            &self.ttft_overhead,
+            &self.ttft_throughput,
+        ] {
+            g.reset();
+        }
         if let Some(src) = self.source.upgrade() {
             for s in src.endpoint_samples() {
                 let l = [s.pool.as_str(), s.endpoint.as_str()];
@@ -664,6 +696,14 @@ impl Collector for LiveCollector {
                 self.prefill_speed
                     .with_label_values(&l)
                     .set(s.prefill_tokens_per_sec);
+                if let Some(line) = s.ttft_line {
+                    self.ttft_overhead
+                        .with_label_values(&l)
+                        .set(line.overhead_seconds);
+                    self.ttft_throughput
+                        .with_label_values(&l)
+                        .set(line.tokens_per_second);
+                }
                 for state in STATS_STATES {
                     self.stats_state
                         .with_label_values(&[l[0], l[1], state])
@@ -686,7 +726,15 @@ impl Collector for LiveCollector {
         ]
         .iter()
         .flat_map(|g| g.collect())
-        .chain(self.prefill_speed.collect())
+        .chain(
+            [
+                &self.prefill_speed,
+                &self.ttft_overhead,
+                &self.ttft_throughput,
+            ]
+            .into_iter()
+            .flat_map(|g| g.collect()),
+        )
         .collect()
     }
 }

@@ -690,6 +690,7 @@ impl LiveSource for Pools {
                 ejected: e.outlier.is_ejected(),
                 stats_state: e.stats.state(now).as_str(),
                 prefill_tokens_per_sec: e.prefill_speed.tokens_per_sec().unwrap_or(0.0),
+                ttft_line: e.prefill_speed.throughput(),
             })
             .collect()
     }

@@ -20,8 +20,29 @@ async fn sessions_stay_with_their_cache_and_predictions_are_measured() {
     let extra = format!("{}{ENGINE_STATS}", sessions_yaml(1000));
     let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), &extra)).await;
     router.all_healthy().await;
+    // Two long requests at once teach both endpoints' throughput: the second is placed while the first holds
+    // its prefill on one engine, so it goes to the other (sequential first turns on idle engines go either way,
+    // and 5 of 6 on one engine left too few predicted turns).
+    let url = router.url();
+    let (a, b) = tokio::join!(
+        post_chat(&url, chat_body(100_000, true, 4)),
+        post_chat(&url, chat_body(100_000, true, 4)),
+    );
+    assert_eq!((a, b), (200, 200));
+    let learned = |m: &str| {
+        eng.iter().all(|e| {
+            let ep = format!("endpoint=\"{}\"", e.addr);
+            metric_value(
+                m,
+                "infergate_endpoint_ttft_throughput_tokens_per_second",
+                &[&ep],
+            )
+            .is_some_and(|t| t > 0.0)
+        })
+    };
+    router.metrics_when(learned).await;
     let system = "You are a coding agent with these tools: read, write, run. ".repeat(200);
-    // Six sessions of three turns, one after another: the first turns teach both endpoints' throughput.
+    // Six sessions of three turns, one after another, every one placed by prediction.
     for s in 0..6 {
         let mut history = format!("session {s}: ") + &"the task at hand in detail; ".repeat(150);
         for turn in 0..3 {
@@ -34,7 +55,7 @@ async fn sessions_stay_with_their_cache_and_predictions_are_measured() {
     }
     let m = router
         .metrics_when(|m| {
-            metric_sum(m, "infergate_placements_total", &[]) >= 18.0
+            metric_sum(m, "infergate_placements_total", &[]) >= 20.0
                 && metric_sum(m, "infergate_ttft_prediction_error_seconds_count", &[]) >= 1.0
         })
         .await;
@@ -53,7 +74,7 @@ async fn sessions_stay_with_their_cache_and_predictions_are_measured() {
     );
     // Once both throughputs were learned, placements were predicted and their error observed.
     let predicted = metric_sum(&m, "infergate_ttft_prediction_error_seconds_count", &[]);
-    assert!(predicted >= 6.0, "{m}");
+    assert!(predicted >= 18.0, "{m}");
     // With sequential traffic the prediction is a prefill time: off by well under a second either way.
     let sum = metric_sum(&m, "infergate_ttft_prediction_error_seconds_sum", &[]);
     assert!(
@@ -61,6 +82,18 @@ async fn sessions_stay_with_their_cache_and_predictions_are_measured() {
         "mean error {}",
         sum / predicted
     );
+    // The line it predicts with, per endpoint: a throughput and a non-negative overhead.
+    for e in &eng {
+        let ep = format!("endpoint=\"{}\"", e.addr);
+        let tps = metric_value(
+            &m,
+            "infergate_endpoint_ttft_throughput_tokens_per_second",
+            &[&ep],
+        );
+        assert!(tps.is_some_and(|t| t > 0.0), "{m}");
+        let overhead = metric_value(&m, "infergate_endpoint_ttft_overhead_seconds", &[&ep]);
+        assert!(overhead.is_some_and(|o| (0.0..10.0).contains(&o)), "{m}");
+    }
     router.wait_idle().await;
 }
 
@@ -77,6 +110,13 @@ async fn the_prediction_error_series_exist_from_start() {
             Some(0.0),
             "{m}"
         );
+        // Nothing learned yet: no line to show (not a zero that reads as an infinitely slow engine).
+        for name in [
+            "infergate_endpoint_ttft_throughput_tokens_per_second",
+            "infergate_endpoint_ttft_overhead_seconds",
+        ] {
+            assert_eq!(metric_value(&m, name, &[&ep]), None, "{name}");
+        }
         for r in ["predicted", "load_aware"] {
             assert_eq!(
                 metric_value(
