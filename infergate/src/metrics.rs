@@ -604,7 +604,7 @@ impl LiveCollector {
         let prefill_speed = GaugeVec::new(
             Opts::new(
                 "infergate_endpoint_prefill_tokens_per_second",
-                "Learned prefill speed (estimated tokens over time to first byte of streaming requests); 0 until learned.",
+                "Learned prefill speed (inverse slope of time to first byte over estimated tokens of streaming requests); 0 until learned.",
             ),
             &["pool", "endpoint"],
         )

@@ -203,23 +203,25 @@ impl Endpoint {
     }
 }
 
-/// An endpoint's prefill speed in estimated tokens per second, learned from streaming requests (estimate over
-/// time to first byte, which includes queueing, so it errs slow and releases late rather than early).
+/// An endpoint's prefill speed, learned from streaming requests as two lines of time to first byte over
+/// estimated tokens (`placement::throughput`): one over the request's own tokens (which includes queueing, so it
+/// errs slow and releases non-streaming holds late rather than early), one over the tokens ahead plus its own (what
+/// `predicted_ttft` predicts with).
 #[derive(Debug, Default)]
 pub struct PrefillSpeed {
-    /// f64 bits of the moving average; 0 = nothing observed yet.
-    tokens_per_sec: AtomicU64,
+    /// Over the request's own estimate (`observe`).
+    own: Mutex<ThroughputFit>,
     /// The queue-inclusive line `predicted_ttft` predicts with (`observe_throughput`).
     fit: Mutex<ThroughputFit>,
 }
 
 impl PrefillSpeed {
-    /// Samples smaller than this say more about overheads than about prefill speed.
-    const MIN_TOKENS: u64 = 1024;
-    const WEIGHT: f64 = 0.2;
-
+    /// A sample of the endpoint's prefill speed: `tokens` is the request's own estimate, `elapsed` its time to
+    /// first byte.
     pub fn observe(&self, tokens: u64, elapsed: Duration) {
-        Self::update(&self.tokens_per_sec, tokens, elapsed);
+        self.own
+            .lock()
+            .observe(tokens as f64, elapsed.as_secs_f64());
     }
 
     /// A sample of the endpoint's prefill throughput: `tokens` is the prefill that was ahead of a request at
@@ -235,33 +237,16 @@ impl PrefillSpeed {
         self.fit.lock().fitted()
     }
 
-    fn update(cell: &AtomicU64, tokens: u64, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
-        if tokens < Self::MIN_TOKENS || secs <= 0.0 {
-            return;
-        }
-        let sample = tokens as f64 / secs;
-        let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-            let old = f64::from_bits(bits);
-            let new = if old > 0.0 {
-                old + Self::WEIGHT * (sample - old)
-            } else {
-                sample
-            };
-            Some(new.to_bits())
-        });
-    }
-
     /// The learned speed in estimated tokens per second; None until observed.
     pub fn tokens_per_sec(&self) -> Option<f64> {
-        let speed = f64::from_bits(self.tokens_per_sec.load(Ordering::Relaxed));
-        (speed > 0.0).then_some(speed)
+        self.own.lock().fitted().map(|f| f.tokens_per_second)
     }
 
-    /// Estimated prefill time of `tokens`, once a speed was observed.
+    /// Estimated time to first byte of `tokens` (overhead included), once a speed was observed.
     pub fn estimate(&self, tokens: u64) -> Option<Duration> {
-        let speed = f64::from_bits(self.tokens_per_sec.load(Ordering::Relaxed));
-        (speed > 0.0).then(|| Duration::from_secs_f64(tokens as f64 / speed))
+        let f = self.own.lock().fitted()?;
+        let secs = f.overhead_seconds + tokens as f64 / f.tokens_per_second;
+        Duration::try_from_secs_f64(secs).ok()
     }
 }
 
@@ -745,6 +730,27 @@ mod tests {
             (fa.tokens_per_second / 100_000.0 - 1.0).abs() < 0.02,
             "{fa:?}"
         );
+    }
+
+    #[test]
+    fn the_own_token_speed_and_its_estimates_do_not_swing_with_the_last_sample_either() {
+        // The speed non-streaming holds are released by (and the status page shows): same mix, same twins.
+        let ttft = |tokens: u64| Duration::from_secs_f64(0.03 + tokens as f64 / 100_000.0);
+        let (a, b) = (PrefillSpeed::default(), PrefillSpeed::default());
+        assert_eq!(a.estimate(1000), None);
+        for i in 0..40u64 {
+            for s in [&a, &b] {
+                let tokens = if i % 4 == 0 { 100_000 } else { 2_000 + 50 * i };
+                s.observe(tokens, ttft(tokens));
+            }
+        }
+        a.observe(120_000, ttft(120_000));
+        b.observe(1_500, ttft(1_500));
+        let (sa, sb) = (a.tokens_per_sec().unwrap(), b.tokens_per_sec().unwrap());
+        assert!((0.95..=1.05).contains(&(sa / sb)), "{sa} {sb}");
+        // A 50k-token prefill takes 0.53 s on this line; the old ratio average's estimate moved with the last sample.
+        let e = a.estimate(50_000).unwrap().as_secs_f64();
+        assert!((e - 0.53).abs() < 0.02, "{e}");
     }
 
     #[test]
