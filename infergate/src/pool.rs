@@ -216,9 +216,17 @@ pub struct PrefillSpeed {
 }
 
 impl PrefillSpeed {
+    /// Own-token samples smaller than this are ignored: a line learned from small prompts only is mostly overhead
+    /// noise, and extrapolated to a long prompt it can say "prefilled in 10 ms" and release a non-streaming hold
+    /// at once.
+    const MIN_OWN_TOKENS: u64 = 1024;
+
     /// A sample of the endpoint's prefill speed: `tokens` is the request's own estimate, `elapsed` its time to
     /// first byte.
     pub fn observe(&self, tokens: u64, elapsed: Duration) {
+        if tokens < Self::MIN_OWN_TOKENS {
+            return;
+        }
         self.own
             .lock()
             .observe(tokens as f64, elapsed.as_secs_f64());
@@ -741,7 +749,13 @@ mod tests {
     #[test]
     fn the_own_token_speed_and_its_estimates_do_not_swing_with_the_last_sample_either() {
         // The speed non-streaming holds are released by (and the status page shows).
-        assert_eq!(PrefillSpeed::default().estimate(1000), None);
+        let small = PrefillSpeed::default();
+        small.observe(500, Duration::from_millis(3));
+        assert_eq!(
+            small.estimate(1000),
+            None,
+            "small prompts alone teach no speed"
+        );
         let (a, b) = twins(PrefillSpeed::observe);
         let (sa, sb) = (a.tokens_per_sec().unwrap(), b.tokens_per_sec().unwrap());
         assert!((0.95..=1.05).contains(&(sa / sb)), "{sa} {sb}");
