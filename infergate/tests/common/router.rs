@@ -10,12 +10,27 @@ use infergate::server::{build_server, run_with_channel, RouterState};
 use pingora_core::server::configuration::Opt;
 use pingora_core::server::ShutdownSignal;
 
-/// A free loopback port (bound then released; a tiny race is acceptable on loopback).
+/// Ports `free_port` hands out: below Linux's ephemeral range (32768-60999), which the kernel draws from for
+/// every `bind(0)` (the simulated engines) and every outgoing connection. A port taken with `bind(0)` and
+/// released could be handed to another test's engine before the router binds it (a chat request through the
+/// "router" then answered 404 by that engine); these ports are never handed out by the kernel.
+const PORTS: std::ops::Range<u32> = 20_000..32_000;
+
+/// A free loopback port for a listener a test starts later: the next port of this process's share of [`PORTS`]
+/// that binds now (each port is handed out once per process; the start depends on the pid, so that two test
+/// processes rarely walk the same ports).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = PORTS.end - PORTS.start;
+    let base = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let port = (PORTS.start + (base + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {PORTS:?}")
 }
 
 /// A router running in-process on its own thread; stopped on drop.
