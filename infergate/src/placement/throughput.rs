@@ -4,8 +4,9 @@
 //! A single ratio (tokens over seconds) mixes the two: a 2k-token sample is mostly fixed overhead (scheduler
 //! steps, the network) and reads as a slow engine, a 100k-token one as a fast engine, so the endpoint that last
 //! served a long prompt looked twice as fast as its twin and drew every long prompt after it. The fit is an
-//! exponentially weighted least-squares line; with too little spread in the samples it falls back to the line
-//! through the origin. Pure: the caller feeds samples and reads the fit.
+//! exponentially weighted least-squares line; with too little spread in the samples, or a slope the samples do
+//! not pin down (small prompts whose time is mostly scheduling noise), it falls back to the line through the
+//! origin. Pure: the caller feeds samples and reads the fit.
 
 /// Weight of a new sample in the running sums (about the last 1/WEIGHT samples count).
 const WEIGHT: f64 = 0.05;
@@ -13,6 +14,12 @@ const WEIGHT: f64 = 0.05;
 /// Samples must spread at least this much (coefficient of variation of their token counts) before an
 /// intercept is fitted; below it the line goes through the origin.
 const MIN_SPREAD: f64 = 0.25;
+
+/// The fitted slope's standard error must stay under this share of the slope before the line is used; above
+/// it the line goes through the origin. Small prompts (a few thousand tokens) against an engine whose steps
+/// jitter by milliseconds fit slopes anywhere from 1M to 10M tokens/s on twin engines, and the line
+/// extrapolated to a 100k-token prompt then sends it to the twin that happened to fit the flatter slope.
+const MAX_SLOPE_ERROR: f64 = 0.25;
 
 /// Running exponentially weighted sums of one endpoint's samples.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -22,6 +29,9 @@ pub struct ThroughputFit {
     y: f64,
     xx: f64,
     xy: f64,
+    yy: f64,
+    /// Sum of the squared weights: `w² / ww` is the effective number of samples.
+    ww: f64,
 }
 
 /// What the fit says: seconds before any prefill progresses, and tokens per second after that.
@@ -54,6 +64,8 @@ impl ThroughputFit {
         self.y = self.y * keep + WEIGHT * seconds;
         self.xx = self.xx * keep + WEIGHT * tokens * tokens;
         self.xy = self.xy * keep + WEIGHT * tokens * seconds;
+        self.yy = self.yy * keep + WEIGHT * seconds * seconds;
+        self.ww = self.ww * keep * keep + WEIGHT * WEIGHT;
     }
 
     /// The fitted line; None before any sample.
@@ -73,9 +85,10 @@ impl ThroughputFit {
         if var.sqrt() < MIN_SPREAD * mx {
             return through_origin();
         }
-        let slope = (self.xy / self.w - mx * my) / var;
+        let cov = self.xy / self.w - mx * my;
+        let slope = cov / var;
         let overhead = my - slope * mx;
-        if slope > 0.0 && overhead >= 0.0 {
+        if slope > 0.0 && overhead >= 0.0 && self.slope_error(var, cov) <= MAX_SLOPE_ERROR * slope {
             Some(Fitted {
                 overhead_seconds: overhead,
                 tokens_per_second: 1.0 / slope,
@@ -83,6 +96,22 @@ impl ThroughputFit {
         } else {
             through_origin()
         }
+    }
+
+    /// Standard error of the fitted slope (infinite with fewer than three effective samples).
+    fn slope_error(&self, var_x: f64, cov: f64) -> f64 {
+        let n = if self.ww > 0.0 {
+            self.w * self.w / self.ww
+        } else {
+            0.0
+        };
+        if n <= 2.0 {
+            return f64::INFINITY;
+        }
+        let my = self.y / self.w;
+        let var_y = (self.yy / self.w - my * my).max(0.0);
+        let residual = (var_y - cov * cov / var_x).max(0.0) * n / (n - 2.0);
+        (residual / (n * var_x)).sqrt()
     }
 }
 
@@ -154,5 +183,34 @@ mod tests {
         let k = f.fitted().unwrap();
         assert_eq!(k.overhead_seconds, 0.0);
         assert!(k.tokens_per_second > 0.0);
+    }
+
+    #[test]
+    fn a_slope_the_samples_do_not_pin_down_is_not_extrapolated() {
+        // Twin engines (20 ms + tokens / 200k s) timed on 500-4,000-token prompts with +-20 ms of jitter (a step):
+        // the slopes fitted with an intercept differ by the noise alone (248k against 108k tokens/s on these
+        // samples); a slope that uncertain is not used, and through the origin the twins read close speeds.
+        let twin = |seed: u64| {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut f = ThroughputFit::default();
+            for _ in 0..200 {
+                let t = rng.f64() * 3_500.0 + 500.0;
+                f.observe(t, 0.02 + t / 200_000.0 + (rng.f64() - 0.5) * 0.04);
+            }
+            f.fitted().unwrap()
+        };
+        let (a, b) = (twin(1), twin(2));
+        let ratio = a.tokens_per_second / b.tokens_per_second;
+        assert!((0.67..1.5).contains(&ratio), "{a:?} {b:?}");
+        // The same jitter on samples that spread to 100k tokens pins the slope: the line is fitted.
+        let mut rng = fastrand::Rng::with_seed(3);
+        let mut f = ThroughputFit::default();
+        for i in 0..200 {
+            let t = if i % 5 == 0 { 100_000.0 } else { 2_000.0 };
+            f.observe(t, 0.02 + t / 200_000.0 + (rng.f64() - 0.5) * 0.04);
+        }
+        let k = f.fitted().unwrap();
+        assert!(close(k.tokens_per_second, 200_000.0, 0.05), "{k:?}");
+        assert!(k.overhead_seconds > 0.0, "{k:?}");
     }
 }
