@@ -7,6 +7,7 @@
 //! departs (`remove_endpoint`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use std::time::{Duration, Instant};
@@ -83,6 +84,10 @@ pub const STATS_STATES: [&str; 5] = ["fresh", "stale", "missing", "down", "off"]
 
 pub struct Metrics {
     registry: Registry,
+    /// Held shared while a series of one endpoint is written (after checking the endpoint is still a member)
+    /// and exclusively while a departed endpoint's series are deleted: a write that passed the check cannot
+    /// land after the deletion and bring the series back.
+    endpoint_series: parking_lot::RwLock<()>,
     pub prefill_tokens_estimated_total: IntCounterVec,
     pub placements_total: IntCounterVec,
     pub requests_total: IntCounterVec,
@@ -210,6 +215,7 @@ impl Metrics {
             .register(Box::new(last_reload.clone()))
             .expect("unique metric name");
         Arc::new(Metrics {
+            endpoint_series: parking_lot::RwLock::new(()),
             prefill_tokens_estimated_total: counter(
                 &registry,
                 "infergate_prefill_tokens_estimated_total",
@@ -415,8 +421,19 @@ impl Metrics {
         }
     }
 
-    /// Delete every counter and histogram series of an endpoint that left its pool.
+    /// Run `write` (which writes series of one endpoint) unless the endpoint has left its pool (`removed`). The
+    /// pool sets `removed` before it calls `remove_endpoint`.
+    pub fn unless_removed(&self, removed: &AtomicBool, write: impl FnOnce()) {
+        let _shared = self.endpoint_series.read();
+        if !removed.load(Ordering::Acquire) {
+            write();
+        }
+    }
+
+    /// Delete every counter and histogram series of an endpoint that left its pool (after its `removed` flag was
+    /// set: writes that saw the flag unset finish first).
     pub fn remove_endpoint(&self, pool: &str, endpoint: &str) {
+        let _exclusive = self.endpoint_series.write();
         for vec in [
             &self.prefill_tokens_estimated_total,
             &self.placements_total,
@@ -438,34 +455,35 @@ impl Metrics {
 
     /// Time to first byte of a successful answer from `ep` (not for a departed endpoint: its series are gone).
     pub fn observe_ttfb(&self, ep: &Endpoint, elapsed: Duration) {
-        if !ep.removed.load(std::sync::atomic::Ordering::Relaxed) {
+        self.unless_removed(&ep.removed, || {
             self.time_to_first_byte
                 .with_label_values(&[&*ep.pool, &ep.label])
                 .observe(elapsed.as_secs_f64());
-        }
+        });
     }
 
     /// A prediction of the time to first byte against the measured one (not for a departed endpoint).
     pub fn observe_ttft_prediction(&self, ep: &Endpoint, predicted: f64, measured: Duration) {
-        if !ep.removed.load(std::sync::atomic::Ordering::Relaxed) && predicted.is_finite() {
-            self.ttft_prediction_error
-                .with_label_values(&[&*ep.pool, &ep.label])
-                .observe(predicted - measured.as_secs_f64());
+        if predicted.is_finite() {
+            self.unless_removed(&ep.removed, || {
+                self.ttft_prediction_error
+                    .with_label_values(&[&*ep.pool, &ep.label])
+                    .observe(predicted - measured.as_secs_f64());
+            });
         }
     }
 
     /// Count a finished request of `ep` by its final status `code` and observe its duration since `started`.
     /// Not for a departed endpoint: a stream that outlived its endpoint must not bring the deleted series back.
     pub fn request_done(&self, ep: &Endpoint, code: u16, started: Instant) {
-        if ep.removed.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
-        self.requests_total
-            .with_label_values(&[&*ep.pool, &ep.label, code.to_string().as_str()])
-            .inc();
-        self.request_duration
-            .with_label_values(&[&*ep.pool, &ep.label])
-            .observe(started.elapsed().as_secs_f64());
+        self.unless_removed(&ep.removed, || {
+            self.requests_total
+                .with_label_values(&[&*ep.pool, &ep.label, code.to_string().as_str()])
+                .inc();
+            self.request_duration
+                .with_label_values(&[&*ep.pool, &ep.label])
+                .observe(started.elapsed().as_secs_f64());
+        });
     }
 
     /// The values of gauge `name` by its `pool` label, if the registry has such a gauge (the status page reads
@@ -744,4 +762,38 @@ fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_that_saw_the_endpoint_present_cannot_outlive_its_deletion() {
+        let metrics = Metrics::new();
+        let removed = Arc::new(AtomicBool::new(false));
+        let (checked_tx, checked_rx) = std::sync::mpsc::channel();
+        let writer = {
+            let (metrics, removed) = (metrics.clone(), removed.clone());
+            std::thread::spawn(move || {
+                metrics.unless_removed(&removed, || {
+                    // The endpoint leaves between the check and the write.
+                    let _ = checked_tx.send(());
+                    std::thread::sleep(Duration::from_millis(100));
+                    metrics
+                        .retries_total
+                        .with_label_values(&["p", "10.0.0.1:8000"])
+                        .inc();
+                });
+            })
+        };
+        checked_rx.recv().unwrap();
+        removed.store(true, Ordering::Release);
+        metrics.remove_endpoint("p", "10.0.0.1:8000");
+        writer.join().unwrap();
+        let text = String::from_utf8(metrics.render()).unwrap();
+        assert!(!text.contains("10.0.0.1:8000"), "{text}");
+        // Once removed, nothing is written.
+        metrics.unless_removed(&removed, || panic!("written after removal"));
+    }
 }

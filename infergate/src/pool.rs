@@ -478,7 +478,7 @@ impl Pool {
         *self.membership.by_addr.write() = next.iter().map(|e| (e.addr(), e.clone())).collect();
         self.endpoints.store(Arc::new(next));
         for e in &removed {
-            e.removed.store(true, Ordering::Relaxed);
+            e.removed.store(true, Ordering::Release);
             self.policy.endpoint_removed(e.id);
             if let Some(m) = metrics {
                 m.remove_endpoint(&self.name, &e.label);

@@ -309,10 +309,12 @@ impl ProxyHttp for Router {
                 };
                 let generating = ctx.kind == CallKind::Generate;
                 if generating {
-                    self.metrics
-                        .placements_total
-                        .with_label_values(&[&*pool.name, &ep.label, placement.reason.as_str()])
-                        .inc();
+                    self.metrics.unless_removed(&ep.removed, || {
+                        self.metrics
+                            .placements_total
+                            .with_label_values(&[&*pool.name, &ep.label, placement.reason.as_str()])
+                            .inc();
+                    });
                     pool.recent.record(ep.id, placement.reason, now);
                     pool.policy.dispatched(ep.id, &placement.ticket, now);
                 }
@@ -557,10 +559,12 @@ impl ProxyHttp for Router {
             ctx.fresh_retry_used = true;
             ctx.finish_hold();
             if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
-                self.metrics
-                    .retries_total
-                    .with_label_values(&[&*pool.name, &ep.label])
-                    .inc();
+                self.metrics.unless_removed(&ep.removed, || {
+                    self.metrics
+                        .retries_total
+                        .with_label_values(&[&*pool.name, &ep.label])
+                        .inc();
+                });
                 log::info!(
                     "pool {} endpoint {}: pooled connection went stale; retrying on a fresh connection",
                     pool.name,

@@ -52,23 +52,22 @@ impl Router {
                 let endpoint = Arc::downgrade(ep);
                 Arc::new(move |tokens, served, cause| {
                     // A late release on a departed endpoint must not bring its deleted series back.
-                    if endpoint
-                        .upgrade()
-                        .is_none_or(|e| e.removed.load(std::sync::atomic::Ordering::Relaxed))
-                    {
-                        return;
-                    }
-                    if served && tokens > 0 {
-                        metrics
-                            .prefill_tokens_estimated_total
-                            .with_label_values(&[&*pool, &label])
-                            .inc_by(tokens);
-                    }
+                    let Some(e) = endpoint.upgrade() else { return };
+                    metrics.unless_removed(&e.removed, || {
+                        if served && tokens > 0 {
+                            metrics
+                                .prefill_tokens_estimated_total
+                                .with_label_values(&[&*pool, &label])
+                                .inc_by(tokens);
+                        }
+                        if cause == ReleaseCause::Janitor {
+                            metrics
+                                .janitor_released_total
+                                .with_label_values(&[&*pool, &label])
+                                .inc();
+                        }
+                    });
                     if cause == ReleaseCause::Janitor {
-                        metrics
-                            .janitor_released_total
-                            .with_label_values(&[&*pool, &label])
-                            .inc();
                         log::warn!("pool {pool} endpoint {label}: janitor released {tokens} prefill tokens of an overdue request");
                     }
                 })
@@ -209,10 +208,12 @@ impl Router {
         ctx.finish_hold();
         if let (Some(pool), Some(ep)) = (&ctx.pool, ctx.endpoint.take()) {
             ctx.tried.push(ep.id);
-            self.metrics
-                .retries_total
-                .with_label_values(&[&*pool.name, &ep.label])
-                .inc();
+            self.metrics.unless_removed(&ep.removed, || {
+                self.metrics
+                    .retries_total
+                    .with_label_values(&[&*pool.name, &ep.label])
+                    .inc();
+            });
             log::warn!(
                 "pool {} endpoint {}: {why}; trying another endpoint",
                 pool.name,
@@ -226,10 +227,12 @@ impl Router {
     pub(super) fn record_failure(&self, ctx: &Ctx) {
         if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
             if pool.record_failure(ep, Instant::now()).is_some() {
-                self.metrics
-                    .ejections_total
-                    .with_label_values(&[&*pool.name, &ep.label])
-                    .inc();
+                self.metrics.unless_removed(&ep.removed, || {
+                    self.metrics
+                        .ejections_total
+                        .with_label_values(&[&*pool.name, &ep.label])
+                        .inc();
+                });
             }
         }
     }
