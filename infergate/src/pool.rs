@@ -240,9 +240,15 @@ impl PrefillSpeed {
             .observe(tokens as f64, elapsed.as_secs_f64());
     }
 
-    /// The learned queue-inclusive line (overhead, then tokens per second); None until observed.
+    /// The learned queue-inclusive line (overhead, then tokens per second) from this endpoint's samples alone;
+    /// None until observed. Placement reads `ttft_lines`, which lends a pool's shape to an endpoint without one.
     pub fn throughput(&self) -> Option<Fitted> {
         self.fit.lock().fitted()
+    }
+
+    /// The running sums behind `throughput`.
+    pub fn throughput_fit(&self) -> ThroughputFit {
+        *self.fit.lock()
     }
 
     /// The learned speed in estimated tokens per second; None until observed.
@@ -503,9 +509,11 @@ impl Pool {
         now: Instant,
     ) -> Vec<Candidate> {
         let max_in_flight = self.cfg().max_in_flight_per_endpoint;
+        let lines = ttft_lines(endpoints);
         let mut cands: Vec<Candidate> = endpoints
             .iter()
-            .map(|e| {
+            .zip(lines)
+            .map(|(e, line)| {
                 let (peer_requests, peer_prefill_tokens) = e.peers.get();
                 Candidate {
                     eligible: e.health.is_healthy() && !excluded.contains(&e.id),
@@ -515,7 +523,7 @@ impl Pool {
                     peer_prefill_tokens,
                     engine: e.stats.fresh(now),
                     max_in_flight,
-                    prefill_speed: e.prefill_speed.throughput(),
+                    prefill_speed: line,
                 }
             })
             .collect();
@@ -668,13 +676,26 @@ impl Pools {
     }
 }
 
+/// The queue-inclusive lines of one pool's endpoints, as placement reads them (`throughput::fleet_lines`).
+fn ttft_lines(endpoints: &[Arc<Endpoint>]) -> Vec<Option<Fitted>> {
+    let fits: Vec<ThroughputFit> = endpoints
+        .iter()
+        .map(|e| e.prefill_speed.throughput_fit())
+        .collect();
+    crate::placement::throughput::fleet_lines(&fits)
+}
+
 impl LiveSource for Pools {
     fn endpoint_samples(&self) -> Vec<EndpointSample> {
         let now = Instant::now();
         self.pools
             .iter()
-            .flat_map(|p| p.endpoints().iter().cloned().collect::<Vec<_>>())
-            .map(|e| EndpointSample {
+            .flat_map(|p| {
+                let endpoints = p.endpoints();
+                let lines = ttft_lines(&endpoints);
+                endpoints.iter().cloned().zip(lines).collect::<Vec<_>>()
+            })
+            .map(|(e, ttft_line)| EndpointSample {
                 pool: e.pool.to_string(),
                 endpoint: e.label.clone(),
                 requests_in_flight: e.load.requests(),
@@ -683,7 +704,7 @@ impl LiveSource for Pools {
                 ejected: e.outlier.is_ejected(),
                 stats_state: e.stats.state(now).as_str(),
                 prefill_tokens_per_sec: e.prefill_speed.tokens_per_sec().unwrap_or(0.0),
-                ttft_line: e.prefill_speed.throughput(),
+                ttft_line,
             })
             .collect()
     }

@@ -6,7 +6,8 @@
 //! served a long prompt looked twice as fast as its twin and drew every long prompt after it. The fit is an
 //! exponentially weighted least-squares line; with too little spread in the samples, or a slope the samples do
 //! not pin down (small prompts whose time is mostly scheduling noise), it falls back to the line through the
-//! origin. Pure: the caller feeds samples and reads the fit.
+//! origin, or, when another endpoint of the pool has a line of its own, to that line's shape scaled to this
+//! endpoint's samples (`fleet_lines`). Pure: the caller feeds samples and reads the fit.
 
 /// Weight of a new sample in the running sums (about the last 1/WEIGHT samples count).
 const WEIGHT: f64 = 0.05;
@@ -70,32 +71,49 @@ impl ThroughputFit {
 
     /// The fitted line; None before any sample.
     pub fn fitted(&self) -> Option<Fitted> {
+        self.own_line().or_else(|| self.through_origin())
+    }
+
+    /// The line with an intercept, when the samples spread enough and pin its slope down; None otherwise.
+    fn own_line(&self) -> Option<Fitted> {
         if self.w <= 0.0 || self.x <= 0.0 || self.xx <= 0.0 {
             return None;
         }
         let (mx, my) = (self.x / self.w, self.y / self.w);
         let var = (self.xx / self.w - mx * mx).max(0.0);
-        let through_origin = || {
-            let slope = self.xy / self.xx;
-            (slope > 0.0).then_some(Fitted {
-                overhead_seconds: 0.0,
-                tokens_per_second: 1.0 / slope,
-            })
-        };
         if var.sqrt() < MIN_SPREAD * mx {
-            return through_origin();
+            return None;
         }
         let cov = self.xy / self.w - mx * my;
         let slope = cov / var;
         let overhead = my - slope * mx;
-        if slope > 0.0 && overhead >= 0.0 && self.slope_error(var, cov) <= MAX_SLOPE_ERROR * slope {
-            Some(Fitted {
+        (slope > 0.0 && overhead >= 0.0 && self.slope_error(var, cov) <= MAX_SLOPE_ERROR * slope)
+            .then_some(Fitted {
                 overhead_seconds: overhead,
                 tokens_per_second: 1.0 / slope,
             })
-        } else {
-            through_origin()
-        }
+    }
+
+    /// The least-squares line through the origin; None before any sample.
+    fn through_origin(&self) -> Option<Fitted> {
+        let slope = self.xy / self.xx;
+        (self.xx > 0.0 && slope > 0.0 && slope.is_finite()).then_some(Fitted {
+            overhead_seconds: 0.0,
+            tokens_per_second: 1.0 / slope,
+        })
+    }
+
+    /// `shape` scaled by the factor `k` that fits this endpoint's samples best (`y ≈ k × shape(x)`, least squares):
+    /// the shape's overhead-to-slope proportion, this endpoint's level. None before any sample.
+    fn scaled(&self, shape: Fitted) -> Option<Fitted> {
+        let (o, b) = (shape.overhead_seconds, 1.0 / shape.tokens_per_second);
+        let gy = o * self.y + b * self.xy;
+        let gg = o * o * self.w + 2.0 * o * b * self.x + b * b * self.xx;
+        let k = gy / gg;
+        (self.w > 0.0 && k.is_finite() && k > 0.0).then_some(Fitted {
+            overhead_seconds: k * o,
+            tokens_per_second: shape.tokens_per_second / k,
+        })
     }
 
     /// Standard error of the fitted slope (infinite with fewer than three effective samples).
@@ -113,6 +131,28 @@ impl ThroughputFit {
         let residual = (var_y - cov * cov / var_x).max(0.0) * n / (n - 2.0);
         (residual / (n * var_x)).sqrt()
     }
+}
+
+/// Every endpoint's line in one pool: its own where its samples determine one; otherwise the shape of the
+/// pool's other learned lines (the median by throughput) scaled to its own samples; otherwise the line through
+/// the origin.
+///
+/// An endpoint that has only served short prompts cannot tell its overhead from its per-token time; through the
+/// origin it reads several times slower on a long prompt than a twin that has served one, so every long prompt
+/// went to the twin until its queue outweighed that (the mixed state the slope gate could leave). Twins share
+/// the shape; an engine that is slower on short prompts is still read slower, in proportion.
+pub fn fleet_lines(fits: &[ThroughputFit]) -> Vec<Option<Fitted>> {
+    let own: Vec<Option<Fitted>> = fits.iter().map(ThroughputFit::own_line).collect();
+    let mut learned: Vec<Fitted> = own.iter().flatten().copied().collect();
+    learned.sort_by(|a, b| a.tokens_per_second.total_cmp(&b.tokens_per_second));
+    let shape = learned.get(learned.len() / 2).copied();
+    fits.iter()
+        .zip(own)
+        .map(|(f, line)| {
+            line.or_else(|| shape.and_then(|s| f.scaled(s)))
+                .or_else(|| f.through_origin())
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -183,6 +223,38 @@ mod tests {
         let k = f.fitted().unwrap();
         assert_eq!(k.overhead_seconds, 0.0);
         assert!(k.tokens_per_second > 0.0);
+    }
+
+    #[test]
+    fn an_endpoint_that_served_only_short_prompts_borrows_its_twins_shape() {
+        // Twins, 30 ms + tokens / 100k s. One has served 2k and 100k prompts, the other only 1.5-2.5k ones: through the
+        // origin the second read a 100k prompt as 2.5 s against its twin's 1.03 s, and drew none of them.
+        let line = |t: f64| 0.03 + t / 100_000.0;
+        let (mut wide, mut short) = (ThroughputFit::default(), ThroughputFit::default());
+        for i in 0..100 {
+            let t = if i % 5 == 0 { 100_000.0 } else { 2_000.0 };
+            wide.observe(t, line(t));
+            let t = 1_500.0 + 10.0 * i as f64;
+            short.observe(t, line(t));
+        }
+        let at = |f: Fitted, t: f64| f.overhead_seconds + t / f.tokens_per_second;
+        let alone = short.fitted().unwrap();
+        assert!(at(alone, 100_000.0) > 2.0, "{alone:?}");
+        let lines = fleet_lines(&[wide, short]);
+        let (a, b) = (lines[0].unwrap(), lines[1].unwrap());
+        assert_eq!(Some(a), wide.fitted(), "a line of its own is kept");
+        assert!(close(at(b, 100_000.0), 1.03, 0.02), "{b:?}");
+        // An engine twice as slow on its short prompts is read twice as slow on long ones, not as the twin.
+        let mut slow = ThroughputFit::default();
+        for i in 0..100 {
+            let t = 1_500.0 + 10.0 * i as f64;
+            slow.observe(t, 2.0 * line(t));
+        }
+        let c = fleet_lines(&[wide, slow])[1].unwrap();
+        assert!(close(at(c, 100_000.0), 2.06, 0.02), "{c:?}");
+        // Nobody with a line of its own: through the origin, as before; no samples, no line.
+        let lines = fleet_lines(&[short, ThroughputFit::default()]);
+        assert_eq!(lines, vec![short.fitted(), None]);
     }
 
     #[test]
