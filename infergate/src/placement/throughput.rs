@@ -87,7 +87,9 @@ impl ThroughputFit {
         let cov = self.xy / self.w - mx * my;
         let slope = cov / var;
         let overhead = my - slope * mx;
-        (slope > 0.0 && overhead >= 0.0 && self.slope_error(var, cov) <= MAX_SLOPE_ERROR * slope)
+        (slope > 0.0
+            && overhead >= 0.0
+            && self.slope_error(var, cov, my) <= MAX_SLOPE_ERROR * slope)
             .then_some(Fitted {
                 overhead_seconds: overhead,
                 tokens_per_second: 1.0 / slope,
@@ -117,7 +119,7 @@ impl ThroughputFit {
     }
 
     /// Standard error of the fitted slope (infinite with fewer than three effective samples).
-    fn slope_error(&self, var_x: f64, cov: f64) -> f64 {
+    fn slope_error(&self, var_x: f64, cov: f64, mean_y: f64) -> f64 {
         let n = if self.ww > 0.0 {
             self.w * self.w / self.ww
         } else {
@@ -126,8 +128,7 @@ impl ThroughputFit {
         if n <= 2.0 {
             return f64::INFINITY;
         }
-        let my = self.y / self.w;
-        let var_y = (self.yy / self.w - my * my).max(0.0);
+        let var_y = (self.yy / self.w - mean_y * mean_y).max(0.0);
         let residual = (var_y - cov * cov / var_x).max(0.0) * n / (n - 2.0);
         (residual / (n * var_x)).sqrt()
     }
