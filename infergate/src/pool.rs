@@ -786,6 +786,37 @@ mod tests {
     }
 
     #[test]
+    fn placement_reads_an_unlearned_twin_with_the_pools_shape() {
+        let text = "pools:\n  - name: a\n    policy: predicted_ttft\n    endpoints: [\"http://127.0.0.1:9\", \"http://127.0.0.1:10\"]\n";
+        let cfg = Config::parse(Path::new("t.yaml"), text)
+            .expect("valid")
+            .pools[0]
+            .clone();
+        let pool = Pool::new(&cfg);
+        let endpoints = pool.endpoints();
+        let ttft = |tokens: u64| Duration::from_secs_f64(0.03 + tokens as f64 / 100_000.0);
+        for i in 0..100u64 {
+            let wide = if i % 5 == 0 { 100_000 } else { 2_000 };
+            endpoints[0]
+                .prefill_speed
+                .observe_throughput(wide, ttft(wide));
+            let short = 1_500 + 10 * i;
+            endpoints[1]
+                .prefill_speed
+                .observe_throughput(short, ttft(short));
+        }
+        let at =
+            |f: Option<Fitted>, t: f64| f.map(|f| f.overhead_seconds + t / f.tokens_per_second);
+        // Alone, the twin that served only short prompts reads a 100k prompt as about 2.5 s, not 1.03.
+        assert!(at(endpoints[1].prefill_speed.throughput(), 100_000.0) > Some(2.0));
+        let cands = pool.candidates(&endpoints, &[], Instant::now());
+        for c in &cands {
+            let t = at(c.prefill_speed, 100_000.0).unwrap();
+            assert!((t - 1.03).abs() < 0.03, "{:?}", c.prefill_speed);
+        }
+    }
+
+    #[test]
     fn reconfigure_swaps_the_settings_and_keeps_the_policy_settings_a_policy_refuses() {
         let pool = Pool::new(&pool_cfg("    sessions: { ttl: 1h }\n"));
         let now = Instant::now();
