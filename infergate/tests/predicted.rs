@@ -4,7 +4,10 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
+use infergate_sim::SimConfig;
 
 fn body(system: &str, user: &str, max_tokens: u32) -> String {
     serde_json::json!({
@@ -140,4 +143,79 @@ async fn the_prediction_error_series_exist_from_start() {
         metric_sum(&m, "infergate_placements_total", &["reason=\"load_aware\""]),
         1.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_leaves_an_engine_another_tenant_floods() {
+    // Two running sequences per engine, so that a flood queues where the engine stats show it.
+    let cfg = SimConfig {
+        max_num_seqs: 2,
+        ..slow_prefill()
+    };
+    let eng = engines(2, cfg).await;
+    let extra = format!("{}{ENGINE_STATS}", sessions_yaml(1000));
+    let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), &extra)).await;
+    router.all_healthy().await;
+    // Teach both throughputs (as above).
+    let url = router.url();
+    let (a, b) = tokio::join!(
+        post_chat(&url, chat_body(100_000, true, 4)),
+        post_chat(&url, chat_body(100_000, true, 4)),
+    );
+    assert_eq!((a, b), (200, 200));
+    router
+        .wait_for("both throughputs learned", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.prefill_speed.throughput().is_some())
+        })
+        .await;
+    let system = "You are a coding agent with these tools: read, write, run. ".repeat(200);
+    let mut history = "the task at hand in detail; ".repeat(150);
+    let before: Vec<usize> = eng.iter().map(chat_requests).collect();
+    let turn = |history: &str| post_chat_in_session(&url, "s", body(&system, history, 4));
+    assert_eq!(turn(&history).await, 200);
+    let bound = (0..2)
+        .find(|&i| chat_requests(&eng[i]) > before[i])
+        .unwrap();
+    // Another tenant sends five ~25k-token requests straight to the session's engine: two run, three wait.
+    let c = client();
+    let mut flood = tokio::task::JoinSet::new();
+    for k in 0..5 {
+        let req = post_json(&c, &eng[bound].url(), CHAT).body(body(
+            "another tenant",
+            &(format!("flood {k} ") + &"words from elsewhere ".repeat(5000)),
+            2000,
+        ));
+        flood.spawn(async move {
+            finish(req.send().await?).await;
+            Ok::<(), reqwest::Error>(())
+        });
+    }
+    router
+        .wait_for(
+            "the router's engine stats see the queue",
+            Duration::from_secs(10),
+            |r| {
+                let now = std::time::Instant::now();
+                r.state.pools.pools[0].endpoints()[bound]
+                    .stats
+                    .fresh(now)
+                    .is_some_and(|l| l.waiting >= 2)
+            },
+        )
+        .await;
+    // The next turn would wait behind the flood's prefill: it moves, and its conversation is recomputed there.
+    history.push_str(" one more turn");
+    let before: Vec<usize> = eng.iter().map(chat_requests).collect();
+    assert_eq!(turn(&history).await, 200);
+    assert_eq!(chat_requests(&eng[1 - bound]), before[1 - bound] + 1);
+    let m = router.metrics_text().await;
+    assert_eq!(
+        metric_sum(&m, "infergate_placements_total", &["reason=\"migrate\""]),
+        1.0,
+        "{m}"
+    );
+    flood.abort_all();
 }

@@ -97,6 +97,16 @@ impl Candidate {
         })
     }
 
+    /// Requests the engine holds in its waiting queue that were placed elsewhere (other routers, direct
+    /// clients), as far as the sample tells: the queue (corrected as in `waiting`) bounded by the foreign load
+    /// less our peers' requests (whose prefill the ledger already has). 0 without fresh stats: nothing is known.
+    pub fn foreign_waiting(&self) -> u64 {
+        self.engine.map_or(0, |e| {
+            self.waiting()
+                .min(e.foreign().saturating_sub(self.peer_requests))
+        })
+    }
+
     /// The load_aware score: requests × 16384 + prefill tokens in flight. Lower is better.
     pub fn score(&self) -> u64 {
         self.request_load()
@@ -397,6 +407,24 @@ mod tests {
         assert_eq!(with_stats(cand(4, 0), 2, 0, 4).request_load(), 4);
         // No fresh stats: our own count, not zero.
         assert_eq!(cand(4, 0).request_load(), 4);
+    }
+
+    #[test]
+    fn the_foreign_queue_is_waiting_requests_placed_elsewhere() {
+        // 3 of ours ran, 2 from elsewhere wait.
+        assert_eq!(with_stats(cand(3, 0), 3, 2, 3).foreign_waiting(), 2);
+        // The queue is our own: nothing foreign waits (the ledger already has its prefill).
+        assert_eq!(with_stats(cand(6, 0), 4, 2, 6).foreign_waiting(), 0);
+        // Foreign requests that run (they may be decoding) are not a queue.
+        assert_eq!(with_stats(cand(1, 0), 9, 0, 1).foreign_waiting(), 0);
+        // Our peers' requests are in the ledger too: not foreign.
+        let mut c = with_stats(cand(2, 0), 4, 3, 2);
+        c.peer_requests = 2;
+        assert_eq!(c.foreign_waiting(), 3);
+        c.peer_requests = 5;
+        assert_eq!(c.foreign_waiting(), 0);
+        // No fresh stats: nothing known.
+        assert_eq!(cand(2, 0).foreign_waiting(), 0);
     }
 
     #[test]

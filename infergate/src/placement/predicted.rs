@@ -7,9 +7,12 @@
 //! For endpoint `e` with its learned line (`throughput::Fitted`: an overhead `o` in seconds and a throughput `s`
 //! in estimated tokens per second, queue included):
 //!
-//! * `ttft = o + (prefill tokens in flight there + this request's uncached tokens there) / s`: chunked prefill
-//!   is FIFO, so the request waits for what is ahead of it, then its own uncached part. Uncached is the body less
-//!   what `e` holds of it (the session's recorded size where it is bound, the prefix index elsewhere).
+//! * `ttft = o + (prefill tokens in flight there + foreign queue + this request's uncached tokens there) / s`:
+//!   chunked prefill is FIFO, so the request waits for what is ahead of it, then its own uncached part. Uncached
+//!   is the body less what `e` holds of it (the session's recorded size where it is bound, the prefix index
+//!   elsewhere). The foreign queue is the requests placed elsewhere that fresh engine stats show waiting, at
+//!   [`FOREIGN_REQUEST_TOKENS`] each: the ledger cannot see them, and a tenant flooding an engine directly would
+//!   otherwise keep every session bound there waiting behind it.
 //! * `total = ttft + DECODE_WEIGHT (0.3) × requests in flight there × own prefill seconds`: every step that carries
 //!   this prefill also stalls the requests decoding there, so a prefill placed beside many decodes costs them.
 //!
@@ -30,6 +33,11 @@ pub const DECODE_WEIGHT: f64 = 0.3;
 /// A move must save more than this share of staying's predicted cost: estimates are noisy (bytes per token,
 /// a fitted speed) and a move that saves nothing real throws away a warm cache.
 pub const MOVE_MARGIN: f64 = 0.1;
+
+/// Prefill tokens a waiting request placed elsewhere is taken to carry: its prompt is unknown, so the weight
+/// `load_aware` gives any request. Only waiting ones count: a running one may be decoding, a waiting one has
+/// its whole prefill ahead.
+pub const FOREIGN_REQUEST_TOKENS: u64 = super::REQUEST_WEIGHT_TOKENS;
 
 /// Costs within this many seconds of each other are ties (broken at random).
 pub const TIE_SECONDS: f64 = 1e-6;
@@ -58,8 +66,11 @@ pub fn cost(c: &Candidate, uncached: u64) -> Option<Cost> {
     let fit = speed(c)?;
     let s = fit.tokens_per_second;
     let own = uncached as f64 / s;
-    // Prefill queued ahead: ours and our peers' (replicas sharing the engine through `cluster`).
-    let ttft = fit.overhead_seconds + c.live_prefill_tokens() as f64 / s + own;
+    // Prefill queued ahead: ours and our peers' (replicas sharing the engine through `cluster`), and the
+    // engine's waiting requests placed elsewhere.
+    let foreign = c.foreign_waiting().saturating_mul(FOREIGN_REQUEST_TOKENS);
+    let ahead = c.live_prefill_tokens().saturating_add(foreign);
+    let ttft = fit.overhead_seconds + ahead as f64 / s + own;
     let total = ttft + DECODE_WEIGHT * c.request_load() as f64 * own;
     Some(Cost { ttft, total })
 }
@@ -246,6 +257,32 @@ mod tests {
             own_at_sample: 2,
         });
         assert!(cost(&busy, 10_000).unwrap().total < cost(&fresh, 10_000).unwrap().total);
+    }
+
+    #[test]
+    fn a_session_leaves_an_engine_flooded_from_elsewhere() {
+        let mut rng = fastrand::Rng::with_seed(4);
+        // Bound endpoint 0 (1k of growth to compute); endpoint 1 idle, where the 20k conversation is recomputed.
+        let mut cands = [cand(1, 0, 20_000.0), cand(0, 0, 20_000.0)];
+        let uncached = [1_000, 20_000];
+        let stay = cost(&cands[0], uncached[0]).unwrap();
+        let (best, k) = cheapest(&cands, &uncached, &mut rng, |_, _| true).unwrap();
+        assert!(best == 0 && !should_move(stay, k), "idle engines: it stays");
+        // Another tenant sent 6 requests straight to endpoint 0; they wait behind the one running.
+        cands[0].engine = Some(EngineLoad {
+            running: 2,
+            waiting: 6,
+            kv_usage: 0.5,
+            own_at_sample: 1,
+        });
+        let stay = cost(&cands[0], uncached[0]).unwrap();
+        // Their prefill is ahead of the turn: 6 × 16384 tokens at 20k/s, about 4.9 s.
+        assert!(
+            (stay.ttft - (1_000.0 + 6.0 * 16_384.0) / 20_000.0).abs() < 1e-9,
+            "{stay:?}"
+        );
+        let (best, k) = cheapest(&cands, &uncached, &mut rng, |_, _| true).unwrap();
+        assert!(best == 1 && should_move(stay, k), "{stay:?} {k:?}");
     }
 
     #[test]
