@@ -80,12 +80,7 @@ impl Candidate {
     /// already has: they are taken off it (at their current count, the closest figure there is). Without fresh
     /// stats, the live count alone (never less: unknown is not idle).
     pub fn request_load(&self) -> u64 {
-        match self.engine {
-            Some(e) => self
-                .live_requests()
-                .saturating_add(e.foreign().saturating_sub(self.peer_requests)),
-            None => self.live_requests(),
-        }
+        self.live_requests().saturating_add(self.foreign_requests())
     }
 
     /// The engine's waiting queue corrected for our requests that finished since the sample: each one freed a
@@ -97,14 +92,11 @@ impl Candidate {
         })
     }
 
-    /// Requests the engine holds in its waiting queue that were placed elsewhere (other routers, direct
-    /// clients), as far as the sample tells: the queue (corrected as in `waiting`) bounded by the foreign load
-    /// less our peers' requests (whose prefill the ledger already has). 0 without fresh stats: nothing is known.
-    pub fn foreign_waiting(&self) -> u64 {
-        self.engine.map_or(0, |e| {
-            self.waiting()
-                .min(e.foreign().saturating_sub(self.peer_requests))
-        })
+    /// Requests the engine holds that were placed elsewhere (other routers, direct clients) as of its last fresh
+    /// sample, less our cluster peers' (the ledger has theirs); 0 without fresh stats.
+    pub fn foreign_requests(&self) -> u64 {
+        self.engine
+            .map_or(0, |e| e.foreign().saturating_sub(self.peer_requests))
     }
 
     /// The load_aware score: requests × 16384 + prefill tokens in flight. Lower is better.
@@ -410,21 +402,15 @@ mod tests {
     }
 
     #[test]
-    fn the_foreign_queue_is_waiting_requests_placed_elsewhere() {
-        // 3 of ours ran, 2 from elsewhere wait.
-        assert_eq!(with_stats(cand(3, 0), 3, 2, 3).foreign_waiting(), 2);
-        // The queue is our own: nothing foreign waits (the ledger already has its prefill).
-        assert_eq!(with_stats(cand(6, 0), 4, 2, 6).foreign_waiting(), 0);
-        // Foreign requests that run (they may be decoding) are not a queue.
-        assert_eq!(with_stats(cand(1, 0), 9, 0, 1).foreign_waiting(), 0);
-        // Our peers' requests are in the ledger too: not foreign.
-        let mut c = with_stats(cand(2, 0), 4, 3, 2);
+    fn foreign_requests_leave_out_our_peers_and_need_fresh_stats() {
+        let mut c = with_stats(cand(2, 0), 6, 1, 2);
+        assert_eq!(c.foreign_requests(), 5);
+        // 2 of the 5 came from a cluster peer: the ledger has them.
         c.peer_requests = 2;
-        assert_eq!(c.foreign_waiting(), 3);
-        c.peer_requests = 5;
-        assert_eq!(c.foreign_waiting(), 0);
-        // No fresh stats: nothing known.
-        assert_eq!(cand(2, 0).foreign_waiting(), 0);
+        assert_eq!(c.foreign_requests(), 3);
+        assert_eq!(c.request_load(), 2 + 2 + 3);
+        // No fresh stats: nothing known about load placed elsewhere (the live count stands).
+        assert_eq!(cand(2, 0).foreign_requests(), 0);
     }
 
     #[test]

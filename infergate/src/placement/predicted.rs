@@ -10,7 +10,7 @@
 //! * `ttft = o + (prefill tokens in flight there + foreign queue + this request's uncached tokens there) / s`:
 //!   chunked prefill is FIFO, so the request waits for what is ahead of it, then its own uncached part. Uncached
 //!   is the body less what `e` holds of it (the session's recorded size where it is bound, the prefix index
-//!   elsewhere). The foreign queue is the requests placed elsewhere that fresh engine stats show waiting, at
+//!   elsewhere). The foreign queue is the requests placed elsewhere that fresh engine stats show, at
 //!   [`FOREIGN_REQUEST_TOKENS`] each: the ledger cannot see them, and a tenant flooding an engine directly would
 //!   otherwise keep every session bound there waiting behind it.
 //! * `total = ttft + DECODE_WEIGHT (0.3) × requests in flight there × own prefill seconds`: every step that carries
@@ -34,9 +34,8 @@ pub const DECODE_WEIGHT: f64 = 0.3;
 /// a fitted speed) and a move that saves nothing real throws away a warm cache.
 pub const MOVE_MARGIN: f64 = 0.1;
 
-/// Prefill tokens a waiting request placed elsewhere is taken to carry: its prompt is unknown, so the weight
-/// `load_aware` gives any request. Only waiting ones count: a running one may be decoding, a waiting one has
-/// its whole prefill ahead.
+/// Prefill tokens a request placed elsewhere is taken to carry: its prompt and progress (waiting, prefilling
+/// or decoding) are unknown, and unknown is not idle, so the weight `load_aware` gives any request.
 pub const FOREIGN_REQUEST_TOKENS: u64 = super::REQUEST_WEIGHT_TOKENS;
 
 /// Costs within this many seconds of each other are ties (broken at random).
@@ -67,8 +66,8 @@ pub fn cost(c: &Candidate, uncached: u64) -> Option<Cost> {
     let s = fit.tokens_per_second;
     let own = uncached as f64 / s;
     // Prefill queued ahead: ours and our peers' (replicas sharing the engine through `cluster`), and the
-    // engine's waiting requests placed elsewhere.
-    let foreign = c.foreign_waiting().saturating_mul(FOREIGN_REQUEST_TOKENS);
+    // engine's requests placed elsewhere.
+    let foreign = c.foreign_requests().saturating_mul(FOREIGN_REQUEST_TOKENS);
     let ahead = c.live_prefill_tokens().saturating_add(foreign);
     let ttft = fit.overhead_seconds + ahead as f64 / s + own;
     let total = ttft + DECODE_WEIGHT * c.request_load() as f64 * own;
@@ -268,7 +267,7 @@ mod tests {
         let stay = cost(&cands[0], uncached[0]).unwrap();
         let (best, k) = cheapest(&cands, &uncached, &mut rng, |_, _| true).unwrap();
         assert!(best == 0 && !should_move(stay, k), "idle engines: it stays");
-        // Another tenant sent 6 requests straight to endpoint 0; they wait behind the one running.
+        // Another tenant sent 7 requests straight to endpoint 0 (the engine holds 8, one of them ours).
         cands[0].engine = Some(EngineLoad {
             running: 2,
             waiting: 6,
@@ -276,9 +275,9 @@ mod tests {
             own_at_sample: 1,
         });
         let stay = cost(&cands[0], uncached[0]).unwrap();
-        // Their prefill is ahead of the turn: 6 × 16384 tokens at 20k/s, about 4.9 s.
+        // Their prefill is taken to be ahead of the turn: 7 × 16384 tokens at 20k/s, about 5.8 s.
         assert!(
-            (stay.ttft - (1_000.0 + 6.0 * 16_384.0) / 20_000.0).abs() < 1e-9,
+            (stay.ttft - (1_000.0 + 7.0 * 16_384.0) / 20_000.0).abs() < 1e-9,
             "{stay:?}"
         );
         let (best, k) = cheapest(&cands, &uncached, &mut rng, |_, _| true).unwrap();
