@@ -219,3 +219,20 @@ async fn a_session_leaves_an_engine_another_tenant_floods() {
     );
     flood.abort_all();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predicted_ttft_splits_a_burst_on_equally_busy_engines_evenly() {
+    for _ in 0..3 {
+        let split = burst_after_foreign_load("predicted_ttft", [2, 2]).await;
+        assert_eq!(split, vec![4, 4]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predicted_ttft_sends_a_burst_to_the_engine_idle_of_load_placed_elsewhere() {
+    for _ in 0..2 {
+        let split = burst_after_foreign_load("predicted_ttft", [4, 0]).await;
+        assert_eq!(split.iter().sum::<usize>(), 8);
+        assert!(split[1] >= 5, "the idle engine got too few: {split:?}");
+    }
+}

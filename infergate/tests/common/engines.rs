@@ -59,3 +59,15 @@ pub fn chat_requests(e: &EngineHandle) -> usize {
 pub fn last_generate(e: &EngineHandle) -> Option<RecordedRequest> {
     e.requests().into_iter().rev().find(is_generate)
 }
+
+/// How many requests `e` received tagged `x-test: {tag}...`.
+pub fn tagged(e: &EngineHandle, tag: &str) -> usize {
+    e.requests()
+        .iter()
+        .filter(|r| {
+            r.headers
+                .iter()
+                .any(|(k, v)| k == "x-test" && v.starts_with(tag))
+        })
+        .count()
+}

@@ -2,14 +2,16 @@
 //!
 //! Split by what each part starts or talks to: `router` (an in-process router and its configuration),
 //! `engines` (simulated engines and what they received), `metrics` (the router's `/metrics`), `requests`
-//! (a client's requests to the router).
+//! (a client's requests to the router), `bursts` (a burst of new sessions after load placed around the router).
 #![allow(dead_code, unused_imports)]
 
+pub mod bursts;
 pub mod engines;
 pub mod metrics;
 pub mod requests;
 pub mod router;
 
+pub use bursts::*;
 pub use engines::*;
 pub use metrics::*;
 pub use requests::*;

@@ -245,3 +245,6 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Pool `extra`: prefix_aware's index on small blocks, least_inflight when nothing matches.
+pub const PREFIX: &str = "    prefix: { block_bytes: 64, min_match_bytes: 256, capacity_tokens_per_endpoint: 100000, fallback: least_inflight }\n";
