@@ -60,16 +60,21 @@ fn speed(c: &Candidate) -> Option<Fitted> {
     })
 }
 
+/// Prefill tokens queued ahead of a request on `c`: ours and our peers' (replicas sharing the engine through
+/// `cluster`), and the engine's requests placed elsewhere at [`FOREIGN_REQUEST_TOKENS`] each. The learned line's
+/// samples are taken over the same figure, so that a flood sent around the router is counted once (here), not
+/// also learned as a slower engine.
+pub fn tokens_ahead(c: &Candidate) -> u64 {
+    let foreign = c.foreign_requests().saturating_mul(FOREIGN_REQUEST_TOKENS);
+    c.live_prefill_tokens().saturating_add(foreign)
+}
+
 /// The cost of `uncached` tokens on `c`; None until `c`'s throughput was learned.
 pub fn cost(c: &Candidate, uncached: u64) -> Option<Cost> {
     let fit = speed(c)?;
     let s = fit.tokens_per_second;
     let own = uncached as f64 / s;
-    // Prefill queued ahead: ours and our peers' (replicas sharing the engine through `cluster`), and the
-    // engine's requests placed elsewhere.
-    let foreign = c.foreign_requests().saturating_mul(FOREIGN_REQUEST_TOKENS);
-    let ahead = c.live_prefill_tokens().saturating_add(foreign);
-    let ttft = fit.overhead_seconds + ahead as f64 / s + own;
+    let ttft = fit.overhead_seconds + tokens_ahead(c) as f64 / s + own;
     let total = ttft + DECODE_WEIGHT * c.request_load() as f64 * own;
     Some(Cost { ttft, total })
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
-use super::predicted::{all_learned, cheapest, cost, should_move, Cost};
+use super::predicted::{all_learned, cheapest, cost, should_move, tokens_ahead, Cost};
 use super::prefix::PrefixIndex;
 use super::sessions::{
     lineage_of, ImportOutcome, SavedSession, SessionCommit, SessionRequest, SessionSlot,
@@ -26,8 +26,8 @@ pub struct PredictedTicket {
     pub hashes: Vec<u64>,
     /// Predicted seconds to first token on the chosen endpoint (None while placing as load_aware).
     pub predicted_ttft: Option<f64>,
-    /// Prefill tokens in flight on the chosen endpoint at placement (ahead of this request): with the request's
-    /// own estimate over its time to first byte, a sample of the endpoint's prefill throughput.
+    /// Prefill tokens ahead of this request on the chosen endpoint at placement (`predicted::tokens_ahead`): with
+    /// the request's own estimate over its time to first byte, a sample of the endpoint's prefill throughput.
     pub tokens_ahead: u64,
 }
 
@@ -142,7 +142,7 @@ impl PlacementPolicy for PredictedTtft {
                 session,
                 hashes,
                 predicted_ttft: pick.cost.map(|c| c.ttft),
-                tokens_ahead: cands[pick.index].live_prefill_tokens(),
+                tokens_ahead: tokens_ahead(&cands[pick.index]),
             })),
         })
     }
@@ -272,7 +272,7 @@ impl PredictedTtft {
                 session,
                 hashes,
                 predicted_ttft: None,
-                tokens_ahead: snap.cands[index].live_prefill_tokens(),
+                tokens_ahead: tokens_ahead(&snap.cands[index]),
             }))
         };
         match (self.sessions.table(), sreq) {

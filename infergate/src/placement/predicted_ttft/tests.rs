@@ -116,6 +116,32 @@ fn a_session_stays_and_counts_only_its_growth() {
 }
 
 #[test]
+fn load_placed_elsewhere_is_ahead_in_the_prediction_and_in_its_sample() {
+    let mut fx = Fx::new();
+    // Each engine holds 4 requests, one of them ours: 3 came from elsewhere.
+    let mut cands = [cand(1, 0), cand(1, 0)];
+    for c in &mut cands {
+        c.engine = Some(crate::placement::EngineLoad {
+            running: 4,
+            waiting: 0,
+            kv_usage: 0.1,
+            own_at_sample: 1,
+        });
+    }
+    let p = fx.place(Some("s"), &prompt("a", 4_000), &cands);
+    let (predicted, ahead) = p.ticket.prediction().unwrap();
+    // The throughput sample is taken over the same tokens ahead the prediction counted, so the flood is not
+    // also learned as a slower engine.
+    assert_eq!(ahead, 3 * 16_384);
+    // (3 × 16384 ahead + 1,000 own tokens) / 20,000 tokens/s.
+    let expected = (3.0 * 16_384.0 + 1_000.0) / SPEED;
+    assert!(
+        (predicted.unwrap() - expected).abs() < 1e-9,
+        "{predicted:?}"
+    );
+}
+
+#[test]
 fn a_session_moves_only_when_the_saving_beats_the_recompute() {
     let mut fx = Fx::new();
     let even = [cand(0, 0), cand(0, 0)];
