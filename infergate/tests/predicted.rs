@@ -23,15 +23,7 @@ async fn sessions_stay_with_their_cache_and_predictions_are_measured() {
     let extra = format!("{}{ENGINE_STATS}", sessions_yaml(1000));
     let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), &extra)).await;
     router.all_healthy().await;
-    // Two long requests at once teach both endpoints' throughput: the second is placed while the first holds
-    // its prefill on one engine, so it goes to the other (sequential first turns on idle engines go either way,
-    // and 5 of 6 on one engine left too few predicted turns).
-    let url = router.url();
-    let (a, b) = tokio::join!(
-        post_chat(&url, chat_body(100_000, true, 4)),
-        post_chat(&url, chat_body(100_000, true, 4)),
-    );
-    assert_eq!((a, b), (200, 200));
+    router.learn_both_throughputs().await;
     let learned = |m: &str| {
         eng.iter().all(|e| {
             let ep = format!("endpoint=\"{}\"", e.addr);
@@ -156,21 +148,8 @@ async fn a_session_leaves_an_engine_another_tenant_floods() {
     let extra = format!("{}{ENGINE_STATS}", sessions_yaml(1000));
     let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), &extra)).await;
     router.all_healthy().await;
-    // Teach both throughputs (as above).
+    router.learn_both_throughputs().await;
     let url = router.url();
-    let (a, b) = tokio::join!(
-        post_chat(&url, chat_body(100_000, true, 4)),
-        post_chat(&url, chat_body(100_000, true, 4)),
-    );
-    assert_eq!((a, b), (200, 200));
-    router
-        .wait_for("both throughputs learned", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.prefill_speed.throughput().is_some())
-        })
-        .await;
     let system = "You are a coding agent with these tools: read, write, run. ".repeat(200);
     let mut history = "the task at hand in detail; ".repeat(150);
     let before: Vec<usize> = eng.iter().map(chat_requests).collect();
@@ -222,17 +201,11 @@ async fn a_session_leaves_an_engine_another_tenant_floods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn predicted_ttft_splits_a_burst_on_equally_busy_engines_evenly() {
-    for _ in 0..3 {
-        let split = burst_after_foreign_load("predicted_ttft", [2, 2]).await;
-        assert_eq!(split, vec![4, 4]);
-    }
+    assert_bursts_split_evenly("predicted_ttft").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn predicted_ttft_sends_a_burst_to_the_engine_idle_of_load_placed_elsewhere() {
-    for _ in 0..2 {
-        let split = burst_after_foreign_load("predicted_ttft", [4, 0]).await;
-        assert_eq!(split.iter().sum::<usize>(), 8);
-        assert!(split[1] >= 5, "the idle engine got too few: {split:?}");
-    }
+    // 4/4 before load placed elsewhere counted as prefill ahead: the streams were decoding.
+    assert_bursts_prefer_the_idle_engine("predicted_ttft").await;
 }

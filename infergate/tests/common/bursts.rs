@@ -30,21 +30,7 @@ pub async fn burst_after_foreign_load(policy: &str, foreign: [usize; 2]) -> Vec<
     let router = start_router(&pool_yaml(policy, &urls(&eng), &extra)).await;
     router.all_healthy().await;
     if predicted {
-        // Two long requests at once teach both endpoints' throughput (each goes where the other is not).
-        let url = router.url();
-        let (a, b) = tokio::join!(
-            post_chat(&url, chat_body(100_000, true, 4)),
-            post_chat(&url, chat_body(100_000, true, 4)),
-        );
-        assert_eq!((a, b), (200, 200));
-        router
-            .wait_for("both throughputs learned", Duration::from_secs(10), |r| {
-                r.state.pools.pools[0]
-                    .endpoints()
-                    .iter()
-                    .all(|e| e.prefill_speed.throughput().is_some())
-            })
-            .await;
+        router.learn_both_throughputs().await;
     }
     // Load placed elsewhere: long streams sent to the engines directly, kept open through the burst.
     let c = client();
@@ -105,4 +91,25 @@ pub async fn burst_after_foreign_load(policy: &str, foreign: [usize; 2]) -> Vec<
         );
     }
     eng.iter().map(|e| tagged(e, "burst")).collect()
+}
+
+/// Three bursts on two engines each running two streams from elsewhere: every one splits 4/4.
+pub async fn assert_bursts_split_evenly(policy: &str) {
+    for _ in 0..3 {
+        let split = burst_after_foreign_load(policy, [2, 2]).await;
+        assert_eq!(split, vec![4, 4], "{policy}");
+    }
+}
+
+/// Two bursts with four streams from elsewhere on engine 0 and none on engine 1: the balanced end state is 2/6,
+/// the bar at least 5 of 8 on the idle engine.
+pub async fn assert_bursts_prefer_the_idle_engine(policy: &str) {
+    for _ in 0..2 {
+        let split = burst_after_foreign_load(policy, [4, 0]).await;
+        assert_eq!(split.iter().sum::<usize>(), 8);
+        assert!(
+            split[1] >= 5,
+            "{policy}: the idle engine got too few: {split:?}"
+        );
+    }
 }

@@ -109,6 +109,26 @@ impl TestRouter {
 }
 
 impl TestRouter {
+    /// Teaches a two-endpoint `predicted_ttft` pool both prefill throughputs and returns once both are learned:
+    /// two long requests at once, the second placed while the first holds its prefill, so it goes to the other
+    /// endpoint (sequential first requests on idle endpoints go either way).
+    pub async fn learn_both_throughputs(&self) {
+        let url = self.url();
+        let long = || super::chat_body(100_000, true, 4);
+        let (a, b) = tokio::join!(
+            super::post_chat(&url, long()),
+            super::post_chat(&url, long())
+        );
+        assert_eq!((a, b), (200, 200));
+        self.wait_for("both throughputs learned", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.prefill_speed.throughput().is_some())
+        })
+        .await;
+    }
+
     /// Stop as SIGTERM would (`GracefulTerminate`: Pingora's shutdown watch fires, background services run their
     /// shutdown path, then the grace period and the runtimes' shutdown) and wait, at most 30 s, for the router's
     /// thread to end. Dropping a `TestRouter` is a fast shutdown, which skips the graceful path.
