@@ -70,6 +70,9 @@ pub struct EndpointSample {
     pub prefill_tokens_per_sec: f64,
     /// The time-to-first-byte line `predicted_ttft` predicts with; None until learned.
     pub ttft_line: Option<crate::placement::throughput::Fitted>,
+    /// Requests the engine reports beyond ours and our cluster peers' (load placed elsewhere); None without
+    /// fresh engine stats.
+    pub foreign_requests: Option<u64>,
 }
 
 /// Live state the collector reads at scrape time.
@@ -582,6 +585,7 @@ struct LiveCollector {
     prefill_speed: GaugeVec,
     ttft_overhead: GaugeVec,
     ttft_throughput: GaugeVec,
+    foreign: IntGaugeVec,
 }
 
 impl LiveCollector {
@@ -613,6 +617,11 @@ impl LiveCollector {
             "infergate_engine_stats_state",
             "1 for the endpoint's current engine-stats state (fresh, stale, missing, down, off).",
             &["pool", "endpoint", "state"],
+        );
+        let foreign = gauge(
+            "infergate_endpoint_foreign_requests",
+            "Requests the engine reports beyond this router's and its cluster peers' (load placed elsewhere), as of the last fresh engine-stats sample; absent without fresh stats.",
+            &["pool", "endpoint"],
         );
         let sessions = gauge(
             "infergate_sessions",
@@ -650,6 +659,7 @@ impl LiveCollector {
             &ejected,
             &stats_state,
             &sessions,
+            &foreign,
         ]
         .iter()
         .flat_map(|g| g.desc().into_iter().cloned())
@@ -672,6 +682,7 @@ impl LiveCollector {
             prefill_speed,
             ttft_overhead,
             ttft_throughput,
+            foreign,
         }
     }
 }
@@ -690,6 +701,7 @@ impl Collector for LiveCollector {
             &self.ejected,
             &self.stats_state,
             &self.sessions,
+            &self.foreign,
         ] {
             g.reset();
         }
@@ -722,6 +734,9 @@ impl Collector for LiveCollector {
                         .with_label_values(&l)
                         .set(line.tokens_per_second);
                 }
+                if let Some(n) = s.foreign_requests {
+                    self.foreign.with_label_values(&l).set(n as i64);
+                }
                 for state in STATS_STATES {
                     self.stats_state
                         .with_label_values(&[l[0], l[1], state])
@@ -741,6 +756,7 @@ impl Collector for LiveCollector {
             &self.ejected,
             &self.stats_state,
             &self.sessions,
+            &self.foreign,
         ]
         .iter()
         .flat_map(|g| g.collect())

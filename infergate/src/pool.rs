@@ -705,6 +705,10 @@ impl LiveSource for Pools {
                 stats_state: e.stats.state(now).as_str(),
                 prefill_tokens_per_sec: e.prefill_speed.tokens_per_sec().unwrap_or(0.0),
                 ttft_line,
+                foreign_requests: e
+                    .stats
+                    .fresh(now)
+                    .map(|l| l.foreign_beyond(e.peers.get().0)),
             })
             .collect()
     }

@@ -541,7 +541,11 @@ async fn dashboard_and_alert_rules_use_only_exported_metrics_and_pass_promtool()
     let engines = engines(2, SimConfig::default()).await;
     let dir = std::env::temp_dir().join(format!("infergate-observe-dash-{}", std::process::id()));
     let (router, _) = router_with_keys_and_queue(&engines, &dir).await;
-    let exported = exported_names(&router.metrics_text().await);
+    // Series that exist once engine stats are fresh (load placed elsewhere) are exported by then.
+    let m = router
+        .metrics_when(|m| m.contains("infergate_endpoint_foreign_requests{"))
+        .await;
+    let exported = exported_names(&m);
     drop(router);
     let _ = std::fs::remove_dir_all(dir);
 

@@ -105,10 +105,12 @@ async fn the_prediction_error_series_exist_from_start() {
             Some(0.0),
             "{m}"
         );
-        // Nothing learned yet: no line to show (not a zero that reads as an infinitely slow engine).
+        // Nothing learned yet: no line to show (not a zero that reads as an infinitely slow engine); no engine
+        // stats: no load placed elsewhere to show (unknown, not zero).
         for name in [
             "infergate_endpoint_ttft_throughput_tokens_per_second",
             "infergate_endpoint_ttft_overhead_seconds",
+            "infergate_endpoint_foreign_requests",
         ] {
             assert_eq!(metric_value(&m, name, &[&ep]), None, "{name}");
         }
@@ -184,6 +186,14 @@ async fn a_session_leaves_an_engine_another_tenant_floods() {
                     .is_some_and(|l| l.waiting >= 2)
             },
         )
+        .await;
+    // The load placed elsewhere is exported per endpoint.
+    let bound_ep = format!("endpoint=\"{}\"", eng[bound].addr);
+    router
+        .metrics_when(|m| {
+            metric_value(m, "infergate_endpoint_foreign_requests", &[&bound_ep])
+                .is_some_and(|n| n >= 4.0)
+        })
         .await;
     // The next turn would wait behind the flood's prefill: it moves, and its conversation is recomputed there.
     history.push_str(" one more turn");

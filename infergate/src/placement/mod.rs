@@ -35,6 +35,11 @@ impl EngineLoad {
     pub fn foreign(&self) -> u64 {
         (self.running + self.waiting).saturating_sub(self.own_at_sample)
     }
+
+    /// `foreign` less our cluster peers' requests, which the ledger already has.
+    pub fn foreign_beyond(&self, peer_requests: u64) -> u64 {
+        self.foreign().saturating_sub(peer_requests)
+    }
 }
 
 /// KV usage at or above which an endpoint is "full" and is no migration target.
@@ -96,7 +101,7 @@ impl Candidate {
     /// sample, less our cluster peers' (the ledger has theirs); 0 without fresh stats.
     pub fn foreign_requests(&self) -> u64 {
         self.engine
-            .map_or(0, |e| e.foreign().saturating_sub(self.peer_requests))
+            .map_or(0, |e| e.foreign_beyond(self.peer_requests))
     }
 
     /// The load_aware score: requests × 16384 + prefill tokens in flight. Lower is better.
