@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use infergate_sim::SimConfig;
+use infergate_sim::{EngineHandle, SimConfig};
 
 fn body(system: &str, user: &str, max_tokens: u32) -> String {
     serde_json::json!({
@@ -139,74 +139,134 @@ async fn the_prediction_error_series_exist_from_start() {
     );
 }
 
+/// A session bound to one of two engines (two running sequences each, engine stats on) whose engine another tenant
+/// floods: five ~25k-token requests sent straight to it, two running and three waiting where the router's engine
+/// stats see them.
+struct Flooded {
+    router: TestRouter,
+    eng: Vec<EngineHandle>,
+    bound: usize,
+    flood: tokio::task::JoinSet<Result<(), reqwest::Error>>,
+    system: String,
+    history: String,
+}
+
+impl Flooded {
+    async fn start(sessions: &str) -> Flooded {
+        let cfg = SimConfig {
+            max_num_seqs: 2,
+            ..slow_prefill()
+        };
+        let eng = engines(2, cfg).await;
+        let extra = format!("{sessions}{ENGINE_STATS}");
+        let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), &extra)).await;
+        router.all_healthy().await;
+        router.learn_both_throughputs().await;
+        let mut f = Flooded {
+            router,
+            eng,
+            bound: 0,
+            flood: tokio::task::JoinSet::new(),
+            system: "You are a coding agent with these tools: read, write, run. ".repeat(200),
+            history: "the task at hand in detail; ".repeat(150),
+        };
+        let before = f.chat_requests();
+        assert_eq!(f.turn().await, 200);
+        let after = f.chat_requests();
+        f.bound = (0..2).find(|&i| after[i] > before[i]).unwrap();
+        let c = client();
+        for k in 0..5 {
+            let req = post_json(&c, &f.eng[f.bound].url(), CHAT).body(body(
+                "another tenant",
+                &(format!("flood {k} ") + &"words from elsewhere ".repeat(5000)),
+                2000,
+            ));
+            f.flood.spawn(async move {
+                finish(req.send().await?).await;
+                Ok(())
+            });
+        }
+        let bound = f.bound;
+        f.router
+            .wait_for(
+                "the router's engine stats see the queue",
+                Duration::from_secs(10),
+                |r| {
+                    let now = std::time::Instant::now();
+                    r.state.pools.pools[0].endpoints()[bound]
+                        .stats
+                        .fresh(now)
+                        .is_some_and(|l| l.waiting >= 2)
+                },
+            )
+            .await;
+        // The next turn grows the conversation a little.
+        f.history.push_str(" one more turn");
+        f
+    }
+
+    fn chat_requests(&self) -> Vec<usize> {
+        self.eng.iter().map(chat_requests).collect()
+    }
+
+    fn turn(&self) -> impl std::future::Future<Output = u16> + Send + 'static {
+        let (url, body) = (self.router.url(), body(&self.system, &self.history, 4));
+        async move { post_chat_in_session(&url, "s", body).await }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_leaves_an_engine_another_tenant_floods() {
-    // Two running sequences per engine, so that a flood queues where the engine stats show it.
-    let cfg = SimConfig {
-        max_num_seqs: 2,
-        ..slow_prefill()
-    };
-    let eng = engines(2, cfg).await;
-    let extra = format!("{}{ENGINE_STATS}", sessions_yaml(1000));
-    let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), &extra)).await;
-    router.all_healthy().await;
-    router.learn_both_throughputs().await;
-    let url = router.url();
-    let system = "You are a coding agent with these tools: read, write, run. ".repeat(200);
-    let mut history = "the task at hand in detail; ".repeat(150);
-    let before: Vec<usize> = eng.iter().map(chat_requests).collect();
-    let turn = |history: &str| post_chat_in_session(&url, "s", body(&system, history, 4));
-    assert_eq!(turn(&history).await, 200);
-    let bound = (0..2)
-        .find(|&i| chat_requests(&eng[i]) > before[i])
-        .unwrap();
-    // Another tenant sends five ~25k-token requests straight to the session's engine: two run, three wait.
-    let c = client();
-    let mut flood = tokio::task::JoinSet::new();
-    for k in 0..5 {
-        let req = post_json(&c, &eng[bound].url(), CHAT).body(body(
-            "another tenant",
-            &(format!("flood {k} ") + &"words from elsewhere ".repeat(5000)),
-            2000,
-        ));
-        flood.spawn(async move {
-            finish(req.send().await?).await;
-            Ok::<(), reqwest::Error>(())
-        });
-    }
-    router
-        .wait_for(
-            "the router's engine stats see the queue",
-            Duration::from_secs(10),
-            |r| {
-                let now = std::time::Instant::now();
-                r.state.pools.pools[0].endpoints()[bound]
-                    .stats
-                    .fresh(now)
-                    .is_some_and(|l| l.waiting >= 2)
-            },
-        )
-        .await;
+    let mut f = Flooded::start(&sessions_yaml(1000)).await;
+    let bound = f.bound;
     // The load placed elsewhere is exported per endpoint.
-    let bound_ep = format!("endpoint=\"{}\"", eng[bound].addr);
-    router
+    let bound_ep = format!("endpoint=\"{}\"", f.eng[bound].addr);
+    f.router
         .metrics_when(|m| {
             metric_value(m, "infergate_endpoint_foreign_requests", &[&bound_ep])
                 .is_some_and(|n| n >= 4.0)
         })
         .await;
     // The next turn would wait behind the flood's prefill: it moves, and its conversation is recomputed there.
-    history.push_str(" one more turn");
-    let before: Vec<usize> = eng.iter().map(chat_requests).collect();
-    assert_eq!(turn(&history).await, 200);
-    assert_eq!(chat_requests(&eng[1 - bound]), before[1 - bound] + 1);
-    let m = router.metrics_text().await;
+    let before = f.chat_requests();
+    assert_eq!(f.turn().await, 200);
+    assert_eq!(chat_requests(&f.eng[1 - bound]), before[1 - bound] + 1);
+    let m = f.router.metrics_text().await;
     assert_eq!(
         metric_sum(&m, "infergate_placements_total", &["reason=\"migrate\""]),
         1.0,
         "{m}"
     );
-    flood.abort_all();
+    f.flood.abort_all();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_move_margin_1_a_session_waits_out_the_flood_on_its_engine() {
+    let sessions = "    sessions: { header: x-session-id, ttl: 1h, move_margin: 1 }\n";
+    let mut f = Flooded::start(sessions).await;
+    let bound = f.bound;
+    let before = f.chat_requests();
+    let turn = tokio::spawn(f.turn());
+    // The turn stays with its cache, queued behind the flood.
+    let total = |v: Vec<usize>| v.iter().sum::<usize>();
+    f.router
+        .wait_for(
+            "the turn reaches an engine",
+            Duration::from_secs(10),
+            |_| total(f.chat_requests()) > total(before.clone()),
+        )
+        .await;
+    assert_eq!(chat_requests(&f.eng[bound]), before[bound] + 1);
+    let m = f.router.metrics_text().await;
+    assert_eq!(
+        metric_sum(&m, "infergate_placements_total", &["reason=\"migrate\""]),
+        0.0,
+        "{m}"
+    );
+    assert_eq!(chat_requests(&f.eng[1 - bound]), before[1 - bound]);
+    // The flood's clients give up; the engine frees their slots and serves the turn.
+    f.flood.abort_all();
+    assert_eq!(turn.await.unwrap(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,7 +30,7 @@ use expose_paths::expose_paths;
 pub use outlier::OutlierConfig;
 pub use policy::{
     EngineKind, EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, PrefixFallback,
-    SessionsConfig,
+    SessionsConfig, DEFAULT_MOVE_MARGIN,
 };
 use pool::pools_list;
 pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig};
@@ -501,7 +501,8 @@ pools:
             Some(&SessionsConfig {
                 header: "x-conversation".into(),
                 ttl: Duration::from_secs(600),
-                max_sessions: 5
+                max_sessions: 5,
+                move_margin: 0.1,
             })
         );
         assert_eq!(

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use serde_norway::Value;
+
 use super::values::to_usize;
 use super::walk::{Field, Node};
 use super::ConfigError;
@@ -117,7 +119,15 @@ pub struct SessionsConfig {
     pub header: String,
     pub ttl: Duration,
     pub max_sessions: usize,
+    /// predicted_ttft: a session moves only when the move's predicted cost is lower than staying's by more than
+    /// this share of staying's (0..=1; 1 never moves a session off a healthy endpoint below its limit).
+    pub move_margin: f64,
 }
+
+/// A move must save more than a tenth of staying's predicted cost: estimates are noisy (bytes per token, a
+/// fitted speed) and a move that saves nothing real throws away a warm cache. Higher values keep more of the
+/// prefix cache for less of the TTFT lead (BENCHMARKS.md, "What moving a session buys and costs").
+pub const DEFAULT_MOVE_MARGIN: f64 = 0.1;
 
 impl Default for SessionsConfig {
     fn default() -> Self {
@@ -125,6 +135,7 @@ impl Default for SessionsConfig {
             header: "x-session-id".to_string(),
             ttl: Duration::from_secs(2 * 3600),
             max_sessions: 100_000,
+            move_margin: DEFAULT_MOVE_MARGIN,
         }
     }
 }
@@ -132,7 +143,8 @@ impl Default for SessionsConfig {
 impl SessionsConfig {
     /// A pool's `sessions`, allowed with policies load_aware and predicted_ttft only.
     pub(super) fn read(n: Node<'_>, policy: Policy) -> Result<SessionsConfig, ConfigError> {
-        let [header, ttl, max_sessions] = n.keys(["header", "ttl", "max_sessions"])?;
+        let [header, ttl, max_sessions, move_margin] =
+            n.keys(["header", "ttl", "max_sessions", "move_margin"])?;
         if !matches!(policy, Policy::LoadAware | Policy::PredictedTtft) {
             return Err(n.err(format!(
                 "sessions require policy load_aware or predicted_ttft (this pool's policy is {}); remove `sessions` or change the policy",
@@ -152,10 +164,30 @@ impl SessionsConfig {
                 }
             }
         };
+        let move_margin = match move_margin.value() {
+            None => d.move_margin,
+            Some(_) if policy != Policy::PredictedTtft => {
+                return Err(move_margin.err(format!(
+                "is read by policy predicted_ttft only ({} moves a session on pressure); remove it",
+                policy.as_str()
+            )))
+            }
+            Some(Value::Number(v)) => {
+                let x = v.as_f64().unwrap_or(f64::NAN);
+                if !(0.0..=1.0).contains(&x) {
+                    return Err(move_margin.err(format!(
+                        "must be a number from 0 to 1 (1: never move a session off a healthy endpoint below its limit), found {x}"
+                    )));
+                }
+                x
+            }
+            Some(other) => return Err(move_margin.type_err("a number", other)),
+        };
         Ok(SessionsConfig {
             header,
             ttl: ttl.duration_or(d.ttl)?,
             max_sessions: to_usize(max_sessions.positive_or(d.max_sessions as u64)?),
+            move_margin,
         })
     }
 }
@@ -362,6 +394,34 @@ mod tests {
             &pool_with("    sessions: { max_sessions: 0 }\n"),
             "pools[0].sessions.max_sessions",
             &["at least 1"],
+        );
+    }
+
+    #[test]
+    fn move_margin_is_predicted_ttfts_share_from_0_to_1() {
+        let sessions = |policy: &str, margin: &str| {
+            pool_with(&format!(
+                "    policy: {policy}\n    sessions: {{ move_margin: {margin} }}\n"
+            ))
+        };
+        for (margin, want) in [("0", 0.0), ("0.35", 0.35), ("1", 1.0)] {
+            let c = parse(&sessions("predicted_ttft", margin)).unwrap();
+            assert_eq!(c.pools[0].policy.sessions().unwrap().move_margin, want);
+        }
+        let f = "pools[0].sessions.move_margin";
+        let range = "must be a number from 0 to 1 (1: never move a session off a healthy endpoint below its limit)";
+        assert_err(&sessions("predicted_ttft", "1.5"), f, &[range, "found 1.5"]);
+        assert_err(&sessions("predicted_ttft", "-0.1"), f, &[range]);
+        assert_err(
+            &sessions("predicted_ttft", ".nan"),
+            f,
+            &[range, "found NaN"],
+        );
+        assert_err(&sessions("predicted_ttft", "high"), f, &["a number"]);
+        assert_err(
+            &sessions("load_aware", "0.5"),
+            f,
+            &["is read by policy predicted_ttft only (load_aware moves a session on pressure); remove it"],
         );
     }
 }

@@ -16,8 +16,8 @@
 //! * `total = ttft + DECODE_WEIGHT (0.3) × requests in flight there × own prefill seconds`: every step that carries
 //!   this prefill also stalls the requests decoding there, so a prefill placed beside many decodes costs them.
 //!
-//! A session stays on its bound endpoint unless another one's `total` is lower by more than [`MOVE_MARGIN`] of
-//! staying's: the recompute of its whole context elsewhere (that endpoint's uncached tokens) and the stall it
+//! A session stays on its bound endpoint unless another one's `total` is lower by more than the move margin
+//! (`sessions.move_margin`, default 0.1) of staying's: the recompute of its whole context elsewhere (that endpoint's uncached tokens) and the stall it
 //! causes there are inside that `total`, so a move is taken only when the predicted saving exceeds its cost.
 //! The old token-only backlog spill is the case where the bound endpoint's queue ahead is long: it is this rule.
 
@@ -29,10 +29,6 @@ use super::Candidate;
 /// prefill time. Chosen on the agent benchmark (2 engines, seeds 7 and 8): 0.1 gave the lowest TTFT p95 but ~10%
 /// lower slowest-5% decode; 1.0 gave up TTFT without a consistent decode gain.
 pub const DECODE_WEIGHT: f64 = 0.3;
-
-/// A move must save more than this share of staying's predicted cost: estimates are noisy (bytes per token,
-/// a fitted speed) and a move that saves nothing real throws away a warm cache.
-pub const MOVE_MARGIN: f64 = 0.1;
 
 /// Prefill tokens a request placed elsewhere is taken to carry: its prompt and progress (waiting, prefilling
 /// or decoding) are unknown, and unknown is not idle, so the weight `load_aware` gives any request.
@@ -118,14 +114,16 @@ pub fn cheapest(
     chosen
 }
 
-/// Whether a session bound where it would cost `stay` should move to where it would cost `best`.
-pub fn should_move(stay: Cost, best: Cost) -> bool {
-    best.total + MOVE_MARGIN * stay.total < stay.total
+/// Whether a session bound where it would cost `stay` should move to where it would cost `best`: only when that
+/// saves more than `margin` (0..=1) of staying's cost; with 1 it never does.
+pub fn should_move(stay: Cost, best: Cost, margin: f64) -> bool {
+    best.total + margin * stay.total < stay.total
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DEFAULT_MOVE_MARGIN as MARGIN;
     use crate::placement::EngineLoad;
 
     fn cand(requests: u64, prefill: u64, speed: f64) -> Candidate {
@@ -197,30 +195,23 @@ mod tests {
         let stay = cost(&cands[0], 1_000).unwrap();
         let (best, k) = cheapest(&cands, &[1_000, 60_000], &mut rng, |_, _| true).unwrap();
         assert_eq!(best, 0);
-        assert!(!should_move(stay, k));
+        assert!(!should_move(stay, k, MARGIN));
         // A short conversation (4k) behind the same queue: moving saves more than it costs.
         let (best, k) = cheapest(&cands, &[1_000, 4_000], &mut rng, |_, _| true).unwrap();
         assert_eq!(best, 1);
-        assert!(should_move(stay, k));
+        assert!(should_move(stay, k, MARGIN));
         // A saving inside the margin is no move.
         let a = Cost {
             ttft: 1.0,
             total: 1.0,
         };
-        assert!(!should_move(
-            a,
-            Cost {
-                ttft: 0.95,
-                total: 0.95
-            }
-        ));
-        assert!(should_move(
-            a,
-            Cost {
-                ttft: 0.8,
-                total: 0.8
-            }
-        ));
+        let saving = |total: f64| Cost { ttft: total, total };
+        assert!(!should_move(a, saving(0.95), MARGIN));
+        assert!(should_move(a, saving(0.8), MARGIN));
+        // The operator's margin: 0 moves on any saving, 1 never moves.
+        assert!(should_move(a, saving(0.95), 0.0));
+        assert!(!should_move(a, saving(0.8), 0.5));
+        assert!(!should_move(a, saving(0.0), 1.0));
     }
 
     #[test]
@@ -271,7 +262,10 @@ mod tests {
         let uncached = [1_000, 20_000];
         let stay = cost(&cands[0], uncached[0]).unwrap();
         let (best, k) = cheapest(&cands, &uncached, &mut rng, |_, _| true).unwrap();
-        assert!(best == 0 && !should_move(stay, k), "idle engines: it stays");
+        assert!(
+            best == 0 && !should_move(stay, k, MARGIN),
+            "idle engines: it stays"
+        );
         // Another tenant sent 7 requests straight to endpoint 0 (the engine holds 8, one of them ours).
         cands[0].engine = Some(EngineLoad {
             running: 2,
@@ -286,7 +280,7 @@ mod tests {
             "{stay:?}"
         );
         let (best, k) = cheapest(&cands, &uncached, &mut rng, |_, _| true).unwrap();
-        assert!(best == 1 && should_move(stay, k), "{stay:?} {k:?}");
+        assert!(best == 1 && should_move(stay, k, MARGIN), "{stay:?} {k:?}");
     }
 
     #[test]

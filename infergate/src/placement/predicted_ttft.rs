@@ -4,6 +4,7 @@
 //!
 //! Until every eligible endpoint's prefill throughput is learned, it places as `load_aware` does.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -15,7 +16,7 @@ use super::sessions::{
     lineage_of, ImportOutcome, SavedSession, SessionCommit, SessionRequest, SessionSlot,
 };
 use super::Reason;
-use crate::config::{PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig};
+use crate::config::{PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig, DEFAULT_MOVE_MARGIN};
 
 /// What a `predicted_ttft` placement carries to the lifecycle hooks and the proxy.
 #[derive(Debug, Clone, Default)]
@@ -36,6 +37,8 @@ pub struct PredictedTtft {
     prefix: PrefixConfig,
     index: Mutex<PrefixIndex>,
     bytes_per_token: f64,
+    /// `sessions.move_margin` (an f64's bits): a reload changes it in place.
+    move_margin: AtomicU64,
 }
 
 impl PredictedTtft {
@@ -49,7 +52,12 @@ impl PredictedTtft {
             prefix: prefix.clone(),
             index: Mutex::new(PrefixIndex::new(prefix, bytes_per_token)),
             bytes_per_token,
+            move_margin: AtomicU64::new(move_margin(sessions).to_bits()),
         }
+    }
+
+    fn move_margin(&self) -> f64 {
+        f64::from_bits(self.move_margin.load(Ordering::Relaxed))
     }
 
     fn tokens(&self, bytes: u64) -> u64 {
@@ -59,6 +67,10 @@ impl PredictedTtft {
             bytes
         }
     }
+}
+
+fn move_margin(sessions: Option<&SessionsConfig>) -> f64 {
+    sessions.map_or(DEFAULT_MOVE_MARGIN, |s| s.move_margin)
 }
 
 /// One decision before it becomes a `Placement`.
@@ -190,7 +202,7 @@ impl PlacementPolicy for PredictedTtft {
         }
     }
 
-    /// The session table's ttl and size change in place (as in `load_aware`); the prefix settings and
+    /// The session table's ttl and size and the move margin change in place (as in `load_aware`); the prefix settings and
     /// `bytes_per_token` shape the prefix index's hashes and are taken at start.
     fn reconfigure(&self, cfg: &PoolConfig, now: Instant) -> Result<Option<String>, &'static str> {
         let PolicyConfig::PredictedTtft { sessions, prefix } = &cfg.policy else {
@@ -199,7 +211,10 @@ impl PlacementPolicy for PredictedTtft {
         if *prefix != self.prefix || cfg.prefill.bytes_per_token != self.bytes_per_token {
             return Err("predicted_ttft's prefix settings and bytes_per_token shape its prefix index at start");
         }
-        self.sessions.reconfigure(sessions.as_ref(), now)
+        let note = self.sessions.reconfigure(sessions.as_ref(), now)?;
+        self.move_margin
+            .store(move_margin(sessions.as_ref()).to_bits(), Ordering::Relaxed);
+        Ok(note)
     }
 }
 
@@ -251,7 +266,7 @@ impl PredictedTtft {
         }
         let stay = cost(&cands[b], uncached[b])?;
         let best = cheapest(cands, uncached, rng, |i, c| i == b || !c.kv_full())?;
-        if best.0 != b && should_move(stay, best.1) {
+        if best.0 != b && should_move(stay, best.1, self.move_margin()) {
             return Some(pick(best, Reason::Migrate));
         }
         Some(pick((b, stay), Reason::Sticky))

@@ -9,12 +9,20 @@ const IDS: [u64; 2] = [10, 11];
 const SPEED: f64 = 20_000.0;
 
 fn policy() -> PredictedTtft {
-    let sessions = SessionsConfig {
+    policy_with_margin(DEFAULT_MOVE_MARGIN)
+}
+
+fn sessions(move_margin: f64) -> SessionsConfig {
+    SessionsConfig {
         header: "x-session-id".into(),
         ttl: Duration::from_secs(3600),
         max_sessions: 100,
-    };
-    PredictedTtft::new(Some(&sessions), &PrefixConfig::default(), 4.0)
+        move_margin,
+    }
+}
+
+fn policy_with_margin(move_margin: f64) -> PredictedTtft {
+    PredictedTtft::new(Some(&sessions(move_margin)), &PrefixConfig::default(), 4.0)
 }
 
 fn cand(requests: u64, prefill: u64) -> Candidate {
@@ -165,6 +173,33 @@ fn a_session_moves_only_when_the_saving_beats_the_recompute() {
             assert_eq!((p.index, p.reason), (home, Reason::Sticky));
         }
     }
+}
+
+#[test]
+fn a_move_margin_of_1_keeps_the_session_home_until_a_reload_lowers_it() {
+    let mut fx = Fx::new();
+    fx.p = policy_with_margin(1.0);
+    let short = prompt("short", 8_000);
+    let home = fx
+        .serve(Some("short"), &short, &[cand(0, 0), cand(0, 0)])
+        .index;
+    // The case above that moves by default: 2.5k tokens to recompute against 40.5k queued at home.
+    let mut cands = [cand(0, 0), cand(0, 0)];
+    cands[home] = cand(1, 40_000);
+    let mut next = short.clone();
+    next.extend_from_slice(&prompt("turn", 2_000));
+    let p = fx.place(Some("short"), &next, &cands);
+    assert_eq!((p.index, p.reason), (home, Reason::Sticky));
+    // Unhealthy home: the margin does not hold the session there.
+    let mut down = cands;
+    down[home].eligible = false;
+    assert_eq!(fx.place(Some("short"), &next, &down).index, 1 - home);
+    // A reload with the default margin changes it in place, the binding kept.
+    let yaml = "pools:\n  - name: a\n    policy: predicted_ttft\n    sessions: {}\n    endpoints: [\"http://127.0.0.1:9\"]\n";
+    let cfg = crate::config::Config::parse(std::path::Path::new("t.yaml"), yaml).expect("valid");
+    assert_eq!(fx.p.reconfigure(&cfg.pools[0], fx.now), Ok(None));
+    let p = fx.place(Some("short"), &next, &cands);
+    assert_eq!((p.index, p.reason), (1 - home, Reason::Migrate));
 }
 
 #[test]
