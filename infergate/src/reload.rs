@@ -21,7 +21,7 @@
 use std::fmt::Debug;
 use std::time::Instant;
 
-use crate::config::{Config, PolicyConfig, PoolConfig};
+use crate::config::{Config, PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig};
 use crate::server::RouterState;
 
 /// What a reload must tell the operator to do for a setting it could not apply.
@@ -109,6 +109,8 @@ const WHY_QUEUE: &str = "a pool's wait queue is created at start";
 const WHY_CLUSTER: How =
     Err("the shared store's connection and its publish task are set up at start");
 const WHY_OTHER: &str = "the router keeps the values it started with";
+const WHY_PREDICTED_PREFIX: &str =
+    "predicted_ttft hashes its prefix index with the settings it started with";
 
 /// The longest value shown in a message (`old → new`); longer ones are only named.
 const SHOWN: usize = 60;
@@ -480,54 +482,87 @@ fn policy_settings(d: &mut Diff, old: &PolicyConfig, next: &mut PolicyConfig) {
     }
     match (old, next) {
         (PolicyConfig::LoadAware { sessions: s0 }, PolicyConfig::LoadAware { sessions: s1 }) => {
-            match (s0, s1) {
-                (Some(s0), Some(s1)) => {
-                    d.setting("sessions.header", &s0.header, &mut s1.header, IN_PLACE);
-                    d.setting("sessions.ttl", &s0.ttl, &mut s1.ttl, IN_PLACE);
-                    d.setting(
-                        "sessions.max_sessions",
-                        &s0.max_sessions,
-                        &mut s1.max_sessions,
-                        IN_PLACE,
-                    );
-                }
-                (s0, s1) => {
-                    let on = |s: &Option<_>| if s.is_some() { "on" } else { "off" };
-                    if s0.is_some() != s1.is_some() {
-                        d.skip(
-                            "sessions",
-                            format!(" ({} → {})", on(s0), on(s1)),
-                            WHY_SESSIONS,
-                        );
-                        s1.clone_from(s0);
-                    }
-                }
-            }
+            sessions_settings(d, s0, s1)
+        }
+        (
+            PolicyConfig::PredictedTtft {
+                sessions: s0,
+                prefix: p0,
+            },
+            PolicyConfig::PredictedTtft {
+                sessions: s1,
+                prefix: p1,
+            },
+        ) => {
+            sessions_settings(d, s0, s1);
+            prefix_settings(d, p0, p1, Err(WHY_PREDICTED_PREFIX));
         }
         (PolicyConfig::PrefixAware { prefix: p0 }, PolicyConfig::PrefixAware { prefix: p1 }) => {
-            d.setting(
-                "prefix.block_bytes",
-                &p0.block_bytes,
-                &mut p1.block_bytes,
-                IN_PLACE,
-            );
-            d.setting(
-                "prefix.min_match_bytes",
-                &p0.min_match_bytes,
-                &mut p1.min_match_bytes,
-                IN_PLACE,
-            );
-            d.setting(
-                "prefix.capacity_tokens_per_endpoint",
-                &p0.capacity_tokens_per_endpoint,
-                &mut p1.capacity_tokens_per_endpoint,
-                IN_PLACE,
-            );
-            d.setting("prefix.fallback", &p0.fallback, &mut p1.fallback, IN_PLACE);
+            prefix_settings(d, p0, p1, IN_PLACE)
         }
         // Round robin and least request have no parameters.
         (old, next) => d.setting("policy settings", old, next, Err(WHY_OTHER)),
     }
+}
+
+/// A pool's `sessions`: its keys change in place; turning sessions on or off cannot.
+fn sessions_settings(
+    d: &mut Diff,
+    old: &Option<SessionsConfig>,
+    next: &mut Option<SessionsConfig>,
+) {
+    match (old, next) {
+        (Some(s0), Some(s1)) => {
+            d.setting("sessions.header", &s0.header, &mut s1.header, IN_PLACE);
+            d.setting("sessions.ttl", &s0.ttl, &mut s1.ttl, IN_PLACE);
+            d.setting(
+                "sessions.max_sessions",
+                &s0.max_sessions,
+                &mut s1.max_sessions,
+                IN_PLACE,
+            );
+            d.setting(
+                "sessions.move_margin",
+                &s0.move_margin,
+                &mut s1.move_margin,
+                IN_PLACE,
+            );
+        }
+        (s0, s1) => {
+            let on = |s: &Option<_>| if s.is_some() { "on" } else { "off" };
+            if s0.is_some() != s1.is_some() {
+                d.skip(
+                    "sessions",
+                    format!(" ({} → {})", on(s0), on(s1)),
+                    WHY_SESSIONS,
+                );
+                s1.clone_from(s0);
+            }
+        }
+    }
+}
+
+/// A pool's `prefix` keys, each applied as `how` says.
+fn prefix_settings(d: &mut Diff, old: &PrefixConfig, next: &mut PrefixConfig, how: How) {
+    d.setting(
+        "prefix.block_bytes",
+        &old.block_bytes,
+        &mut next.block_bytes,
+        how,
+    );
+    d.setting(
+        "prefix.min_match_bytes",
+        &old.min_match_bytes,
+        &mut next.min_match_bytes,
+        how,
+    );
+    d.setting(
+        "prefix.capacity_tokens_per_endpoint",
+        &old.capacity_tokens_per_endpoint,
+        &mut next.capacity_tokens_per_endpoint,
+        how,
+    );
+    d.setting("prefix.fallback", &old.fallback, &mut next.fallback, how);
 }
 
 /// Apply `new` to the running router (see the module doc), log one line per setting applied or not, and count the
@@ -709,6 +744,38 @@ mod tests {
                 "prefix.capacity_tokens_per_endpoint",
                 "prefix.fallback"
             ]
+        );
+    }
+
+    #[test]
+    fn predicted_ttfts_sessions_apply_in_place_and_its_prefix_is_kept() {
+        let pred = |extra: &str| conf("", &format!("    policy: predicted_ttft\n{extra}"));
+        let p = plan(
+            &pred("    sessions: { ttl: 1h }\n"),
+            &pred(
+                "    sessions: { ttl: 5m, max_sessions: 10, header: x-conv, move_margin: 0.5 }\n",
+            ),
+        );
+        assert_eq!(p.not_applied, vec![]);
+        let applied: Vec<String> = p.applied.iter().map(|a| a.to_string()).collect();
+        assert_eq!(
+            applied,
+            [
+                "applied sessions.header of pool `a` (\"x-session-id\" → \"x-conv\")",
+                "applied sessions.ttl of pool `a` (3600s → 300s)",
+                "applied sessions.max_sessions of pool `a` (100000 → 10)",
+                "applied sessions.move_margin of pool `a` (0.1 → 0.5)",
+            ]
+        );
+        // Its prefix index is hashed with the settings it started with.
+        let p = plan(&pred(""), &pred("    prefix: { block_bytes: 32 }\n"));
+        assert_eq!(p.applied, vec![]);
+        let keys: Vec<&str> = p.not_applied.iter().map(|n| n.key.as_str()).collect();
+        assert_eq!(keys, ["prefix.block_bytes"]);
+        assert!(
+            p.not_applied[0].why.contains("prefix index"),
+            "{:?}",
+            p.not_applied
         );
     }
 

@@ -376,6 +376,42 @@ async fn sighup_applies_limits_sessions_and_prefill_while_a_stream_is_in_flight(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_applies_predicted_ttfts_session_settings() {
+    let eng = engines(2, SimConfig::default()).await;
+    let eps = urls(&eng);
+    let pool = |sessions: &str| format!("    policy: predicted_ttft\n    sessions: {sessions}\n");
+    let before = keyed_conf(&eps, "", &pool("{ ttl: 1h, max_sessions: 100 }"));
+    let b = Binary::start("applied", &before, &format!("alice:{ALICE}\nbob:{BOB}\n")).await;
+    until_served(&b).await;
+    for s in ["s1", "s2", "s3"] {
+        assert_eq!(b.chat(BOB, Some(s), chat_body(200, false, 1)).await.0, 200);
+    }
+    b.write(&keyed_conf(
+        &eps,
+        "",
+        &pool("{ ttl: 1h, max_sessions: 1, move_margin: 1 }"),
+    ));
+    b.hup();
+    b.wait_log("applied sessions.move_margin", 1).await;
+    let m = b.metrics().await;
+    assert_eq!(
+        metric_value(&m, "infergate_sessions", &[]),
+        Some(1.0),
+        "{m}"
+    );
+    let log = b.log();
+    for line in [
+        "applied sessions.max_sessions of pool `default` (100 → 1)",
+        "applied sessions.move_margin of pool `default` (0.1 → 1.0)",
+        "pool `default`: 0 session binding(s) past the new ttl dropped, 2 beyond the new max_sessions evicted",
+    ] {
+        assert!(log.contains(line), "no `{line}` in:\n{log}");
+    }
+    assert!(!log.contains("not applied"), "{log}");
+    b.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_applies_outlier_detection_and_names_what_needs_an_upgrade() {
     let eng = engines(2, SimConfig::default()).await;
     // The first engine fails every request while its health check passes.
