@@ -414,11 +414,15 @@ fn pool_settings(d: &mut Diff, old: &PoolConfig, next: &mut PoolConfig) {
         &mut next.health_check,
         WHY_HEALTH,
     );
+    let per_token = match old.policy {
+        PolicyConfig::PredictedTtft { .. } => Err(WHY_PREDICTED_PREFIX),
+        _ => IN_PLACE,
+    };
     d.setting(
         "prefill.bytes_per_token",
         &old.prefill.bytes_per_token,
         &mut next.prefill.bytes_per_token,
-        IN_PLACE,
+        per_token,
     );
     d.setting(
         "prefill.max_tokens",
@@ -767,11 +771,26 @@ mod tests {
                 "applied sessions.move_margin of pool `a` (0.1 → 0.5)",
             ]
         );
-        // Its prefix index is hashed with the settings it started with.
-        let p = plan(&pred(""), &pred("    prefix: { block_bytes: 32 }\n"));
+        // Its prefix index is hashed with the settings it started with: those are kept, the sessions' still
+        // apply (the policy's reconfigure refuses a change to the former, which would also drop the latter).
+        let p = plan(
+            &pred(""),
+            &pred("    prefix: { block_bytes: 32 }\n    prefill: { bytes_per_token: 3 }\n"),
+        );
         assert_eq!(p.applied, vec![]);
         let keys: Vec<&str> = p.not_applied.iter().map(|n| n.key.as_str()).collect();
-        assert_eq!(keys, ["prefix.block_bytes"]);
+        assert_eq!(keys, ["prefix.block_bytes", "prefill.bytes_per_token"]);
+        let p = plan(
+            &pred("    sessions: { ttl: 1h }\n"),
+            &pred("    sessions: { ttl: 5m }\n    prefill: { bytes_per_token: 3 }\n"),
+        );
+        assert_eq!(p.applied.len(), 1, "{:?}", p.applied);
+        let running =
+            crate::placement::policy::build(&pred("    sessions: { ttl: 1h }\n").pools[0]);
+        assert_eq!(
+            running.reconfigure(&p.effective.pools[0], Instant::now()),
+            Ok(None)
+        );
         assert!(
             p.not_applied[0].why.contains("prefix index"),
             "{:?}",
