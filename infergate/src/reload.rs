@@ -110,7 +110,8 @@ const WHY_CLUSTER: How =
     Err("the shared store's connection and its publish task are set up at start");
 const WHY_OTHER: &str = "the router keeps the values it started with";
 const WHY_PREDICTED_PREFIX: &str =
-    "predicted_ttft hashes its prefix index with the settings it started with";
+    "predicted_ttft sizes and hashes its prefix index with the prefix settings and \
+                                    bytes_per_token it started with";
 
 /// The longest value shown in a message (`old → new`); longer ones are only named.
 const SHOWN: usize = 60;

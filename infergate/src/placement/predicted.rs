@@ -17,8 +17,9 @@
 //!   this prefill also stalls the requests decoding there, so a prefill placed beside many decodes costs them.
 //!
 //! A session stays on its bound endpoint unless another one's `total` is lower by more than the move margin
-//! (`sessions.move_margin`, default 0.1) of staying's: the recompute of its whole context elsewhere (that endpoint's uncached tokens) and the stall it
-//! causes there are inside that `total`, so a move is taken only when the predicted saving exceeds its cost.
+//! (`sessions.move_margin`, default 0.1) of staying's: the recompute of its whole context elsewhere (that
+//! endpoint's uncached tokens) and the stall it causes there are inside that `total`, so a move is taken only when
+//! the predicted saving exceeds its cost.
 //! The old token-only backlog spill is the case where the bound endpoint's queue ahead is long: it is this rule.
 
 use super::throughput::Fitted;

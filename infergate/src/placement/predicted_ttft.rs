@@ -202,8 +202,8 @@ impl PlacementPolicy for PredictedTtft {
         }
     }
 
-    /// The session table's ttl and size and the move margin change in place (as in `load_aware`); the prefix settings and
-    /// `bytes_per_token` shape the prefix index's hashes and are taken at start.
+    /// The session table's ttl and size (as in `load_aware`) and the move margin change in place; the prefix
+    /// settings and `bytes_per_token` shape the prefix index's hashes and are taken at start.
     fn reconfigure(&self, cfg: &PoolConfig, now: Instant) -> Result<Option<String>, &'static str> {
         let PolicyConfig::PredictedTtft { sessions, prefix } = &cfg.policy else {
             return Err(super::policy::CANNOT_RECONFIGURE);
