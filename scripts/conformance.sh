@@ -99,7 +99,8 @@ pools:
     sessions: { header: x-session-id }
   - name: m2
     models: [m2]
-    policy: load_aware
+    # The shipped configurations' policy; m1 keeps the default (load_aware), so the SDK drives both.
+    policy: predicted_ttft
     endpoints: ["http://127.0.0.1:$E3", "http://127.0.0.1:$E4"]
     health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }
     sessions: { header: x-session-id }

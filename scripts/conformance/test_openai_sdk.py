@@ -2,7 +2,8 @@
 version this interpreter has; scripts/conformance.sh runs the file once per pinned version) and curl, against the
 router in front of engine-sim.
 
-Covers, through the SDK: chat completions with and without streaming, text completions, models.list(), 100 KiB
+Covers, through the SDK: chat completions with and without streaming, text completions, a four-turn session
+staying on one engine and reusing its prefix cache (load_aware and predicted_ttft), models.list(), 100 KiB
 and 1 MiB prompts for both models reaching one engine of the right pool byte-complete, an unknown model raising
 openai.NotFoundError, the router's own 503 + Retry-After retried by the SDK until the pool is healthy again, and
 a client that closes a stream after its first chunk (the router's gauges return to 0 and the engine aborts).
@@ -55,6 +56,16 @@ def metric(name, **labels):
         if m and m[1] == name and labels.items() <= dict(LABEL.findall(m[2] or "")).items():
             total += float(m[3])
     return total
+
+
+def series(name, **labels):
+    """How many of the router's samples of `name` have labels including `labels`."""
+    count = 0
+    for line in http(METRICS).splitlines():
+        m = SAMPLE.match(line)
+        if m and m[1] == name and labels.items() <= dict(LABEL.findall(m[2] or "")).items():
+            count += 1
+    return count
 
 
 def gauges():
@@ -192,6 +203,58 @@ def test_text_completion(client, model):
 
 def test_models_list(client):
     assert sorted(m.id for m in client.models.list()) == ["m1", "m2"]
+
+
+def learn_both_throughputs(client, model):
+    """predicted_ttft places by predicted cost once it has learned every endpoint's prefill speed from streamed
+    answers: two long prompts streamed at once (one per engine, as load_aware places them) teach it."""
+
+    def stream_long():
+        _, stream = chat(client, model, text(400 * KIB), stream=True)
+        for _ in stream:
+            pass
+
+    pair = [threading.Thread(target=stream_long) for _ in range(2)]
+    for t in pair:
+        t.start()
+    for t in pair:
+        t.join()
+    learned = "infergate_endpoint_ttft_throughput_tokens_per_second"
+    wait_for("both speeds learned", lambda: series(learned, pool=model) == len(POOLS[model]))
+
+
+@MODELS
+def test_a_conversation_stays_on_its_engine_and_reuses_its_cache(client, model):
+    """Four turns of one session, as an agent sends them through the SDK (the whole history each time, the session
+    id in `extra_headers`): every turn reaches the engine of the first, and every later turn is served mostly from
+    that engine's prefix cache. Pool m1 runs load_aware, m2 predicted_ttft (the shipped policy)."""
+    if model == "m2":
+        learn_both_throughputs(client, model)
+    session = uuid.uuid4().hex
+    messages = [{"role": "system", "content": text(16 * KIB)}]
+    sticky = metric("infergate_placements_total", pool=model, reason="sticky")
+    engines = []
+    for turn in range(4):
+        messages.append({"role": "user", "content": f"turn {turn}: " + text(2 * KIB)})
+        rid = uuid.uuid4().hex
+        resp = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=4,
+            extra_headers={ID_HEADER: rid, "x-session-id": session},
+        )
+        messages.append({"role": "assistant", "content": resp.choices[0].message.content})
+        engines += [
+            url
+            for url in POOLS[model]
+            for rec in json.loads(http(f"{url}/sim/requests"))
+            if [ID_HEADER, rid] in rec["headers"]
+        ]
+        if turn > 0:
+            cached = resp.usage.prompt_tokens_details.cached_tokens
+            assert cached > resp.usage.prompt_tokens / 2, f"turn {turn}: {cached} of {resp.usage.prompt_tokens} cached"
+    assert len(engines) == 4 and len(set(engines)) == 1, f"the turns reached {engines}"
+    assert metric("infergate_placements_total", pool=model, reason="sticky") == sticky + 3
 
 
 @MODELS
