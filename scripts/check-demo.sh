@@ -2,7 +2,7 @@
 # Runs the demo the way a user would, non-interactively: scripts/demo.sh --short --no-wait on this build's debug
 # binaries, on free loopback ports. Checks that the output has no escape codes (stdout is not a terminal), that the
 # live view printed frames with prefill peaks, that the router made a move (migrate, spill or fallback) under the
-# pressure moment, that the summary compares load_aware with round_robin, and that no demo process is left.
+# pressure moment, that the summary compares predicted_ttft with round_robin, and that no demo process is left.
 # scripts/test.sh runs it after the cargo tests (about a minute).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,11 +23,11 @@ DEMO_ROUTER_PORT=${PORTS[0]} DEMO_METRICS_PORT=${PORTS[1]} DEMO_ENGINE_PORTS=$(I
 fail() { cat "$OUT"; echo "check-demo: $*" >&2; exit 1; }
 [ "$status" = 0 ] || fail "scripts/demo.sh exited with $status"
 if grep -q $'\x1b' "$OUT"; then fail "escape codes in output that is not a terminal"; fi
-grep -q '^load_aware .* elapsed.*sessions [0-9]* of 12 done' "$OUT" || fail "no progress in the live view"
+grep -q '^predicted_ttft .* elapsed.*sessions [0-9]* of 12 done' "$OUT" || fail "no progress in the live view"
 grep -Eq '^127\.0\.0\.1:[0-9]+ +[0-9]+ +([0-9]+\+[0-9]+|-) +[1-9][0-9]{4,} #' "$OUT" || fail "no prefill peak of 10k+ tokens in a frame"
 grep -E '^moves {2,}migrate [0-9]+, spill [0-9]+, fallback [0-9]+ ' "$OUT" | grep -Eq '(migrate|spill|fallback) [1-9]' ||
   fail "the summary shows no move"
-grep -Eq '^ +load_aware \+ sessions +round_robin$' "$OUT" || fail "no round_robin comparison"
+grep -Eq '^ +predicted_ttft \+ sessions +round_robin$' "$OUT" || fail "no round_robin comparison"
 grep -Eq '^TTFT p95 \(lower is better\) +[0-9]+ ms +[0-9]+ ms$' "$OUT" || fail "no TTFT p95 of both runs"
 grep -Eq '^prefix cache hit share +[0-9.]+% +[0-9.]+%$' "$OUT" || fail "no cache hit share of both runs"
 for p in "${PORTS[@]}"; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The demo: builds infergate, starts four simulated vLLM engines and the router (conf/demo.yaml, policy load_aware
+# The demo: builds infergate, starts four simulated vLLM engines and the router (conf/demo.yaml, policy predicted_ttft
 # with sessions) and drives agent sessions with two moments of real pressure (long cold prompts arriving at once;
 # another tenant flooding one engine directly) while a live view shows each endpoint's load, the peak of prefill
 # tokens in flight and the moves the router makes (migrate, spill, fallback). Then the same workload (same seed,
@@ -37,7 +37,7 @@ fi
 SEED=${DEMO_SEED:-1}
 # The moments of pressure, at the given second of each run:
 #  cold:  three new sessions through the router whose first prompts are 120k-140k tokens (3 s of prefill each), all
-#         within half a second: the engines they land on are jammed, so the sessions bound there spill;
+#         within half a second: the engines they land on are jammed, so the sessions bound there move (migrate);
 #  flood: another tenant sends 8 requests of 20k-40k tokens straight to the first engine, around the router: its
 #         queue grows, so the sessions bound there migrate.
 pressure_text() {
@@ -90,13 +90,13 @@ for b in infergate engine-sim loadgen; do
 done
 
 # conf/demo.yaml on this run's ports, with its pid file and upgrade socket in LOGDIR; the round_robin variant drops
-# the sessions (they need load_aware) and keeps everything else.
+# the sessions (they need load_aware or predicted_ttft) and keeps everything else.
 sed_args=(-e "s/127\.0\.0\.1:8000/127.0.0.1:$ROUTER_PORT/" -e "s/127\.0\.0\.1:9090/127.0.0.1:$METRICS_PORT/"
   -e "s|/tmp/infergate-demo\.pid|$LOGDIR/infergate.pid|" -e "s|/tmp/infergate-demo_upgrade\.sock|$LOGDIR/upgrade.sock|")
 for i in 1 2 3 4; do sed_args+=(-e "s/127\.0\.0\.1:810$i\"/127.0.0.1:@E$i@\"/"); done
 for i in 1 2 3 4; do sed_args+=(-e "s/@E$i@/${ENGINE_PORTS[$((i - 1))]}/"); done
-sed "${sed_args[@]}" conf/demo.yaml >"$LOGDIR/load_aware.yaml"
-sed -e 's/policy: load_aware/policy: round_robin/' -e '/^ *sessions:/d' "$LOGDIR/load_aware.yaml" >"$LOGDIR/round_robin.yaml"
+sed "${sed_args[@]}" conf/demo.yaml >"$LOGDIR/predicted_ttft.yaml"
+sed -e 's/policy: predicted_ttft/policy: round_robin/' -e '/^ *sessions:/d' "$LOGDIR/predicted_ttft.yaml" >"$LOGDIR/round_robin.yaml"
 "$BIN/infergate" -t -c "$LOGDIR/round_robin.yaml" >"$LOGDIR/config-check.log" 2>&1 ||
   { echo "demo: the round_robin config does not load; see $LOGDIR/config-check.log" >&2; exit 1; }
 
@@ -173,11 +173,11 @@ run_workload() { # name, view mode (full|line)
   LOAD_PIDS=()
 }
 
-echo "== run 1 of 2: policy load_aware with sessions (conf/demo.yaml): $SESSIONS agent sessions, seed $SEED," \
+echo "== run 1 of 2: policy predicted_ttft with sessions (conf/demo.yaml): $SESSIONS agent sessions, seed $SEED," \
   "pressure at $(printf '%s s, ' "${PRESSURE[@]}" | sed 's/, $//')"
 start_engines
-start_router "$LOGDIR/load_aware.yaml"
-run_workload load_aware full
+start_router "$LOGDIR/predicted_ttft.yaml"
+run_workload predicted_ttft full
 stop "$ROUTER_PID" "$ENGINES_PID"
 ROUTER_PID=""; ENGINES_PID=""
 
@@ -191,12 +191,12 @@ ROUTER_PID=""; ENGINES_PID=""
 
 echo
 echo "== summary: the agent sessions' requests under each policy (loadgen reports: $LOGDIR/*.txt)"
-python3 scripts/demo_view.py summary --a "$LOGDIR/load_aware.json" --totals-a "$LOGDIR/load_aware.totals.json" \
+python3 scripts/demo_view.py summary --a "$LOGDIR/predicted_ttft.json" --totals-a "$LOGDIR/predicted_ttft.totals.json" \
   --b "$LOGDIR/round_robin.json"
 
 if [ "$WAIT" = 0 ]; then exit 0; fi
 start_engines
-start_router "$LOGDIR/load_aware.yaml"
+start_router "$LOGDIR/predicted_ttft.yaml"
 cat <<EOF
 
 == infergate is running on $ROUTER (status page: $METRICS/status, metrics: $METRICS/metrics). Try:

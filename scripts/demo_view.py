@@ -9,7 +9,7 @@ live:    polls the router's /status.json and /metrics once a second while loadge
          moves (migrate, spill, fallback) are listed as they happen. On a terminal the frame is redrawn in place
          every 2 s; otherwise (piped, in a test) a compact frame is printed every 6 s, without escape codes.
          --mode line: one progress line per frame instead (the comparison run).
-summary: the same workload under load_aware with sessions and under round_robin, side by side.
+summary: the same workload under predicted_ttft with sessions and under round_robin, side by side.
 """
 
 import argparse
@@ -298,7 +298,7 @@ def main():
     lv.add_argument("--pid", type=int, required=True, help="draw while this process (loadgen) runs")
     lv.add_argument("--max-seconds", type=float, required=True, help="loadgen's --max-seconds")
     lv.add_argument("--report", help="loadgen's --json file (read for the final frame)")
-    lv.add_argument("--label", default="load_aware")
+    lv.add_argument("--label", default="predicted_ttft")
     lv.add_argument("--mode", choices=("full", "line"), default="full", help="full view or one progress line")
     lv.add_argument("--tty", choices=("auto", "yes", "no"), default="auto")
     lv.add_argument("--frame-seconds", type=float, default=0.0)
@@ -310,7 +310,7 @@ def main():
     sm = sub.add_parser("summary")
     sm.add_argument("--a", required=True, help="loadgen JSON of the first run")
     sm.add_argument("--totals-a", help="live --totals-out of the first run")
-    sm.add_argument("--label-a", default="load_aware + sessions")
+    sm.add_argument("--label-a", default="predicted_ttft + sessions")
     sm.add_argument("--b", required=True, help="loadgen JSON of the second run")
     sm.add_argument("--label-b", default="round_robin")
     a = p.parse_args()

@@ -577,7 +577,7 @@ pools:
         assert_eq!(demo.pools.len(), 1);
         let p = &demo.pools[0];
         assert_eq!(p.name, "default");
-        assert_eq!(p.policy.kind(), Policy::LoadAware);
+        assert_eq!(p.policy.kind(), Policy::PredictedTtft);
         assert_eq!(
             p.policy.sessions().map(|s| s.header.as_str()),
             Some("x-session-id")
