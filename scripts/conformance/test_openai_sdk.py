@@ -48,24 +48,22 @@ def http(url, body=None):
         return resp.read().decode()
 
 
-def metric(name, **labels):
-    """Sum of the router's samples of `name` whose labels include `labels`."""
-    total = 0.0
+def samples(name, **labels):
+    """The values of the router's samples of `name` whose labels include `labels`."""
     for line in http(METRICS).splitlines():
         m = SAMPLE.match(line)
         if m and m[1] == name and labels.items() <= dict(LABEL.findall(m[2] or "")).items():
-            total += float(m[3])
-    return total
+            yield float(m[3])
+
+
+def metric(name, **labels):
+    """Sum of the router's samples of `name` whose labels include `labels`."""
+    return sum(samples(name, **labels))
 
 
 def series(name, **labels):
     """How many of the router's samples of `name` have labels including `labels`."""
-    count = 0
-    for line in http(METRICS).splitlines():
-        m = SAMPLE.match(line)
-        if m and m[1] == name and labels.items() <= dict(LABEL.findall(m[2] or "")).items():
-            count += 1
-    return count
+    return sum(1 for _ in samples(name, **labels))
 
 
 def gauges():
@@ -99,15 +97,20 @@ def healthy(model):
     return metric("infergate_endpoint_healthy", pool=model)
 
 
-def assert_delivered(rid, model, nbytes):
-    """Exactly one engine, of pool `model`, received request `rid`, with a body of `nbytes` bytes."""
-    got = [
+def received(rid):
+    """(engine URL, body bytes) of every engine record of request `rid`, over both pools."""
+    return [
         (url, rec["body_len"])
         for urls in POOLS.values()
         for url in urls
         for rec in json.loads(http(f"{url}/sim/requests"))
         if [ID_HEADER, rid] in rec["headers"]
     ]
+
+
+def assert_delivered(rid, model, nbytes):
+    """Exactly one engine, of pool `model`, received request `rid`, with a body of `nbytes` bytes."""
+    got = received(rid)
     assert len(got) == 1, f"request {rid} reached {len(got)} engines: {got}"
     url, body_len = got[0]
     assert url in POOLS[model], f"a {model} request reached {url}, not pool {model} {POOLS[model]}"
@@ -244,12 +247,7 @@ def test_a_conversation_stays_on_its_engine_and_reuses_its_cache(client, model):
             extra_headers={ID_HEADER: rid, "x-session-id": session},
         )
         messages.append({"role": "assistant", "content": resp.choices[0].message.content})
-        engines += [
-            url
-            for url in POOLS[model]
-            for rec in json.loads(http(f"{url}/sim/requests"))
-            if [ID_HEADER, rid] in rec["headers"]
-        ]
+        engines += [url for url, _ in received(rid)]
         if turn > 0:
             cached = resp.usage.prompt_tokens_details.cached_tokens
             assert cached > resp.usage.prompt_tokens / 2, f"turn {turn}: {cached} of {resp.usage.prompt_tokens} cached"
