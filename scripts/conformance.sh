@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Conformance run: clients nobody on the project wrote (the official openai Python SDK, a 1.x and the current
-# release, and curl) drive the router in front of simulated engines.
+# release; the official anthropic Python SDK, a 0.x and the current release; curl) drive the router in front of
+# simulated engines, with a client key required as in production.
 #
 # Builds the debug binaries if needed, creates or updates one venv per SDK version under .venv/, starts two
 # engine-sim processes (pools m1 and m2, two engines each) and the router on free loopback ports, runs
-# scripts/conformance/test_openai_sdk.py once per SDK version, stops everything it started, and exits non-zero if
-# any test failed. Logs of the engines and the router: target/conformance/.
+# scripts/conformance/test_openai_sdk.py once per openai version and test_anthropic_sdk.py once per anthropic
+# version, stops everything it started, and exits non-zero if any test failed. Logs of the engines and the router:
+# target/conformance/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 # openai 1.x serialises `messages` before `model` in the JSON body; 3.x puts `model` first.
 OPENAI_VERSIONS=(1.109.1 3.57.0)
+# Both put `model` after `messages`; 0.49 (March 2025) brings httpx, 2.x httpx2.
+ANTHROPIC_VERSIONS=(0.49.0 2.15.0)
 PYTEST_VERSION=9.2.0
 STARTUP_TIMEOUT=30   # seconds for the engines and the router to become ready
 SUITE_TIMEOUT=300    # seconds for one pytest run
@@ -34,15 +38,18 @@ scripts/ensure-deps.sh
 log "cargo build --bins"
 cargo build --bins --quiet
 
-for v in "${OPENAI_VERSIONS[@]}"; do
-  venv=.venv/conformance-openai-$v
-  if ! "$venv/bin/python" -c "import sys, openai, pytest
-sys.exit(openai.__version__ != '$v' or pytest.__version__ != '$PYTEST_VERSION')" 2>/dev/null; then
-    log "preparing $venv (openai==$v, pytest==$PYTEST_VERSION)"
+# sdk_venv SDK VERSION: .venv/conformance-SDK-VERSION with that release of the SDK and pytest, created or updated.
+sdk_venv() {
+  local sdk=$1 v=$2 venv=.venv/conformance-$1-$2
+  if ! "$venv/bin/python" -c "import sys, $sdk, pytest
+sys.exit($sdk.__version__ != '$v' or pytest.__version__ != '$PYTEST_VERSION')" 2>/dev/null; then
+    log "preparing $venv ($sdk==$v, pytest==$PYTEST_VERSION)"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check "openai==$v" "pytest==$PYTEST_VERSION"
+    "$venv/bin/pip" install -q --disable-pip-version-check "$sdk==$v" "pytest==$PYTEST_VERSION"
   fi
-done
+}
+for v in "${OPENAI_VERSIONS[@]}"; do sdk_venv openai "$v"; done
+for v in "${ANTHROPIC_VERSIONS[@]}"; do sdk_venv anthropic "$v"; done
 
 # --- processes ----------------------------------------------------------------------------------------------------
 mkdir -p "$LOGS"
@@ -79,6 +86,10 @@ PIDS+=($!)
 "${SIM[@]}" --model m2 --ports "$E3,$E4" >"$LOGS/engine-sim-m2.log" 2>&1 &
 PIDS+=($!)
 
+# The router requires a key (`auth`), as a production one would; the suites send it as each SDK does.
+CLIENT_KEY=conformance-$(python3 -c 'import secrets; print(secrets.token_hex(12))')
+export INFERGATE_CONFORMANCE_KEYS="conformance:$CLIENT_KEY"
+
 cat >"$TMP/infergate.yaml" <<EOF
 listen: "127.0.0.1:$PROXY"
 metrics_listen: "127.0.0.1:$METRICS"
@@ -90,6 +101,7 @@ server:
   upgrade_sock: $TMP/infergate_upgrade.sock
 timeouts: { connect: 2s, response_header: 30s, stream_idle: 30s }
 max_retries: 2
+auth: { keys_env: INFERGATE_CONFORMANCE_KEYS }
 pools:
   - name: m1
     models: [m1]
@@ -140,13 +152,17 @@ log "router on 127.0.0.1:$PROXY (metrics :$METRICS), pool m1: engines :$E1 :$E2,
 # --- the suite, once per SDK version ------------------------------------------------------------------------------
 export INFERGATE_URL=http://127.0.0.1:$PROXY
 export INFERGATE_METRICS_URL=http://127.0.0.1:$METRICS/metrics
+export INFERGATE_CLIENT_KEY=$CLIENT_KEY
 export ENGINES_M1=http://127.0.0.1:$E1,http://127.0.0.1:$E2
 export ENGINES_M2=http://127.0.0.1:$E3,http://127.0.0.1:$E4
 export PYTHONDONTWRITEBYTECODE=1
 failed=0
-for v in "${OPENAI_VERSIONS[@]}"; do
-  log "pytest with openai==$v"
-  timeout "$SUITE_TIMEOUT" ".venv/conformance-openai-$v/bin/python" -m pytest scripts/conformance \
+# suite SDK VERSION: the SDK's test file under that release.
+suite() {
+  log "pytest with $1==$2"
+  timeout "$SUITE_TIMEOUT" ".venv/conformance-$1-$2/bin/python" -m pytest "scripts/conformance/test_$1_sdk.py" \
     -p no:cacheprovider -v --tb=short -rfEP || failed=1
-done
+}
+for v in "${OPENAI_VERSIONS[@]}"; do suite openai "$v"; done
+for v in "${ANTHROPIC_VERSIONS[@]}"; do suite anthropic "$v"; done
 exit "$failed"

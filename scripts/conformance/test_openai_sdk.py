@@ -3,139 +3,56 @@ version this interpreter has; scripts/conformance.sh runs the file once per pinn
 router in front of engine-sim.
 
 Covers, through the SDK: chat completions with and without streaming, text completions, a four-turn session
-staying on one engine and reusing its prefix cache (load_aware and predicted_ttft), models.list(), 100 KiB
-and 1 MiB prompts for both models reaching one engine of the right pool byte-complete, an unknown model raising
-openai.NotFoundError, the router's own 503 + Retry-After retried by the SDK until the pool is healthy again, and
-a client that closes a stream after its first chunk (the router's gauges return to 0 and the engine aborts).
+staying on one engine and reusing its prefix cache (load_aware and predicted_ttft), models.list(), 100 KiB and
+1 MiB prompts for both models reaching one engine of the right pool byte-complete, an unknown model raising
+openai.NotFoundError, a wrong key raising openai.AuthenticationError with nothing reaching an engine (the right one
+goes as `Authorization: Bearer` on every call), the router's own 503 + Retry-After retried by the SDK until the
+pool is healthy again, and a client that closes a stream after its first chunk (the router's gauges return to 0
+and the engine aborts).
 Through curl: a 1 MiB body with `Expect: 100-continue` served without the client's 1 s wait for `100 Continue`,
 and a 200 KiB chunked upload with `model` last routed to the right pool.
 
-Environment (set by scripts/conformance.sh): INFERGATE_URL (the router), INFERGATE_METRICS_URL (its /metrics),
-ENGINES_M1 and ENGINES_M2 (comma-separated engine-sim base URLs of pools m1 and m2).
+What the suites share (addresses, metrics, the engines' records): router.py.
 """
 
 import json
-import os
-import re
 import subprocess
 import threading
 import time
-import urllib.request
 import uuid
 
 import openai
 import pytest
 
-ROUTER = os.environ["INFERGATE_URL"]
-METRICS = os.environ["INFERGATE_METRICS_URL"]
-POOLS = {model: os.environ[f"ENGINES_{model.upper()}"].split(",") for model in ("m1", "m2")}
-KIB, MIB = 1024, 1024 * 1024
-ID_HEADER = "x-conformance-id"  # tags a request so the engine's record of it can be found
-SENT = {}  # request id -> body bytes the client put on the wire
-
-SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
-LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-# --- helpers: the router's metrics, the engines' records and knobs (urllib: openai 1.x brings httpx, 3.x httpx2)
-
-
-def http(url, body=None):
-    """GET `url`, or POST `body` as JSON; returns the response text (an HTTP error status raises)."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return resp.read().decode()
-
-
-def samples(name, **labels):
-    """The values of the router's samples of `name` whose labels include `labels`."""
-    for line in http(METRICS).splitlines():
-        m = SAMPLE.match(line)
-        if m and m[1] == name and labels.items() <= dict(LABEL.findall(m[2] or "")).items():
-            yield float(m[3])
-
-
-def metric(name, **labels):
-    """Sum of the router's samples of `name` whose labels include `labels`."""
-    return sum(samples(name, **labels))
-
-
-def series(name, **labels):
-    """How many of the router's samples of `name` have labels including `labels`."""
-    return sum(1 for _ in samples(name, **labels))
-
-
-def gauges():
-    """(requests in flight, prefill tokens in flight) over every endpoint of the router."""
-    return (
-        metric("infergate_endpoint_requests_in_flight"),
-        metric("infergate_endpoint_prefill_tokens"),
-    )
-
-
-def wait_for(what, cond, timeout=5.0):
-    """Polls `cond` every 50 ms until it is true; fails after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.05)
-
-
-def sim_total(model, key):
-    """Sum of `key` of GET /sim/stats over the engines of pool `model`."""
-    return sum(json.loads(http(f"{url}/sim/stats"))[key] for url in POOLS[model])
-
-
-def set_health(model, status):
-    """Makes every engine of pool `model` answer its health check with `status`."""
-    for url in POOLS[model]:
-        http(f"{url}/sim/control", {"health_status": status})
-
-
-def healthy(model):
-    return metric("infergate_endpoint_healthy", pool=model)
-
-
-def received(rid):
-    """(engine URL, body bytes) of every engine record of request `rid`, over both pools."""
-    return [
-        (url, rec["body_len"])
-        for urls in POOLS.values()
-        for url in urls
-        for rec in json.loads(http(f"{url}/sim/requests"))
-        if [ID_HEADER, rid] in rec["headers"]
-    ]
-
-
-def assert_delivered(rid, model, nbytes):
-    """Exactly one engine, of pool `model`, received request `rid`, with a body of `nbytes` bytes."""
-    got = received(rid)
-    assert len(got) == 1, f"request {rid} reached {len(got)} engines: {got}"
-    url, body_len = got[0]
-    assert url in POOLS[model], f"a {model} request reached {url}, not pool {model} {POOLS[model]}"
-    assert body_len == nbytes, f"the engine got {body_len} body bytes of {nbytes}"
-
-
-def text(nbytes):
-    """`nbytes` of prompt text."""
-    return ("conform " * (nbytes // 8 + 1))[:nbytes]
-
+from router import (
+    CLIENT_KEY,
+    ID_HEADER,
+    KIB,
+    MIB,
+    POOLS,
+    ROUTER,
+    SENT,
+    assert_delivered,
+    gauges,
+    metric,
+    pool_unhealthy_for,
+    received,
+    record_sent,
+    series,
+    sim_total,
+    text,
+    wait_for,
+)
 
 # --- helpers: SDK and curl requests --------------------------------------------------------------------------
-
-
-def _record_sent(request):
-    if ID_HEADER in request.headers:
-        SENT[request.headers[ID_HEADER]] = len(request.content)
 
 
 @pytest.fixture(scope="module")
 def client():
     """An SDK client on the router that does not retry (tests that want retries ask for them)."""
-    http_client = openai.DefaultHttpxClient(event_hooks={"request": [_record_sent]})
+    http_client = openai.DefaultHttpxClient(event_hooks={"request": [record_sent]})
     with openai.OpenAI(
-        base_url=f"{ROUTER}/v1", api_key="conformance", max_retries=0, timeout=30, http_client=http_client
+        base_url=f"{ROUTER}/v1", api_key=CLIENT_KEY, max_retries=0, timeout=30, http_client=http_client
     ) as c:
         yield c
 
@@ -162,7 +79,7 @@ def curl(tmp_path, body, *headers):
     rid = uuid.uuid4().hex
     (tmp_path / "body.json").write_bytes(body)
     cmd = ["curl", "-sS", "--max-time", "20", "-o", str(tmp_path / "response"), "-w", "%{http_code} %{time_total}"]
-    for h in ("content-type: application/json", f"{ID_HEADER}: {rid}", *headers):
+    for h in ("content-type: application/json", f"authorization: Bearer {CLIENT_KEY}", f"{ID_HEADER}: {rid}", *headers):
         cmd += ["-H", h]
     cmd += ["--data-binary", f"@{tmp_path / 'body.json'}", f"{ROUTER}/v1/chat/completions"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
@@ -280,24 +197,24 @@ def test_unknown_model_raises_not_found(client):
     assert e.value.code == "model_not_found"
 
 
+def test_a_wrong_key_raises_authentication_error(client):
+    rid = uuid.uuid4().hex
+    with pytest.raises(openai.AuthenticationError) as e:
+        client.with_options(api_key="not-the-conformance-key").chat.completions.create(
+            model="m1", max_tokens=4, messages=[{"role": "user", "content": "hello"}], extra_headers={ID_HEADER: rid}
+        )
+    assert e.value.code == "invalid_api_key"
+    assert received(rid) == [], "a request with a wrong key reached an engine"
+
+
 def test_router_503_is_retried_by_the_sdk(client):
     """Pool m2 fails its health checks; the router answers 503 + Retry-After; the SDK (max_retries=2) waits and
     retries; a thread restores health after 1 s; the call succeeds."""
     answered_503 = metric("infergate_router_responses_total", code="503")
-    restore = threading.Timer(1.0, set_health, ("m2", 200))
-    set_health("m2", 500)
-    try:
-        wait_for("pool m2 out of rotation", lambda: healthy("m2") == 0)
-        restore.start()
+    with pool_unhealthy_for("m2", 1.0):
         started = time.monotonic()
         _, resp = chat(client.with_options(max_retries=2, timeout=15), "m2", "hello")
         elapsed = time.monotonic() - started
-    finally:
-        restore.cancel()
-        if restore.ident is not None:
-            restore.join()
-        set_health("m2", 200)
-        wait_for("pool m2 back in rotation", lambda: healthy("m2") == len(POOLS["m2"]))
     assert resp.choices[0].message.content
     assert metric("infergate_router_responses_total", code="503") > answered_503, "no 503 was answered"
     print(f"served after the router's 503 in {elapsed:.2f} s")
