@@ -102,20 +102,21 @@ server:
 timeouts: { connect: 2s, response_header: 30s, stream_idle: 30s }
 max_retries: 2
 auth: { keys_env: INFERGATE_CONFORMANCE_KEYS }
+# Sessions by the default headers: x-session-id (the openai suite) or Claude Code's own (the anthropic suite).
 pools:
   - name: m1
     models: [m1]
     policy: load_aware
     endpoints: ["http://127.0.0.1:$E1", "http://127.0.0.1:$E2"]
     health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }
-    sessions: { header: x-session-id }
+    sessions: {}
   - name: m2
     models: [m2]
     # The shipped configurations' policy; m1 keeps the default (load_aware), so the SDK drives both.
     policy: predicted_ttft
     endpoints: ["http://127.0.0.1:$E3", "http://127.0.0.1:$E4"]
     health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }
-    sessions: { header: x-session-id }
+    sessions: {}
 EOF
 cp "$TMP/infergate.yaml" "$LOGS/infergate.yaml"
 

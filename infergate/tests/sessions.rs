@@ -131,3 +131,48 @@ async fn non_streaming_tokens_are_released_at_the_estimated_prefill_end() {
     assert!(pending.await.unwrap().unwrap() > 0);
     router.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_listed_session_header_a_request_carries_names_its_session() {
+    let eng = engines(2, time_scaled(0.1)).await;
+    // SDK clients send x-session-id; Claude Code sends x-claude-code-session-id on every request.
+    let sessions = "    sessions: { header: [x-session-id, X-Claude-Code-Session-Id], ttl: 1h }\n";
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), sessions)).await;
+    router.all_healthy().await;
+    let send = |headers: &'static [(&'static str, &'static str)]| {
+        let mut req = post_json(&client(), &router.url(), CHAT).body(conversation(1));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        async move { finish(req.send().await.expect("response")).await }
+    };
+
+    // The second listed header alone names a session.
+    assert_eq!(send(&[("x-claude-code-session-id", "cc-1")]).await, 200);
+    // Both: the first listed wins, a second session.
+    const BOTH: &[(&str, &str)] = &[
+        ("x-claude-code-session-id", "cc-1"),
+        ("x-session-id", "sdk-1"),
+    ];
+    assert_eq!(send(BOTH).await, 200);
+    // An empty first header is no session id: the next listed one names it (cc-1 again, sticky).
+    const EMPTY_FIRST: &[(&str, &str)] =
+        &[("x-session-id", ""), ("x-claude-code-session-id", "cc-1")];
+    assert_eq!(send(EMPTY_FIRST).await, 200);
+    router.wait_idle().await;
+
+    let m = router.metrics_text().await;
+    assert_eq!(metric_value(&m, "infergate_sessions", &[]), Some(2.0));
+    let reason = |r: &str| {
+        let label = format!("reason=\"{r}\"");
+        metric_sum(&m, "infergate_placements_total", &[&label])
+    };
+    assert_eq!(
+        [
+            reason("new_session"),
+            reason("sticky"),
+            reason("headerless")
+        ],
+        [2.0, 1.0, 0.0]
+    );
+}

@@ -82,15 +82,20 @@ def healthy(model):
     return metric("infergate_endpoint_healthy", pool=model)
 
 
-def received(rid):
-    """(engine URL, body bytes) of every engine record of request `rid`, over both pools."""
+def records(rid):
+    """(engine URL, record) of every engine record of request `rid`, over both pools."""
     return [
-        (url, rec["body_len"])
+        (url, rec)
         for urls in POOLS.values()
         for url in urls
         for rec in json.loads(http(f"{url}/sim/requests"))
         if [ID_HEADER, rid] in rec["headers"]
     ]
+
+
+def received(rid):
+    """(engine URL, body bytes) of every engine record of request `rid`, over both pools."""
+    return [(url, rec["body_len"]) for url, rec in records(rid)]
 
 
 def assert_delivered(rid, model, nbytes):
@@ -129,3 +134,16 @@ def pool_unhealthy_for(model, seconds):
             restore.join()
         set_health(model, 200)
         wait_for(f"pool {model} back in rotation", lambda: healthy(model) == len(POOLS[model]))
+
+
+def learn_both_throughputs(model, stream_long):
+    """predicted_ttft places by predicted cost once it has learned every endpoint's prefill speed from streamed
+    answers: two long prompts streamed at once (`stream_long()`, one per engine, as load_aware places them) teach
+    it."""
+    pair = [threading.Thread(target=stream_long) for _ in range(2)]
+    for t in pair:
+        t.start()
+    for t in pair:
+        t.join()
+    learned = "infergate_endpoint_ttft_throughput_tokens_per_second"
+    wait_for("both speeds learned", lambda: series(learned, pool=model) == len(POOLS[model]))

@@ -3,7 +3,9 @@ scripts/conformance.sh runs the file once per pinned version) on vLLM's Anthropi
 coding agents call it: `model` after `messages`, the key in `x-api-key` (or as a bearer token, Claude Code's
 ANTHROPIC_AUTH_TOKEN), `system` as cache-controlled blocks.
 
-Covers: messages with and without streaming, token counting, a 1 MiB system prompt plus 1 MiB of conversation
+Covers: messages with and without streaming (anthropic-version reaches the engine, the key does not), token
+counting, a four-turn session keyed by `X-Claude-Code-Session-Id` staying on one engine and reusing its prefix
+cache (load_aware and predicted_ttft), a 1 MiB system prompt plus 1 MiB of conversation
 reaching one engine of the right pool byte-complete, an unknown model raising anthropic.NotFoundError, a wrong key
 raising anthropic.AuthenticationError with nothing reaching an engine, the router's own 503 + Retry-After retried by
 the SDK until the pool is healthy again, and a client that leaves a stream after its first event (the router's
@@ -18,15 +20,18 @@ import pytest
 from router import (
     CLIENT_KEY,
     ID_HEADER,
+    KIB,
     MIB,
     ROUTER,
     SENT,
     assert_delivered,
     gauges,
+    learn_both_throughputs,
     metric,
     pool_unhealthy_for,
     received,
     record_sent,
+    records,
     sim_total,
     text,
     wait_for,
@@ -63,6 +68,50 @@ def test_message(client, model):
     assert resp.stop_reason == "max_tokens"
     assert resp.usage.output_tokens == 4
     assert_delivered(rid, model, SENT[rid])
+    # Claude Code's features need anthropic-version (and anthropic-beta) forwarded unchanged; the key is not.
+    headers = dict(records(rid)[0][1]["headers"])
+    assert headers.get("anthropic-version") == client.default_headers["anthropic-version"]
+    assert "x-api-key" not in headers, "the client's key reached the engine"
+
+
+def stream_long(client, model):
+    """Streams the answer to a 400 KiB prompt (teaches predicted_ttft the speed of the engine that serves it)."""
+    with client.messages.stream(
+        model=model, max_tokens=4, messages=[{"role": "user", "content": text(400 * KIB)}]
+    ) as stream:
+        for _ in stream:
+            pass
+
+
+@MODELS
+def test_a_claude_code_session_stays_on_its_engine_and_reuses_its_cache(client, model):
+    """Four turns of one conversation as Claude Code sends them (the whole history each time, its session id in
+    `X-Claude-Code-Session-Id`, which the pools list after `x-session-id`): every turn reaches the engine of the
+    first, and every later turn is served mostly from that engine's prefix cache. m2 runs predicted_ttft."""
+    if model == "m2":
+        learn_both_throughputs(model, lambda: stream_long(client, model))
+    session = uuid.uuid4().hex
+    system = [{"type": "text", "text": text(16 * KIB), "cache_control": {"type": "ephemeral"}}]
+    messages = []
+    sticky = metric("infergate_placements_total", pool=model, reason="sticky")
+    engines = []
+    for turn in range(4):
+        messages.append({"role": "user", "content": f"turn {turn}: " + text(2 * KIB)})
+        rid = uuid.uuid4().hex
+        resp = client.messages.create(
+            model=model,
+            max_tokens=4,
+            system=system,
+            messages=messages,
+            extra_headers={ID_HEADER: rid, "X-Claude-Code-Session-Id": session},
+        )
+        messages.append({"role": "assistant", "content": resp.content[0].text})
+        engines += [url for url, _ in received(rid)]
+        if turn > 0:
+            cached, prompt = resp.usage.cache_read_input_tokens, resp.usage.input_tokens
+            assert cached > prompt / 2, f"turn {turn}: {cached} of {prompt} cached"
+    assert len(engines) == 4 and len(set(engines)) == 1, f"the turns reached {engines}"
+    assert metric("infergate_placements_total", pool=model, reason="sticky") == sticky + 3
 
 
 @MODELS

@@ -17,7 +17,6 @@ What the suites share (addresses, metrics, the engines' records): router.py.
 
 import json
 import subprocess
-import threading
 import time
 import uuid
 
@@ -34,11 +33,11 @@ from router import (
     SENT,
     assert_delivered,
     gauges,
+    learn_both_throughputs,
     metric,
     pool_unhealthy_for,
     received,
     record_sent,
-    series,
     sim_total,
     text,
     wait_for,
@@ -125,22 +124,11 @@ def test_models_list(client):
     assert sorted(m.id for m in client.models.list()) == ["m1", "m2"]
 
 
-def learn_both_throughputs(client, model):
-    """predicted_ttft places by predicted cost once it has learned every endpoint's prefill speed from streamed
-    answers: two long prompts streamed at once (one per engine, as load_aware places them) teach it."""
-
-    def stream_long():
-        _, stream = chat(client, model, text(400 * KIB), stream=True)
-        for _ in stream:
-            pass
-
-    pair = [threading.Thread(target=stream_long) for _ in range(2)]
-    for t in pair:
-        t.start()
-    for t in pair:
-        t.join()
-    learned = "infergate_endpoint_ttft_throughput_tokens_per_second"
-    wait_for("both speeds learned", lambda: series(learned, pool=model) == len(POOLS[model]))
+def stream_long(client, model):
+    """Streams the answer to a 400 KiB prompt (teaches predicted_ttft the speed of the engine that serves it)."""
+    _, stream = chat(client, model, text(400 * KIB), stream=True)
+    for _ in stream:
+        pass
 
 
 @MODELS
@@ -149,7 +137,7 @@ def test_a_conversation_stays_on_its_engine_and_reuses_its_cache(client, model):
     id in `extra_headers`): every turn reaches the engine of the first, and every later turn is served mostly from
     that engine's prefix cache. Pool m1 runs load_aware, m2 predicted_ttft (the shipped policy)."""
     if model == "m2":
-        learn_both_throughputs(client, model)
+        learn_both_throughputs(model, lambda: stream_long(client, model))
     session = uuid.uuid4().hex
     messages = [{"role": "system", "content": text(16 * KIB)}]
     sticky = metric("infergate_placements_total", pool=model, reason="sticky")

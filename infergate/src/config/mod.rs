@@ -499,7 +499,7 @@ pools:
         assert_eq!(
             p.policy.sessions(),
             Some(&SessionsConfig {
-                header: "x-conversation".into(),
+                headers: vec!["x-conversation".into()],
                 ttl: Duration::from_secs(600),
                 max_sessions: 5,
                 move_margin: 0.1,
@@ -579,8 +579,8 @@ pools:
         assert_eq!(p.name, "default");
         assert_eq!(p.policy.kind(), Policy::PredictedTtft);
         assert_eq!(
-            p.policy.sessions().map(|s| s.header.as_str()),
-            Some("x-session-id")
+            p.policy.sessions().map(|s| s.headers.clone()),
+            Some(vec!["x-session-id".to_string()])
         );
         assert!(p.engine_stats.is_some());
         let labels: Vec<&str> = p.endpoints.iter().map(|e| e.label.as_str()).collect();

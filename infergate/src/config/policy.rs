@@ -115,14 +115,19 @@ impl PolicyConfig {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionsConfig {
-    /// Lower-cased header name.
-    pub header: String,
+    /// Lower-cased header names, in the order they are looked for: the first a request carries (non-empty) names its
+    /// session. A list serves clients that name sessions differently from one pool (Claude Code sends
+    /// `x-claude-code-session-id` on every request).
+    pub headers: Vec<String>,
     pub ttl: Duration,
     pub max_sessions: usize,
     /// predicted_ttft: a session moves only when the move's predicted cost is lower than staying's by more than
     /// this share of staying's (0..=1; 1 never moves a session off a healthy endpoint below its limit).
     pub move_margin: f64,
 }
+
+/// The SDK clients' conventional header first, then the one Claude Code sends on every request unasked.
+pub const DEFAULT_SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-claude-code-session-id"];
 
 /// A move must save more than a tenth of staying's predicted cost: estimates are noisy (bytes per token, a
 /// fitted speed) and a move that saves nothing real throws away a warm cache. Higher values keep more of the
@@ -132,7 +137,7 @@ pub const DEFAULT_MOVE_MARGIN: f64 = 0.1;
 impl Default for SessionsConfig {
     fn default() -> Self {
         SessionsConfig {
-            header: "x-session-id".to_string(),
+            headers: DEFAULT_SESSION_HEADERS.map(String::from).to_vec(),
             ttl: Duration::from_secs(2 * 3600),
             max_sessions: 100_000,
             move_margin: DEFAULT_MOVE_MARGIN,
@@ -152,17 +157,9 @@ impl SessionsConfig {
             )));
         }
         let d = SessionsConfig::default();
-        let header = match header.value() {
-            None => d.header.clone(),
-            Some(_) => {
-                let raw = header.string()?.trim();
-                match http::HeaderName::from_bytes(raw.as_bytes()) {
-                    Ok(h) => h.as_str().to_string(),
-                    Err(_) => return Err(header.err(format!(
-                        "`{raw}` is not a valid HTTP header name (letters, digits and -_.!#$%&'*+^`|~ only)"
-                    ))),
-                }
-            }
+        let headers = match header.value() {
+            None => d.headers.clone(),
+            Some(_) => session_headers(&header)?,
         };
         let move_margin = match move_margin.value() {
             None => d.move_margin,
@@ -184,12 +181,41 @@ impl SessionsConfig {
             Some(other) => return Err(move_margin.type_err("a number", other)),
         };
         Ok(SessionsConfig {
-            header,
+            headers,
             ttl: ttl.duration_or(d.ttl)?,
             max_sessions: to_usize(max_sessions.positive_or(d.max_sessions as u64)?),
             move_margin,
         })
     }
+}
+
+/// `sessions.header`: one header name or a non-empty list of them, each valid and listed once.
+fn session_headers(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {
+    let one = |item: &Field<'_>| -> Result<String, ConfigError> {
+        let raw = item.string()?.trim();
+        match http::HeaderName::from_bytes(raw.as_bytes()) {
+            Ok(h) => Ok(h.as_str().to_string()),
+            Err(_) => Err(item.err(format!(
+                "`{raw}` is not a valid HTTP header name (letters, digits and -_.!#$%&'*+^`|~ only)"
+            ))),
+        }
+    };
+    let Some(Value::Sequence(seq)) = f.value() else {
+        return Ok(vec![one(f)?]);
+    };
+    if seq.is_empty() {
+        return Err(f.err("at least one header name is required"));
+    }
+    let mut headers: Vec<String> = Vec::new();
+    for (i, v) in seq.iter().enumerate() {
+        let item = f.item(i, v);
+        let h = one(&item)?;
+        if headers.contains(&h) {
+            return Err(item.err(format!("header `{h}` is listed twice")));
+        }
+        headers.push(h);
+    }
+    Ok(headers)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -394,6 +420,40 @@ mod tests {
             &pool_with("    sessions: { max_sessions: 0 }\n"),
             "pools[0].sessions.max_sessions",
             &["at least 1"],
+        );
+    }
+
+    #[test]
+    fn session_header_is_one_name_or_a_list_in_lookup_order() {
+        let headers = |v: &str| {
+            let c = parse(&pool_with(&format!("    sessions: {{ header: {v} }}\n"))).unwrap();
+            c.pools[0].policy.sessions().unwrap().headers.clone()
+        };
+        let default = parse(&pool_with("    sessions: {}\n")).unwrap();
+        assert_eq!(
+            default.pools[0].policy.sessions().unwrap().headers,
+            ["x-session-id", "x-claude-code-session-id"]
+        );
+        assert_eq!(headers("X-Conv"), ["x-conv"]);
+        assert_eq!(
+            headers("[x-session-id, X-Claude-Code-Session-Id]"),
+            ["x-session-id", "x-claude-code-session-id"]
+        );
+        let f = "pools[0].sessions.header";
+        assert_err(
+            &pool_with("    sessions: { header: [] }\n"),
+            f,
+            &["at least one header name is required"],
+        );
+        assert_err(
+            &pool_with("    sessions: { header: [x-a, X-A] }\n"),
+            "pools[0].sessions.header[1]",
+            &["header `x-a` is listed twice"],
+        );
+        assert_err(
+            &pool_with("    sessions: { header: [x-a, \"x b\"] }\n"),
+            "pools[0].sessions.header[1]",
+            &["`x b` is not a valid HTTP header name"],
         );
     }
 

@@ -254,12 +254,14 @@ impl ProxyHttp for Router {
             return Ok(true);
         }
         if let Some(s) = pool.cfg().policy.sessions() {
-            ctx.session_key = session
-                .req_header()
+            let headers = &session.req_header().headers;
+            ctx.session_key = s
                 .headers
-                .get(s.header.as_str())
-                .map(|v| v.as_bytes().to_vec())
-                .filter(|v| !v.is_empty());
+                .iter()
+                .filter_map(|h| headers.get(h.as_str()))
+                .map(|v| v.as_bytes())
+                .find(|v| !v.is_empty())
+                .map(<[u8]>::to_vec);
         }
         if let (Some(cluster), Some(key)) = (&self.cluster, &ctx.session_key) {
             // Another replica may have served this session: its binding, before placement (bounded wait).

@@ -14,7 +14,7 @@ fn policy() -> PredictedTtft {
 
 fn sessions(move_margin: f64) -> SessionsConfig {
     SessionsConfig {
-        header: "x-session-id".into(),
+        headers: vec!["x-session-id".into()],
         ttl: Duration::from_secs(3600),
         max_sessions: 100,
         move_margin,
