@@ -76,7 +76,8 @@ impl ClusterMetrics {
             Opts::new(
                 "infergate_cluster_binding_lookups_total",
                 "Session requests by where their binding came from: local table, the store (another replica \
-                 served the session), miss (a new session), unavailable (store down or slower than cluster.read_timeout).",
+                 served or moved the session more recently), miss (a new session), unavailable (no local binding, and the \
+                 store down or slower than cluster.read_timeout).",
             ),
             &["pool", "source"],
         )

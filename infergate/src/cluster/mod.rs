@@ -7,8 +7,9 @@
 //!   drops out when its key expires; while the store cannot be read, the last figures stay for one key lifetime
 //!   (a fresh peer never reads as zero), then this replica places on its own figures alone.
 //! * **Sessions**: a served session turn's binding is queued for a background writer (the request path never waits
-//!   for the write); a session request that misses the local table reads its binding from the store, waiting at
-//!   most `cluster.read_timeout`, and imports it before placement. The local table stays in front as a cache.
+//!   for the write); every session request reads its binding from the store, waiting at most
+//!   `cluster.read_timeout`, and imports it before placement when the local table has none or an older one on
+//!   another endpoint (so a move another replica made is followed).
 //! * **Store down or slow**: nothing waits and nothing fails; `infergate_cluster_state` says `down` and one log line
 //!   marks each transition. On the way back up this replica's live bindings are written where the store has none
 //!   (`SET NX`: never over a newer binding another replica wrote meanwhile).
@@ -159,17 +160,21 @@ impl Cluster {
         self.conn.load().as_deref().cloned()
     }
 
-    /// Before placing a session request: on a local miss, read the session's binding from the store (waiting at
-    /// most `cluster.read_timeout`) and import it into the pool's table. Never fails: the store's answer only helps.
+    /// Before placing a session request: read the session's binding from the store (waiting at most
+    /// `cluster.read_timeout`) and import it into the pool's table when this replica has none or the store's was
+    /// served more recently (another replica moved the session, or served turns since). Read even on a local hit:
+    /// otherwise a replica holding an old binding sends the session back to the engine another replica moved it
+    /// away from, and the two replicas flip it between engines. Never fails: the store's answer only helps.
     pub async fn lookup_binding(&self, pool: &Pool, header: &[u8]) {
-        let now = Instant::now();
-        match pool.policy.has_session(header, now) {
-            None => return,
-            Some(true) => return self.metrics.lookup(&pool.name, "local"),
-            Some(false) => {}
-        }
+        let Some(local) = pool.policy.has_session(header, Instant::now()) else {
+            return;
+        };
+        // The binding placement will use when the store adds nothing.
+        let own = if local { "local" } else { "miss" };
         let Some(mut conn) = self.conn() else {
-            return self.metrics.lookup(&pool.name, "unavailable");
+            return self
+                .metrics
+                .lookup(&pool.name, if local { own } else { "unavailable" });
         };
         let hash = session_hash(header);
         let key = self.keys.session(&pool.name, hash);
@@ -187,15 +192,19 @@ impl Cluster {
             .observe(t0.elapsed().as_secs_f64());
         let bytes = match got {
             Ok(Ok(Some(bytes))) => bytes,
-            Ok(Ok(None)) => return self.metrics.lookup(&pool.name, "miss"),
+            Ok(Ok(None)) => return self.metrics.lookup(&pool.name, own),
             Ok(Err(e)) => {
                 log::debug!("cluster: reading a session binding failed: {e}");
                 self.metrics.error("read_binding");
-                return self.metrics.lookup(&pool.name, "unavailable");
+                return self
+                    .metrics
+                    .lookup(&pool.name, if local { own } else { "unavailable" });
             }
             Err(_) => {
                 self.metrics.error("read_binding");
-                return self.metrics.lookup(&pool.name, "unavailable");
+                return self
+                    .metrics
+                    .lookup(&pool.name, if local { own } else { "unavailable" });
             }
         };
         let endpoint = BindingRecord::decode(&bytes).and_then(|rec| {
@@ -207,10 +216,11 @@ impl Cluster {
                 .map(|e| e.id)?;
             Some(rec.saved(hash, ep, wall_ms()))
         });
-        // A binding to an endpoint this replica does not have is no binding here (the pool's config differs).
+        // A binding to an endpoint this replica does not have is no binding here (the pool's config differs); one
+        // served no later than the table's own (within a second) leaves the table's.
         let adopted = endpoint.is_some_and(|s| pool.policy.import_binding(s, Instant::now()));
         self.metrics
-            .lookup(&pool.name, if adopted { "store" } else { "miss" });
+            .lookup(&pool.name, if adopted { "store" } else { own });
     }
 
     /// After a session turn was served: queue its binding (`saved`, endpoint id of this process) for the store.

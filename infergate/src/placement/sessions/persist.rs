@@ -82,8 +82,10 @@ impl SessionTable {
             .is_some_and(|b| !b.expired(now, self.ttl))
     }
 
-    /// Adopt one binding (read from the replicas' store on a local miss) unless it is idle past the TTL or the
-    /// table's own binding for the key was served at least as recently. Returns whether it was adopted. The
+    /// Adopt one binding (read from the replicas' store before a session request is placed) unless it is idle
+    /// past the TTL or the table's own binding for the key was served at least as recently: within [`SAME_TIME`]
+    /// when both name the same endpoint (only the sizes could differ), strictly otherwise, so that a move another
+    /// replica made even a moment after this one's last turn is followed. Returns whether it was adopted. The
     /// binding goes to the most recently used end although it may have been idle a while: the request about to be
     /// placed commits it again at once (and an expired binding is dropped when looked up whatever its position).
     pub fn import_one(&mut self, s: SavedSession, now: Instant) -> bool {
@@ -91,11 +93,14 @@ impl SessionTable {
             return false;
         }
         let last_seen = now.checked_sub(s.idle).unwrap_or(now);
-        if self
-            .map
-            .peek(&s.key)
-            .is_some_and(|b| b.last_seen + SAME_TIME >= last_seen && !b.expired(now, self.ttl))
-        {
+        if self.map.peek(&s.key).is_some_and(|b| {
+            let tie = if b.endpoint == s.endpoint {
+                SAME_TIME
+            } else {
+                Duration::ZERO
+            };
+            b.last_seen + tie >= last_seen && !b.expired(now, self.ttl)
+        }) {
             return false;
         }
         let mut b = Binding::new(s.endpoint, last_seen);
@@ -308,6 +313,34 @@ mod tests {
         assert!(
             !b.import_one(s.clone(), now),
             "the same binding again is not newer"
+        );
+        let half_a_second = Duration::from_millis(500);
+        let resized = SavedSession {
+            idle: s.idle - half_a_second,
+            lineages: vec![(0xB, 3500)],
+            ..s.clone()
+        };
+        assert!(
+            !b.import_one(resized, now),
+            "same endpoint, within a second: the table's own sizes stay"
+        );
+        let moved = SavedSession {
+            endpoint: 8,
+            idle: s.idle - half_a_second,
+            ..s.clone()
+        };
+        assert!(
+            b.import_one(moved, now),
+            "another endpoint, served later: the move is followed"
+        );
+        assert_eq!(b.saved(1, now).map(|x| x.endpoint), Some(8));
+        let moved_back_earlier = SavedSession {
+            idle: s.idle,
+            ..s.clone()
+        };
+        assert!(
+            !b.import_one(moved_back_earlier, now),
+            "another endpoint, served earlier: the table's own stays"
         );
         let stale = SavedSession {
             idle: TTL + Duration::from_secs(1),
