@@ -44,9 +44,14 @@ pub fn classify(method: &str, path: &str) -> CallKind {
 pub struct BodyScan {
     /// Top-level `"model"` string, if seen in the prefix.
     pub model: Option<String>,
-    /// Prompt text in order: `system`, `messages[*].content` (string or `[*].text`), `prompt`, `input`; raw JSON
-    /// string bytes (escapes kept; equal text gives equal bytes), separated by a 0x1e record separator.
+    /// Prompt text in the order an engine renders it: the system prompt (`system`, `instructions`) first wherever it
+    /// sits in the body (the Anthropic and openai SDKs send it after the conversation), then `messages[*].content`
+    /// (string or `[*].text`), `prompt` and `input` in body order; raw JSON string bytes (escapes kept; equal text
+    /// gives equal bytes), separated by a 0x1e record separator.
     pub prompt: Vec<u8>,
+    /// Where the conversation starts in `prompt`: after the top-level system prompt and its separator (0 without
+    /// one, or without a conversation after it).
+    pub conversation_at: usize,
     /// Top-level `"stream"` if seen.
     pub stream: Option<bool>,
     /// The scan reached the end of a complete top-level object.
@@ -61,11 +66,21 @@ pub fn scan(body: &[u8], max_prompt: usize) -> BodyScan {
         b: body,
         i: 0,
         out: BodyScan::default(),
+        system: Vec::new(),
         max_prompt,
     };
     s.skip_ws();
     if s.peek() == Some(b'{') {
         s.out.complete = s.value(Role::Root, 0).is_some();
+    }
+    if !s.system.is_empty() {
+        let rest = std::mem::take(&mut s.out.prompt);
+        let system_len = s.system.len();
+        s.out.prompt = std::mem::take(&mut s.system);
+        if !rest.is_empty() {
+            s.push_prompt(&rest);
+            s.out.conversation_at = s.out.prompt.len().min(system_len + 1);
+        }
     }
     s.out
 }
@@ -78,12 +93,16 @@ enum Role {
     Stream,
     /// A string here is prompt text; an array holds more prompt parts.
     PromptText,
+    /// The system prompt: prompt text that goes first.
+    SystemText,
     /// `messages`: an array of message objects.
     Messages,
     /// One message object: its `content` is prompt text.
     Message,
     /// A content part object: its `text` is prompt text.
     ContentPart,
+    /// A block of the system prompt: its `text` is system text.
+    SystemPart,
     Other,
 }
 
@@ -91,6 +110,8 @@ struct Scanner<'a> {
     b: &'a [u8],
     i: usize,
     out: BodyScan,
+    /// The system prompt's text, put in front of `out.prompt` at the end.
+    system: Vec<u8>,
     max_prompt: usize,
 }
 
@@ -119,14 +140,17 @@ impl<'a> Scanner<'a> {
                     match role {
                         Role::Model => self.out.model = Some(unescape(raw)),
                         Role::PromptText => self.push_prompt(raw),
+                        Role::SystemText => self.push_system(raw),
                         _ => {}
                     }
                     Some(())
                 }
                 Err(partial) => {
                     // Cut by the prefix end: a long prompt still contributes what was seen.
-                    if role == Role::PromptText {
-                        self.push_prompt(partial);
+                    match role {
+                        Role::PromptText => self.push_prompt(partial),
+                        Role::SystemText => self.push_system(partial),
+                        _ => {}
                     }
                     None
                 }
@@ -178,9 +202,11 @@ impl<'a> Scanner<'a> {
                 (Role::Root, b"model") => Role::Model,
                 (Role::Root, b"stream") => Role::Stream,
                 (Role::Root, b"messages") => Role::Messages,
-                (Role::Root, b"system" | b"prompt" | b"input") => Role::PromptText,
+                (Role::Root, b"system" | b"instructions") => Role::SystemText,
+                (Role::Root, b"prompt" | b"input") => Role::PromptText,
                 (Role::Message, b"content") => Role::PromptText,
                 (Role::ContentPart, b"text") => Role::PromptText,
+                (Role::SystemPart, b"text") => Role::SystemText,
                 _ => Role::Other,
             };
             self.value(child, depth + 1)?;
@@ -193,6 +219,8 @@ impl<'a> Scanner<'a> {
             Role::Messages => Role::Message,
             // prompt: ["a", "b"] or content: [{"type":"text","text":...}]
             Role::PromptText => Role::PromptText,
+            // Anthropic: system: [{"type":"text","text":...,"cache_control":...}]
+            Role::SystemText => Role::SystemText,
             _ => Role::Other,
         };
         loop {
@@ -207,6 +235,7 @@ impl<'a> Scanner<'a> {
                     continue;
                 }
                 b'{' if child == Role::PromptText => self.value(Role::ContentPart, depth + 1)?,
+                b'{' if child == Role::SystemText => self.value(Role::SystemPart, depth + 1)?,
                 _ => self.value(child, depth + 1)?,
             }
         }
@@ -234,18 +263,24 @@ impl<'a> Scanner<'a> {
     }
 
     fn push_prompt(&mut self, raw: &[u8]) {
-        let room = self.max_prompt.saturating_sub(self.out.prompt.len());
-        if room == 0 {
-            return;
-        }
-        if !self.out.prompt.is_empty() {
-            self.out.prompt.push(0x1e);
-        }
-        let room = self.max_prompt.saturating_sub(self.out.prompt.len());
-        self.out
-            .prompt
-            .extend_from_slice(&raw[..raw.len().min(room)]);
+        push_bounded(&mut self.out.prompt, raw, self.max_prompt);
     }
+
+    fn push_system(&mut self, raw: &[u8]) {
+        push_bounded(&mut self.system, raw, self.max_prompt);
+    }
+}
+
+/// Appends `raw` to `buf` after a 0x1e separator (none first), keeping `buf` within `max` bytes.
+fn push_bounded(buf: &mut Vec<u8>, raw: &[u8], max: usize) {
+    if buf.len() >= max {
+        return;
+    }
+    if !buf.is_empty() {
+        buf.push(0x1e);
+    }
+    let room = max.saturating_sub(buf.len());
+    buf.extend_from_slice(&raw[..raw.len().min(room)]);
 }
 
 /// Unescape the simple JSON escapes; enough for model names.
@@ -300,6 +335,42 @@ mod tests {
             100,
         );
         assert_eq!(s.prompt, b"sys\x1ehi");
+    }
+
+    #[test]
+    fn the_system_prompt_goes_first_wherever_the_body_has_it() {
+        // The anthropic SDK: `system` (here cache-controlled blocks) after `messages`.
+        let s = scan(
+            br#"{"max_tokens":4,"messages":[{"role":"user","content":"hi"}],"model":"c",
+                "system":[{"type":"text","text":"sys1","cache_control":{"type":"ephemeral"}},{"type":"text","text":"sys2"}]}"#,
+            100,
+        );
+        assert_eq!(s.prompt, b"sys1\x1esys2\x1ehi");
+        // The openai SDK's responses.create: `instructions` after `input`.
+        let s = scan(
+            br#"{"input":"hello","instructions":"be brief","model":"r"}"#,
+            100,
+        );
+        assert_eq!(
+            (s.model.as_deref(), s.prompt.as_slice()),
+            (Some("r"), &b"be brief\x1ehello"[..])
+        );
+        assert_eq!(&s.prompt[s.conversation_at..], b"hello");
+        let s = scan(br#"{"system":"only","model":"c"}"#, 100);
+        assert_eq!((s.prompt.as_slice(), s.conversation_at), (&b"only"[..], 0));
+        assert_eq!(
+            scan(br#"{"messages":[{"content":"x"}]}"#, 100).conversation_at,
+            0
+        );
+        // The bound holds for the whole, the system prompt first.
+        let s = scan(
+            br#"{"messages":[{"content":"0123456789"}],"system":"abcdef"}"#,
+            8,
+        );
+        assert_eq!(s.prompt, b"abcdef\x1e0");
+        // A body cut inside the system prompt keeps what was seen of it, first.
+        let s = scan(br#"{"messages":[{"content":"hi"}],"system":"abcdef"#, 100);
+        assert_eq!(s.prompt, b"abcdef\x1ehi");
     }
 
     #[test]

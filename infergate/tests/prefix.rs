@@ -91,6 +91,45 @@ async fn multi_turn_sessions_keep_prefix_affinity_while_load_is_even() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_system_prompt_sent_after_the_messages_still_matches_across_sessions() {
+    // As the anthropic SDK serialises a request (keys in alphabetical order): `system` after `messages`. The
+    // engine renders the system prompt first, so sessions sharing it share a cached prefix.
+    let eng = engines(2, time_scaled(0.2)).await;
+    let router = start_router(&pool_yaml("prefix_aware", &urls(&eng), PREFIX)).await;
+    router.all_healthy().await;
+    let system = "You are a coding agent working in a large repository. ".repeat(20);
+    let c = client();
+    for i in 0..6 {
+        let body = serde_json::json!({
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": format!("task {i}: fix the failing test number {i}")}],
+            "model": "sim-model",
+            "stream": true,
+            "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+        });
+        let r = post_json(&c, &router.url(), "/v1/messages")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(finish(r).await, 200);
+    }
+    let reason = |r: &'static str| {
+        let router = &router;
+        async move {
+            router
+                .metric_sum("infergate_placements_total", &[&format!("reason=\"{r}\"")])
+                .await
+        }
+    };
+    assert_eq!(
+        (reason("prefix_hit").await, reason("prefix_miss").await),
+        (5.0, 1.0),
+        "the sessions after the first did not find the shared system prompt"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mis_prefixed_engine_is_missing_not_idle() {
     let good = engine(SimConfig::default()).await;
     let bad = engine(SimConfig {

@@ -29,7 +29,7 @@ fn hundred_thousand_sessions_fit_in_fifty_megabytes() {
         let key = format!("session-{i:08}");
         let req = SessionRequest {
             key: key.as_bytes(),
-            lineage: lineage_of(format!("system prompt {}", i % 3).as_bytes()),
+            lineage: lineage_of(format!("system prompt {}", i % 3).as_bytes(), 0),
             body_bytes: 10_000 + i as u64,
             bytes_per_token: 4.0,
         };

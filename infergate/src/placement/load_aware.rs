@@ -44,7 +44,7 @@ impl PlacementPolicy for LoadAware {
         };
         let sreq = SessionRequest {
             key,
-            lineage: lineage_of(req.prompt),
+            lineage: lineage_of(req.prompt, req.conversation_at),
             body_bytes: req.body_bytes,
             bytes_per_token: f64::from_bits(self.bytes_per_token.load(Ordering::Relaxed)),
         };

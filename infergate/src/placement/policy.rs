@@ -20,6 +20,8 @@ pub struct PlaceRequest<'a> {
     pub model: &'a str,
     /// Prompt text in order (see `request::BodyScan::prompt`).
     pub prompt: &'a [u8],
+    /// Where the conversation starts in `prompt`, after a top-level system prompt (0 without one).
+    pub conversation_at: usize,
     /// The whole body's size in bytes.
     pub body_bytes: u64,
 }
@@ -252,6 +254,7 @@ mod tests {
             session_key: Some(key),
             model: "m",
             prompt,
+            conversation_at: 0,
             body_bytes: prompt.len() as u64,
         };
         let placed = p

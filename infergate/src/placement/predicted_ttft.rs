@@ -104,7 +104,7 @@ impl PlacementPolicy for PredictedTtft {
             .collect();
         let sreq = req.session_key.map(|key| SessionRequest {
             key,
-            lineage: lineage_of(req.prompt),
+            lineage: lineage_of(req.prompt, req.conversation_at),
             body_bytes: body,
             bytes_per_token: self.bytes_per_token,
         });

@@ -64,16 +64,31 @@ pub const BACKLOG_SPILL_RATIO: u64 = 4;
 /// Bytes of the prompt text [`lineage_of`] hashes.
 pub const LINEAGE_PREFIX_BYTES: usize = 256;
 
-/// FNV-1a (64-bit) of the first [`LINEAGE_PREFIX_BYTES`] bytes of the prompt text: sub-agents that share one
-/// session header but start from different system prompts / first messages get different lineages.
-/// Deterministic across processes and builds.
-pub fn lineage_of(prompt_prefix: &[u8]) -> u64 {
+/// FNV-1a (64-bit) of the first [`LINEAGE_PREFIX_BYTES`] bytes of the prompt text; when the body has a top-level
+/// system prompt (`conversation_at` > 0: Anthropic `system`, Responses `instructions`), of at most as many of the
+/// system prompt and then of the conversation's first message: sub-agents that share one session header but
+/// start from different system prompts or first messages get different lineages, also behind one long shared
+/// system prompt, and later turns (which only append) keep theirs. Deterministic across processes and builds.
+pub fn lineage_of(prompt: &[u8], conversation_at: usize) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let n = prompt_prefix.len().min(LINEAGE_PREFIX_BYTES);
-    prompt_prefix[..n]
-        .iter()
-        .fold(OFFSET, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME))
+    let fnv = |h: u64, bytes: &[u8]| {
+        let n = bytes.len().min(LINEAGE_PREFIX_BYTES);
+        bytes[..n]
+            .iter()
+            .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME))
+    };
+    match prompt.get(conversation_at..) {
+        Some(conversation) if conversation_at > 0 => {
+            let system = &prompt[..conversation_at - 1];
+            let first = conversation
+                .split(|&b| b == 0x1e)
+                .next()
+                .unwrap_or_default();
+            fnv(fnv(OFFSET, system), first)
+        }
+        _ => fnv(OFFSET, prompt),
+    }
 }
 
 /// The table key for a session header value. SipHash (std's `DefaultHasher` with fixed keys) rather than FNV: a

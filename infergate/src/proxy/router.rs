@@ -147,6 +147,7 @@ impl Router {
             session_key: ctx.session_key.as_deref(),
             model: ctx.scan.model.as_deref().unwrap_or(""),
             prompt: &ctx.scan.prompt,
+            conversation_at: ctx.scan.conversation_at,
             body_bytes: ctx.body.as_ref().map_or(0, |b| b.bytes.len() as u64),
         };
         let placement = if ctx.kind == CallKind::Generate {

@@ -67,6 +67,7 @@ impl Fx {
             session_key: key.map(str::as_bytes),
             model: "m",
             prompt: text,
+            conversation_at: 0,
             body_bytes: text.len() as u64,
         };
         let snap = Snapshot {

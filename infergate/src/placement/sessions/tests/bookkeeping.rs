@@ -5,8 +5,8 @@ use super::*;
 #[test]
 fn sub_agents_sharing_a_header_each_get_growth_only_estimates() {
     let mut f = Fixture::new();
-    let lead = lineage_of(b"You are the lead agent. Plan the work.");
-    let sub = lineage_of(b"You are a code search sub-agent.");
+    let lead = lineage_of(b"You are the lead agent. Plan the work.", 0);
+    let sub = lineage_of(b"You are a code search sub-agent.", 0);
     assert_ne!(lead, sub);
     f.bind(b"s", lead, 20_000, &IDS, 0);
     let cands = [cand(1, 0), cand(0, 0), cand(0, 0)];
@@ -276,14 +276,38 @@ fn spill_commit_refreshes_last_seen_only() {
 fn lineage_hashes_the_first_256_bytes_deterministically() {
     let mut a = vec![b'x'; 300];
     let b = a.clone();
-    assert_eq!(lineage_of(&a), lineage_of(&b));
+    assert_eq!(lineage_of(&a, 0), lineage_of(&b, 0));
     a[299] = b'y';
-    assert_eq!(lineage_of(&a), lineage_of(&b), "bytes past 256 are ignored");
+    assert_eq!(
+        lineage_of(&a, 0),
+        lineage_of(&b, 0),
+        "bytes past 256 are ignored"
+    );
     a[255] = b'y';
-    assert_ne!(lineage_of(&a), lineage_of(&b));
+    assert_ne!(lineage_of(&a, 0), lineage_of(&b, 0));
     // FNV-1a 64 reference values.
-    assert_eq!(lineage_of(b""), 0xcbf2_9ce4_8422_2325);
-    assert_eq!(lineage_of(b"a"), 0xaf63_dc4c_8601_ec8c);
+    assert_eq!(lineage_of(b"", 0), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(lineage_of(b"a", 0), 0xaf63_dc4c_8601_ec8c);
+}
+
+#[test]
+fn behind_a_long_shared_system_prompt_the_first_message_tells_lineages_apart() {
+    let system = vec![b's'; 2000];
+    let with = |first: &[u8]| [&system[..], b"\x1e", first].concat();
+    let (lead, sub) = (with(b"plan the release"), with(b"search the code for uses"));
+    let at = system.len() + 1;
+    assert_eq!(
+        lineage_of(&lead, 0),
+        lineage_of(&sub, 0),
+        "the system prompt alone"
+    );
+    assert_ne!(lineage_of(&lead, at), lineage_of(&sub, at));
+    let later_turn = [&lead[..], b"\x1eok\x1enext step"].concat();
+    assert_eq!(
+        lineage_of(&lead, at),
+        lineage_of(&later_turn, at),
+        "one conversation"
+    );
 }
 
 #[test]
