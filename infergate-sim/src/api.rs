@@ -1,5 +1,5 @@
-//! The HTTP routes of a simulated engine: vLLM's OpenAI-compatible surface, Anthropic messages, metrics and the
-//! `/sim/*` endpoints (stats for benchmarks, control for scripts).
+//! The HTTP routes of a simulated engine: vLLM's OpenAI-compatible surface (the Responses API included), Anthropic
+//! messages, metrics and the `/sim/*` endpoints (stats for benchmarks, control for scripts).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -191,7 +191,9 @@ async fn respond_gen_error(
 ) -> bool {
     let body = match kind {
         ApiKind::Messages => anthropic_error_body(status, msg),
-        ApiKind::Chat | ApiKind::Completion => vllm_error_body(status, msg, param),
+        ApiKind::Chat | ApiKind::Completion | ApiKind::Responses => {
+            vllm_error_body(status, msg, param)
+        }
     };
     let extra: &[(&str, &str)] = if matches!(status, 429 | 503) {
         &[("retry-after", "1")]
@@ -353,6 +355,7 @@ pub(crate) async fn handle(
         "/v1/chat/completions" if post => generate(eng, ApiKind::Chat, req, seq, io, rb).await,
         "/v1/completions" if post => generate(eng, ApiKind::Completion, req, seq, io, rb).await,
         "/v1/messages" if post => generate(eng, ApiKind::Messages, req, seq, io, rb).await,
+        "/v1/responses" if post => generate(eng, ApiKind::Responses, req, seq, io, rb).await,
         "/health"
         | "/v1/models"
         | "/version"
@@ -364,7 +367,8 @@ pub(crate) async fn handle(
         | "/v1/messages/count_tokens"
         | "/v1/chat/completions"
         | "/v1/completions"
-        | "/v1/messages" => respond_error(io, rb, &req, None, 405, "Method Not Allowed").await,
+        | "/v1/messages"
+        | "/v1/responses" => respond_error(io, rb, &req, None, 405, "Method Not Allowed").await,
         _ => {
             respond_error(
                 io,
@@ -421,6 +425,65 @@ impl Reply {
         format!("event: {name}\ndata: {v}\n\n").into_bytes()
     }
 
+    fn responses_usage(&self, output: usize, cached: usize) -> Value {
+        json!({"input_tokens": self.prompt_tokens, "input_tokens_details": {"cached_tokens": cached},
+               "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
+               "total_tokens": self.prompt_tokens + output})
+    }
+
+    /// The Responses API's response object: in progress (no output yet) or done (stopped at max_output_tokens,
+    /// which vLLM reports as `incomplete`).
+    fn response_object(&self, done: Option<(&str, Value)>) -> Value {
+        let (status, output, incomplete, usage) = match done {
+            None => ("in_progress", json!([]), Value::Null, Value::Null),
+            Some((text, usage)) => (
+                "incomplete",
+                json!([self.response_message(text, "completed")]),
+                json!({"reason": "max_output_tokens"}),
+                usage,
+            ),
+        };
+        json!({"id": self.id, "object": "response", "created_at": self.created, "model": self.model,
+               "status": status, "output": output, "incomplete_details": incomplete, "error": null,
+               "parallel_tool_calls": true, "tool_choice": "auto", "tools": [], "usage": usage})
+    }
+
+    fn response_message(&self, text: &str, status: &str) -> Value {
+        let content = if status == "in_progress" {
+            json!([])
+        } else {
+            json!([{"type": "output_text", "text": text, "annotations": [], "logprobs": []}])
+        };
+        json!({"type": "message", "id": self.message_id(), "status": status, "role": "assistant",
+               "content": content})
+    }
+
+    fn message_id(&self) -> String {
+        format!("msg_{}", self.id.trim_start_matches("resp_"))
+    }
+
+    /// A Responses API stream event; `seq` is its sequence number.
+    fn response_event(kind: &str, seq: usize, mut v: Value) -> Vec<u8> {
+        v["type"] = json!(kind);
+        v["sequence_number"] = json!(seq);
+        Self::event(kind, &v)
+    }
+
+    /// SSE events sent as the stream opens, before any token: vLLM's Responses API announces the response
+    /// (`response.created`, `response.in_progress`) before its prefill has run.
+    fn preamble_events(&self) -> Vec<Vec<u8>> {
+        match self.kind {
+            ApiKind::Responses => {
+                let r = self.response_object(None);
+                vec![
+                    Self::response_event("response.created", 0, json!({"response": r})),
+                    Self::response_event("response.in_progress", 1, json!({"response": r})),
+                ]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     fn anthropic_message(&self, content: Value, stop: Value, usage: Value) -> Value {
         json!({"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
                "stop_reason": stop, "stop_sequence": null, "usage": usage})
@@ -458,6 +521,29 @@ impl Reply {
                 ));
                 out
             }
+            ApiKind::Responses => {
+                let mut out = Vec::new();
+                let item = self.message_id();
+                if ev.index == 0 {
+                    out.push(Self::response_event(
+                        "response.output_item.added",
+                        2,
+                        json!({"output_index": 0, "item": self.response_message("", "in_progress")}),
+                    ));
+                    out.push(Self::response_event(
+                        "response.content_part.added",
+                        3,
+                        json!({"item_id": item, "output_index": 0, "content_index": 0,
+                               "part": {"type": "output_text", "text": "", "annotations": []}}),
+                    ));
+                }
+                out.push(Self::response_event(
+                    "response.output_text.delta",
+                    4 + ev.index,
+                    json!({"item_id": item, "output_index": 0, "content_index": 0, "delta": tok, "logprobs": []}),
+                ));
+                out
+            }
             ApiKind::Chat | ApiKind::Completion => {
                 let choice = if self.kind == ApiKind::Chat {
                     let delta = if ev.index == 0 {
@@ -483,6 +569,32 @@ impl Reply {
     /// The SSE events after the last token.
     fn tail_events(&self, cached: usize) -> Vec<Vec<u8>> {
         match self.kind {
+            ApiKind::Responses => {
+                let text: String = (0..self.max_tokens).map(output_token).collect();
+                let (item, seq) = (self.message_id(), 4 + self.max_tokens);
+                let part = json!({"type": "output_text", "text": text, "annotations": []});
+                let done = self
+                    .response_object(Some((&text, self.responses_usage(self.max_tokens, cached))));
+                vec![
+                    Self::response_event(
+                        "response.output_text.done",
+                        seq,
+                        json!({"item_id": item, "output_index": 0, "content_index": 0, "text": text,
+                               "logprobs": []}),
+                    ),
+                    Self::response_event(
+                        "response.content_part.done",
+                        seq + 1,
+                        json!({"item_id": item, "output_index": 0, "content_index": 0, "part": part}),
+                    ),
+                    Self::response_event(
+                        "response.output_item.done",
+                        seq + 2,
+                        json!({"output_index": 0, "item": self.response_message(&text, "completed")}),
+                    ),
+                    Self::response_event("response.completed", seq + 3, json!({"response": done})),
+                ]
+            }
             ApiKind::Messages => vec![
                 Self::event(
                     "content_block_stop",
@@ -513,6 +625,9 @@ impl Reply {
     fn full_body(&self, cached: usize) -> Value {
         let text: String = (0..self.max_tokens).map(output_token).collect();
         match self.kind {
+            ApiKind::Responses => {
+                self.response_object(Some((&text, self.responses_usage(self.max_tokens, cached))))
+            }
             ApiKind::Messages => self.anthropic_message(
                 json!([{"type": "text", "text": text}]),
                 json!("max_tokens"),
@@ -631,6 +746,7 @@ async fn generate(
         ApiKind::Chat => "chatcmpl-",
         ApiKind::Completion => "cmpl-",
         ApiKind::Messages => "msg_",
+        ApiKind::Responses => "resp_",
     };
     let reply = Reply {
         kind,
@@ -682,6 +798,11 @@ async fn generate(
     if close_after == Some(0) {
         io.0.reset();
         return false;
+    }
+    for e in reply.preamble_events() {
+        if io.write(&frame(&e), false).await.is_err() {
+            return false;
+        }
     }
     loop {
         let ev = match http::watch(io, rb, rx.recv()).await {

@@ -167,6 +167,8 @@ pub enum ApiKind {
     Chat,
     Completion,
     Messages,
+    /// OpenAI's Responses API (`/v1/responses`): `input` and `instructions`.
+    Responses,
 }
 
 /// A parsed generation request.
@@ -291,6 +293,11 @@ pub fn prompt_of(
     if ids {
         h = h.collecting_ids();
     }
+    if kind == ApiKind::Responses {
+        let messages = responses_messages(v)?;
+        push_chat(&mut h, v.get("instructions"), &messages, v.get("tools"));
+        return Ok(finish_prompt(h));
+    }
     let messages = v.get("messages");
     match (kind, messages) {
         (ApiKind::Completion, _) | (_, None) if v.get("prompt").is_some() => {
@@ -308,12 +315,39 @@ pub fn prompt_of(
         (_, Some(_)) => return Err(BadRequest("'messages' must be an array".into())),
         (_, None) => return Err(BadRequest("'messages' is required".into())),
     }
+    Ok(finish_prompt(h))
+}
+
+fn finish_prompt(h: BlockHasher) -> PromptTokens {
     let mut p = h.finish();
     if p.len == 0 {
         // An empty prompt still costs one token (a BOS token on a real model).
         p.len = 1;
     }
-    Ok(p)
+    p
+}
+
+/// A Responses API `input` as chat messages: a string is one user message; list items are messages (`role`,
+/// `content`), tool calls (`arguments`) or tool outputs (`output`).
+fn responses_messages(v: &Value) -> Result<Vec<Value>, BadRequest> {
+    match v.get("input") {
+        Some(Value::String(s)) => Ok(vec![serde_json::json!({"role": "user", "content": s})]),
+        Some(Value::Array(items)) => Ok(items
+            .iter()
+            .map(|it| match it.get("type").and_then(Value::as_str) {
+                Some("function_call") => {
+                    serde_json::json!({"role": "assistant", "content": it.get("arguments")})
+                }
+                Some("function_call_output") => {
+                    serde_json::json!({"role": "tool", "content": it.get("output")})
+                }
+                _ if it.get("role").is_some() => it.clone(),
+                _ => serde_json::json!({"role": "user", "content": it.to_string()}),
+            })
+            .collect()),
+        None | Some(Value::Null) => Err(BadRequest("'input' is required".into())),
+        Some(_) => Err(BadRequest("'input' must be a string or an array".into())),
+    }
 }
 
 /// Parses a generation request body (JSON) of the given kind.
@@ -331,6 +365,7 @@ pub fn parse_gen_request(
     let max_tokens = match v
         .get("max_completion_tokens")
         .filter(|x| !x.is_null())
+        .or_else(|| v.get("max_output_tokens").filter(|x| !x.is_null()))
         .or_else(|| v.get("max_tokens"))
     {
         None | Some(Value::Null) => None,

@@ -185,6 +185,102 @@ async fn headers_come_first_and_first_byte_waits_for_prefill() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn responses_api_announces_the_response_before_prefill_as_vllm_does() {
+    let e = spawn_engine(scaled(0.25)).await.unwrap();
+    let c = reqwest::Client::new();
+    // `input` as items (a message with input_text parts, a tool output), `instructions` after it, as the openai
+    // SDK sends them.
+    let body = json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": words(40_000, "r")}]},
+                                {"type": "function_call_output", "call_id": "c1", "output": "42"}],
+                      "instructions": "be brief", "max_output_tokens": 3, "model": "m", "stream": true});
+    let t0 = Instant::now();
+    let mut resp = c
+        .post(format!("{}/v1/responses", e.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut text = String::new();
+    let mut first_output_at = None;
+    let mut preamble_at = None;
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if preamble_at.is_none() && text.contains("event: response.in_progress") {
+            preamble_at = Some(t0.elapsed());
+        }
+        if first_output_at.is_none() && text.contains("event: response.output_item.added") {
+            first_output_at = Some(t0.elapsed());
+        }
+    }
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    // 40k tokens of prefill (~0.25 s scaled) lie between the announcement and the first output.
+    let (preamble_at, first_output_at) = (preamble_at.unwrap(), first_output_at.unwrap());
+    assert!(
+        first_output_at > preamble_at + Duration::from_millis(150),
+        "announced at {preamble_at:?}, first output at {first_output_at:?}"
+    );
+    let completed: Value = serde_json::from_str(
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .next_back()
+            .unwrap_or("{}"),
+    )
+    .unwrap();
+    assert_eq!(completed["sequence_number"], 10);
+    assert_eq!(completed["response"]["usage"]["output_tokens"], 3);
+    assert!(
+        completed["response"]["usage"]["input_tokens"]
+            .as_u64()
+            .unwrap()
+            > 30_000
+    );
+
+    // Without streaming: one response object; input as a string.
+    let v: Value = c
+        .post(format!("{}/v1/responses", e.url()))
+        .json(&json!({"input": "hi", "max_output_tokens": 2, "model": "m"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (v["object"].as_str(), v["status"].as_str()),
+        (Some("response"), Some("incomplete"))
+    );
+    assert_eq!(v["output"][0]["content"][0]["type"], "output_text");
+    assert_eq!(v["usage"]["output_tokens"], 2);
+    let r = c
+        .post(format!("{}/v1/responses", e.url()))
+        .json(&json!({"model": "m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn streaming_sends_one_event_per_token_as_it_is_decoded() {
     let e = spawn_engine(scaled(1.0)).await.unwrap();
     let resp = reqwest::Client::new()
