@@ -27,6 +27,7 @@ const API_POST: &[&str] = &[
     "/v1/embeddings",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
     "/tokenize",
     "/detokenize",
     "/v1/tokenize",

@@ -135,7 +135,8 @@ impl EndpointLoad {
 /// Why a hold's prefill tokens were released; the proxy uses it for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReleaseCause {
-    /// The first non-empty response body chunk arrived: the engine finished prefill.
+    /// The first output arrived (the first body byte, or the first past a stream's preamble, see
+    /// `proxy::first_output`): the engine finished prefill.
     FirstByte,
     /// An error, an upstream 5xx, a close or a cancel: the engine is not (or no longer) prefilling for us.
     Aborted,

@@ -205,7 +205,9 @@ impl<'a> Scanner<'a> {
                 (Role::Root, b"system" | b"instructions") => Role::SystemText,
                 (Role::Root, b"prompt" | b"input") => Role::PromptText,
                 (Role::Message, b"content") => Role::PromptText,
-                (Role::ContentPart, b"text") => Role::PromptText,
+                // `content` nests (Anthropic tool_result blocks, Responses API input messages); `output` is a
+                // Responses API tool output.
+                (Role::ContentPart, b"text" | b"content" | b"output") => Role::PromptText,
                 (Role::SystemPart, b"text") => Role::SystemText,
                 _ => Role::Other,
             };
@@ -371,6 +373,20 @@ mod tests {
         // A body cut inside the system prompt keeps what was seen of it, first.
         let s = scan(br#"{"messages":[{"content":"hi"}],"system":"abcdef"#, 100);
         assert_eq!(s.prompt, b"abcdef\x1ehi");
+    }
+
+    #[test]
+    fn scans_responses_api_input_items() {
+        let s = scan(
+            br#"{"input":[{"role":"user","content":[{"type":"input_text","text":"fix it"}]},
+                {"type":"function_call","call_id":"c","name":"f","arguments":"{}"},
+                {"type":"function_call_output","call_id":"c","output":"done"},
+                {"role":"user","content":"thanks"}],"instructions":"sys","model":"r","stream":true}"#,
+            100,
+        );
+        assert_eq!(s.prompt, b"sys\x1efix it\x1edone\x1ethanks");
+        assert_eq!((s.model.as_deref(), s.stream), (Some("r"), Some(true)));
+        assert_eq!(classify("POST", "/v1/responses"), CallKind::Generate);
     }
 
     #[test]

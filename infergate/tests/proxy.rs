@@ -41,6 +41,62 @@ async fn tokens_are_held_after_headers_and_released_at_the_first_byte() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_api_stream_holds_its_tokens_until_the_first_output_not_the_announcement() {
+    let eng = engines(1, slow_prefill()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    router.ready().await;
+    // As the openai SDK's responses.create sends it: `input` items, then `instructions`, then `model`. About 20k
+    // tokens: 0.8 s of prefill at 25k tokens/s.
+    let body = serde_json::json!({
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "word ".repeat(20_000)}]}],
+        "instructions": "be brief", "max_output_tokens": 4, "model": "sim-model", "stream": true,
+    });
+    let resp = post_json(&client(), &router.url(), "/v1/responses")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let mut seen = String::new();
+    let mut read_until = async |event: &str| {
+        while !seen.contains(event) {
+            let chunk = stream.next().await.expect("more events").expect("chunk");
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    // vLLM announces the response before its prefill runs: the estimate stays held.
+    read_until("event: response.in_progress").await;
+    assert!(
+        router.endpoint_load(0).0 > 0,
+        "tokens released at the announcement, before the prefill ran"
+    );
+    read_until("event: response.output_text.delta").await;
+    assert_eq!(
+        router.endpoint_load(0).0,
+        0,
+        "tokens held past the first output"
+    );
+    read_until("event: response.completed").await;
+    router.wait_idle().await;
+    // The endpoint's speed was learned from the first output (0.8 s), not from the announcement (a few ms).
+    let learned = router.state.pools.pools[0].endpoints()[0]
+        .prefill_speed
+        .estimate(20_000)
+        .expect("a speed learned");
+    assert!(
+        learned >= Duration::from_millis(300),
+        "20k tokens predicted to prefill in {learned:?}"
+    );
+    assert_eq!(
+        router
+            .metric_sum("infergate_placements_total", &["reason=\"load_aware\""])
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_when_the_client_closes_without_reading() {
     let eng = engines(1, slow_prefill()).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;

@@ -2,7 +2,8 @@
 version this interpreter has; scripts/conformance.sh runs the file once per pinned version) and curl, against the
 router in front of engine-sim.
 
-Covers, through the SDK: chat completions with and without streaming, text completions, a four-turn session
+Covers, through the SDK: chat completions with and without streaming, text completions, the Responses API with
+and without streaming, a four-turn session
 staying on one engine and reusing its prefix cache (load_aware and predicted_ttft), models.list(), 100 KiB and
 1 MiB prompts for both models reaching one engine of the right pool byte-complete, an unknown model raising
 openai.NotFoundError, a wrong key raising openai.AuthenticationError with nothing reaching an engine (the right one
@@ -118,6 +119,36 @@ def test_text_completion(client, model):
     assert resp.choices[0].text
     assert resp.choices[0].finish_reason == "length"
     assert_delivered(rid, model, SENT[rid])
+
+
+@MODELS
+def test_responses_api(client, model):
+    """responses.create as the SDK sends it: `input` then `instructions`, `model` after them."""
+    rid = uuid.uuid4().hex
+    resp = client.responses.create(
+        model=model, input="hello", instructions="be brief", max_output_tokens=4, extra_headers={ID_HEADER: rid}
+    )
+    assert resp.output_text
+    assert resp.usage.output_tokens == 4
+    assert_delivered(rid, model, SENT[rid])
+
+
+@MODELS
+def test_responses_api_streaming(client, model):
+    rid = uuid.uuid4().hex
+    stream = client.responses.create(
+        model=model,
+        input=[{"role": "user", "content": text(64 * KIB)}],
+        max_output_tokens=4,
+        stream=True,
+        extra_headers={ID_HEADER: rid},
+    )
+    events = list(stream)
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1].type == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert_delivered(rid, model, SENT[rid])
+    wait_for("the router's gauges at 0 (requests, prefill tokens)", lambda: gauges() == (0, 0))
 
 
 def test_models_list(client):

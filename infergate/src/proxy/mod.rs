@@ -1,5 +1,6 @@
 //! The Pingora glue: one `ProxyHttp` implementation that classifies each call, picks its pool, asks the pool's
-//! policy for an endpoint, holds the prefill estimate in the request context and releases it at the first byte.
+//! policy for an endpoint, holds the prefill estimate in the request context and releases it at the first output
+//! byte.
 //!
 //! Which hook does what, in the order Pingora calls them:
 //!
@@ -8,8 +9,8 @@
 //!                          requests in order; the request id (request_id: the client's or new)
 //! request_filter           screen the path (exposure: 400/404 unless served); classify; answer /health; client
 //!                          key (401) and key limits (429, `admit`); answer /v1/models; read the whole body
-//!                          (bounded), pick the pool, charge the key's tokens; on a local session miss, the
-//!                          binding another replica stored (cluster, bounded wait)
+//!                          (bounded), pick the pool, charge the key's tokens; for a session, the binding
+//!                          another replica stored (cluster, bounded wait)
 //! upstream_peer            (per attempt) the pool's wait queue (first attempt) → snapshot → policy.place → ledger
 //!                          hold → peer; a stale pooled connection is retried once on the same endpoint over a
 //!                          fresh connection
@@ -22,7 +23,8 @@
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
 //! response_filter          while draining (upgrade, stop): `Connection: close` (lifecycle)
 //! response_filter          x-request-id and x-infergate-endpoint on the client's response (access)
-//! response_body_filter     first body byte: release the prefill tokens, learn prefill speed, TTFB
+//! response_body_filter     first body byte: TTFB; first output byte (past the events an engine sends before
+//!                          prefill: first_output): release the prefill tokens, learn prefill speed
 //! fail_to_connect /        decide retries (only where the engine cannot have started the work)
 //!   error_while_proxy
 //! fail_to_proxy            answer an OpenAI-style error
@@ -37,6 +39,7 @@ mod access;
 mod admit;
 mod body;
 mod errors;
+mod first_output;
 mod router;
 
 use std::ops::Deref;
@@ -95,6 +98,9 @@ pub struct Ctx {
     dispatched_at: Option<Instant>,
     upstream_status: Option<u16>,
     first_byte_seen: bool,
+    /// This attempt's stream opened with the events an engine sends before its prefill (first_output).
+    preamble: first_output::Preamble,
+    first_output_seen: bool,
     /// The held body was handed to the current attempt.
     body_sent: bool,
     /// The current attempt was refused (429/503) and is being retried elsewhere.
@@ -280,6 +286,14 @@ impl ProxyHttp for Router {
         ctx.body_sent = false;
         ctx.upstream_status = None;
         ctx.first_byte_seen = false;
+        ctx.first_output_seen = false;
+        let path = ctx.target.as_ref().map_or("", |t| t.target.path.as_str());
+        let preamble = if ctx.is_stream() {
+            first_output::preamble_events(path)
+        } else {
+            0
+        };
+        ctx.preamble = first_output::Preamble::new(preamble);
         // Held until this attempt's hold exists (end of this function).
         let _turn = self.wait_turn(session, &pool, ctx).await?;
         // From the snapshot to the hold (no await in between): concurrent placements see each other's holds.
@@ -486,12 +500,24 @@ impl ProxyHttp for Router {
         _end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> Result<Option<Duration>> {
-        ctx.log.body_chunk(body.as_ref().map_or(0, |b| b.len()));
-        if !ctx.first_byte_seen && body.as_ref().is_some_and(|b| !b.is_empty()) {
+        let chunk = body.as_deref().unwrap_or_default();
+        ctx.log.body_chunk(chunk.len());
+        if chunk.is_empty() {
+            return Ok(None);
+        }
+        let success = ctx.upstream_status.is_some_and(|s| (200..300).contains(&s));
+        if !ctx.first_byte_seen {
             ctx.first_byte_seen = true;
-            let success = ctx.upstream_status.is_some_and(|s| (200..300).contains(&s));
+            if let (Some(t0), Some(ep), true) = (ctx.dispatched_at, &ctx.endpoint, success) {
+                self.metrics.observe_ttfb(ep, t0.elapsed());
+            }
+        }
+        // An error body has no preamble: its first byte ends the hold.
+        let output = !success || ctx.preamble.output_in(chunk);
+        if !ctx.first_output_seen && output {
+            ctx.first_output_seen = true;
             if let (Some(h), Some(ep)) = (&ctx.hold, &ctx.endpoint) {
-                // A successful streaming first byte marks the end of prefill: learn the endpoint's speed from it.
+                // A successful stream's first output marks the end of prefill: learn the endpoint's speed from it.
                 if h.release_prefill(ReleaseCause::FirstByte) && success && ctx.is_stream() {
                     ep.prefill_speed.observe(h.estimate(), h.age());
                     // predicted_ttft: the prefill that was ahead plus this one's, over the wait, is the
@@ -505,9 +531,6 @@ impl ProxyHttp for Router {
                         }
                     }
                 }
-            }
-            if let (Some(t0), Some(ep), true) = (ctx.dispatched_at, &ctx.endpoint, success) {
-                self.metrics.observe_ttfb(ep, t0.elapsed());
             }
         }
         Ok(None)
