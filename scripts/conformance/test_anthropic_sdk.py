@@ -4,12 +4,12 @@ coding agents call it: `model` after `messages`, the key in `x-api-key` (or as a
 ANTHROPIC_AUTH_TOKEN), `system` as cache-controlled blocks.
 
 Covers: messages with and without streaming (anthropic-version reaches the engine, the key does not), token
-counting, a four-turn session keyed by `X-Claude-Code-Session-Id` staying on one engine and reusing its prefix
-cache (load_aware and predicted_ttft), a 1 MiB system prompt plus 1 MiB of conversation
-reaching one engine of the right pool byte-complete, an unknown model raising anthropic.NotFoundError, a wrong key
-raising anthropic.AuthenticationError with nothing reaching an engine, the router's own 503 + Retry-After retried by
-the SDK until the pool is healthy again, and a client that leaves a stream after its first event (the router's
-gauges return to 0 and the engine aborts).
+counting, a four-turn session keyed by `X-Claude-Code-Session-Id` staying on one engine and reusing its prefix cache
+(load_aware and predicted_ttft), a 1 MiB system prompt plus 1 MiB of conversation reaching one engine of the right
+pool byte-complete, an unknown model raising anthropic.NotFoundError, a wrong key raising
+anthropic.AuthenticationError with nothing reaching an engine, the router's own 503 + Retry-After retried by the SDK
+until the pool is healthy again, and a client that leaves a stream after its first event (the router's gauges return
+to 0 and the engine aborts).
 """
 
 import uuid

@@ -2,14 +2,13 @@
 version this interpreter has; scripts/conformance.sh runs the file once per pinned version) and curl, against the
 router in front of engine-sim.
 
-Covers, through the SDK: chat completions with and without streaming, text completions, the Responses API with
-and without streaming, a four-turn session
-staying on one engine and reusing its prefix cache (load_aware and predicted_ttft), models.list(), 100 KiB and
-1 MiB prompts for both models reaching one engine of the right pool byte-complete, an unknown model raising
-openai.NotFoundError, a wrong key raising openai.AuthenticationError with nothing reaching an engine (the right one
-goes as `Authorization: Bearer` on every call), the router's own 503 + Retry-After retried by the SDK until the
-pool is healthy again, and a client that closes a stream after its first chunk (the router's gauges return to 0
-and the engine aborts).
+Covers, through the SDK: chat completions with and without streaming, text completions, the Responses API with and
+without streaming, a four-turn session staying on one engine and reusing its prefix cache (load_aware and
+predicted_ttft), models.list(), 100 KiB and 1 MiB prompts for both models reaching one engine of the right pool
+byte-complete, an unknown model raising openai.NotFoundError, a wrong key raising openai.AuthenticationError with
+nothing reaching an engine (the right one goes as `Authorization: Bearer` on every call), the router's own 503 +
+Retry-After retried by the SDK until the pool is healthy again, and a client that closes a stream after its first
+chunk (the router's gauges return to 0 and the engine aborts).
 Through curl: a 1 MiB body with `Expect: 100-continue` served without the client's 1 s wait for `100 Continue`,
 and a 200 KiB chunked upload with `model` last routed to the right pool.
 
