@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Conformance run: clients nobody on the project wrote (the official openai Python SDK, a 1.x and the current
-# release; the official anthropic Python SDK, a 0.x and the current release; curl) drive the router in front of
-# simulated engines, with a client key required as in production.
+# release; the official anthropic Python SDK, a 0.x and the current release; Codex CLI, a coding agent on the
+# Responses API; curl) drive the router in front of simulated engines, with a client key required as in production.
 #
 # Builds the debug binaries if needed, creates or updates one venv per SDK version under .venv/, starts two
 # engine-sim processes (pools m1 and m2, two engines each) and the router on free loopback ports, runs
 # scripts/conformance/test_openai_sdk.py once per openai version and test_anthropic_sdk.py once per anthropic
-# version, stops everything it started, and exits non-zero if any test failed. Logs of the engines and the router:
-# target/conformance/.
+# version and test_codex_cli.py once, stops everything it started, and exits non-zero if any test failed. Logs of
+# the engines and the router: target/conformance/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -16,6 +16,8 @@ ROOT=$PWD
 OPENAI_VERSIONS=(1.109.1 3.57.0)
 # Both put `model` after `messages`; 0.49 (March 2025) brings httpx, 2.x httpx2.
 ANTHROPIC_VERSIONS=(0.49.0 2.15.0)
+# OpenAI's coding agent (Apache-2.0), from npm: a native binary behind a node launcher.
+CODEX_VERSION=0.171.0
 PYTEST_VERSION=9.2.0
 STARTUP_TIMEOUT=30   # seconds for the engines and the router to become ready
 SUITE_TIMEOUT=300    # seconds for one pytest run
@@ -50,6 +52,12 @@ sys.exit($sdk.__version__ != '$v' or pytest.__version__ != '$PYTEST_VERSION')" 2
 }
 for v in "${OPENAI_VERSIONS[@]}"; do sdk_venv openai "$v"; done
 for v in "${ANTHROPIC_VERSIONS[@]}"; do sdk_venv anthropic "$v"; done
+command -v npm >/dev/null 2>&1 || apt_install nodejs npm
+CODEX_DIR=.venv/conformance-codex-$CODEX_VERSION
+if [ ! -x "$CODEX_DIR/node_modules/.bin/codex" ]; then
+  log "preparing $CODEX_DIR (@openai/codex@$CODEX_VERSION)"
+  npm install --prefix "$CODEX_DIR" --no-audit --no-fund --loglevel=error "@openai/codex@$CODEX_VERSION"
+fi
 
 # --- processes ----------------------------------------------------------------------------------------------------
 mkdir -p "$LOGS"
@@ -166,4 +174,8 @@ suite() {
 }
 for v in "${OPENAI_VERSIONS[@]}"; do suite openai "$v"; done
 for v in "${ANTHROPIC_VERSIONS[@]}"; do suite anthropic "$v"; done
+log "pytest with @openai/codex@$CODEX_VERSION"
+CODEX_BIN=$ROOT/$CODEX_DIR/node_modules/.bin/codex timeout "$SUITE_TIMEOUT" \
+  ".venv/conformance-openai-${OPENAI_VERSIONS[-1]}/bin/python" -m pytest scripts/conformance/test_codex_cli.py \
+  -p no:cacheprovider -v --tb=short -rfEP || failed=1
 exit "$failed"

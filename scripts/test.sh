@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): formatting, lints, every unit and integration test, then the conformance
-# run (the openai and anthropic SDKs, each an older and the current release, and curl against the router in front
-# of engine-sim), then the short demo.
+# run (the openai and anthropic SDKs, each an older and the current release, Codex CLI and curl against the router
+# in front of engine-sim), then the short demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh

@@ -716,7 +716,7 @@ mod tests {
                 "applied timeouts.client_idle (60s → 3s)",
                 "applied max_retries (2 → 0)",
                 "applied endpoint_header (true → false)",
-                "applied sessions.header of pool `a` ([\"x-session-id\", \"x-claude-code-session-id\"] → [\"x-conv\"])",
+                "applied sessions.header of pool `a` ([\"x-session-id\", \"x-claude-code-session-id\", \"session-id\"] → [\"x-conv\"])",
                 "applied sessions.ttl of pool `a` (3600s → 300s)",
                 "applied sessions.max_sessions of pool `a` (100000 → 10)",
                 "applied outlier_detection.base_ejection of pool `a` (2s → 1s)",
@@ -766,7 +766,7 @@ mod tests {
         assert_eq!(
             applied,
             [
-                "applied sessions.header of pool `a` ([\"x-session-id\", \"x-claude-code-session-id\"] → [\"x-conv\"])",
+                "applied sessions.header of pool `a` ([\"x-session-id\", \"x-claude-code-session-id\", \"session-id\"] → [\"x-conv\"])",
                 "applied sessions.ttl of pool `a` (3600s → 300s)",
                 "applied sessions.max_sessions of pool `a` (100000 → 10)",
                 "applied sessions.move_margin of pool `a` (0.1 → 0.5)",

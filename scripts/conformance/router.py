@@ -82,14 +82,15 @@ def healthy(model):
     return metric("infergate_endpoint_healthy", pool=model)
 
 
-def records(rid):
-    """(engine URL, record) of every engine record of request `rid`, over both pools."""
+def records(rid, header=ID_HEADER):
+    """(engine URL, record) of every engine record of a request whose `header` is `rid` (by default: the request
+    tagged `rid`), over both pools."""
     return [
         (url, rec)
         for urls in POOLS.values()
         for url in urls
         for rec in json.loads(http(f"{url}/sim/requests"))
-        if [ID_HEADER, rid] in rec["headers"]
+        if [header, rid] in rec["headers"]
     ]
 
 

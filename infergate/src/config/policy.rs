@@ -126,8 +126,10 @@ pub struct SessionsConfig {
     pub move_margin: f64,
 }
 
-/// The SDK clients' conventional header first, then the one Claude Code sends on every request unasked.
-pub const DEFAULT_SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-claude-code-session-id"];
+/// The SDK clients' conventional header first, then those coding agents send on every request unasked: Claude
+/// Code's and Codex CLI's (`session-id`, on the Responses API).
+pub const DEFAULT_SESSION_HEADERS: [&str; 3] =
+    ["x-session-id", "x-claude-code-session-id", "session-id"];
 
 /// A move must save more than a tenth of staying's predicted cost: estimates are noisy (bytes per token, a
 /// fitted speed) and a move that saves nothing real throws away a warm cache. Higher values keep more of the
@@ -432,7 +434,7 @@ mod tests {
         let default = parse(&pool_with("    sessions: {}\n")).unwrap();
         assert_eq!(
             default.pools[0].policy.sessions().unwrap().headers,
-            ["x-session-id", "x-claude-code-session-id"]
+            ["x-session-id", "x-claude-code-session-id", "session-id"]
         );
         assert_eq!(headers("X-Conv"), ["x-conv"]);
         assert_eq!(
