@@ -169,12 +169,11 @@ impl Cluster {
         let Some(local) = pool.policy.has_session(header, Instant::now()) else {
             return;
         };
-        // The binding placement will use when the store adds nothing.
+        // Where placement's binding comes from when the store adds nothing: it answered, or it did not.
         let own = if local { "local" } else { "miss" };
+        let unanswered = if local { "local" } else { "unavailable" };
         let Some(mut conn) = self.conn() else {
-            return self
-                .metrics
-                .lookup(&pool.name, if local { own } else { "unavailable" });
+            return self.metrics.lookup(&pool.name, unanswered);
         };
         let hash = session_hash(header);
         let key = self.keys.session(&pool.name, hash);
@@ -196,15 +195,11 @@ impl Cluster {
             Ok(Err(e)) => {
                 log::debug!("cluster: reading a session binding failed: {e}");
                 self.metrics.error("read_binding");
-                return self
-                    .metrics
-                    .lookup(&pool.name, if local { own } else { "unavailable" });
+                return self.metrics.lookup(&pool.name, unanswered);
             }
             Err(_) => {
                 self.metrics.error("read_binding");
-                return self
-                    .metrics
-                    .lookup(&pool.name, if local { own } else { "unavailable" });
+                return self.metrics.lookup(&pool.name, unanswered);
             }
         };
         let endpoint = BindingRecord::decode(&bytes).and_then(|rec| {

@@ -80,7 +80,7 @@ pub fn lineage_of(prompt: &[u8], conversation_at: usize) -> u64 {
     };
     match prompt.get(conversation_at..) {
         Some(conversation) if conversation_at > 0 => {
-            let system = &prompt[..conversation_at - 1];
+            let system = prompt.get(..conversation_at - 1).unwrap_or_default();
             let first = conversation
                 .split(|&b| b == 0x1e)
                 .next()
