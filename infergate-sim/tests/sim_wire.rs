@@ -50,6 +50,25 @@ fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// POSTs `body` as JSON to `path` on engine `e`; the answer's JSON.
+async fn post_value(c: &reqwest::Client, e: &EngineHandle, path: &str, body: &Value) -> Value {
+    c.post(format!("{}{path}", e.url()))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// The `event:` names of an SSE body, in order.
+fn event_names(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect()
+}
+
 async fn metrics(e: &EngineHandle) -> String {
     reqwest::get(format!("{}/metrics", e.url()))
         .await
@@ -213,10 +232,7 @@ async fn responses_api_announces_the_response_before_prefill_as_vllm_does() {
             first_output_at = Some(t0.elapsed());
         }
     }
-    let names: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("event: "))
-        .collect();
+    let names = event_names(&text);
     assert_eq!(
         names,
         [
@@ -256,15 +272,13 @@ async fn responses_api_announces_the_response_before_prefill_as_vllm_does() {
     );
 
     // Without streaming: one response object; input as a string.
-    let v: Value = c
-        .post(format!("{}/v1/responses", e.url()))
-        .json(&json!({"input": "hi", "max_output_tokens": 2, "model": "m"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_value(
+        &c,
+        &e,
+        "/v1/responses",
+        &json!({"input": "hi", "max_output_tokens": 2, "model": "m"}),
+    )
+    .await;
     assert_eq!(
         (v["object"].as_str(), v["status"].as_str()),
         (Some("response"), Some("incomplete"))
@@ -366,29 +380,13 @@ async fn non_streaming_answers_json_with_usage() {
     assert_eq!(v["usage"]["total_tokens"], 5);
 
     // Default max_tokens.
-    let v: Value = c
-        .post(format!("{}/v1/completions", e.url()))
-        .json(&json!({"prompt": "x"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_value(&c, &e, "/v1/completions", &json!({"prompt": "x"})).await;
     assert_eq!(v["usage"]["completion_tokens"], 16);
 
     // Anthropic messages, both ways.
     let body = json!({"model": "m", "system": "be brief", "max_tokens": 3,
                       "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]});
-    let v: Value = c
-        .post(format!("{}/v1/messages", e.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_value(&c, &e, "/v1/messages", &body).await;
     assert_eq!(v["type"], "message");
     assert_eq!(v["content"][0]["type"], "text");
     assert_eq!(v["usage"]["output_tokens"], 3);
@@ -403,10 +401,7 @@ async fn non_streaming_answers_json_with_usage() {
         .text()
         .await
         .unwrap();
-    let names: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("event: "))
-        .collect();
+    let names = event_names(&text);
     assert_eq!(
         names,
         [
@@ -576,15 +571,13 @@ async fn count_tokens_and_tokenize_answer_at_once_while_busy() {
     })
     .await;
     let t0 = Instant::now();
-    let v: Value = c
-        .post(format!("{}/v1/messages/count_tokens", e.url()))
-        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "one two three"}]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_value(
+        &c,
+        &e,
+        "/v1/messages/count_tokens",
+        &json!({"model": "m", "messages": [{"role": "user", "content": "one two three"}]}),
+    )
+    .await;
     assert!(
         t0.elapsed() < Duration::from_millis(300),
         "count_tokens took {:?}",
@@ -592,15 +585,7 @@ async fn count_tokens_and_tokenize_answer_at_once_while_busy() {
     );
     let n = v["input_tokens"].as_u64().unwrap();
     assert!(n >= 3, "{v}");
-    let v: Value = c
-        .post(format!("{}/tokenize", e.url()))
-        .json(&json!({"prompt": "hello, world"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_value(&c, &e, "/tokenize", &json!({"prompt": "hello, world"})).await;
     assert_eq!(v["count"], 3);
     assert_eq!(v["tokens"].as_array().unwrap().len(), 3);
     assert!(v["max_model_len"].as_u64().unwrap() > 0);
@@ -917,15 +902,7 @@ async fn repeated_prompt_hits_the_prefix_cache() {
     let first = e.stats();
     assert_eq!(first.cached_prompt_tokens, 0);
     assert_eq!(first.computed_prompt_tokens, first.prompt_tokens);
-    let v: Value = c
-        .post(format!("{}/v1/chat/completions", e.url()))
-        .json(&chat(&p, 1, false))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_value(&c, &e, "/v1/chat/completions", &chat(&p, 1, false)).await;
     let second = e.stats();
     let prompt = first.prompt_tokens;
     let cached = second.cached_prompt_tokens;
@@ -943,15 +920,7 @@ async fn repeated_prompt_hits_the_prefix_cache() {
     // A conversation's next turn reuses the previous turn's blocks.
     let turn2 = json!({"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": "ok"},
                                     {"role": "user", "content": "and then?"}], "max_tokens": 1});
-    let v: Value = c
-        .post(format!("{}/v1/chat/completions", e.url()))
-        .json(&turn2)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_value(&c, &e, "/v1/chat/completions", &turn2).await;
     assert!(
         v["usage"]["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
@@ -1154,15 +1123,7 @@ async fn stats_endpoint_and_shutdown() {
 
 /// Prompt tokens of a chat body by the engine's own count (`/tokenize`).
 async fn prompt_tokens(c: &reqwest::Client, e: &EngineHandle, body: &Value) -> usize {
-    let v: Value = c
-        .post(format!("{}/tokenize", e.url()))
-        .json(&json!({"messages": body["messages"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_value(c, e, "/tokenize", &json!({"messages": body["messages"]})).await;
     v["count"].as_u64().unwrap() as usize
 }
 
@@ -1256,15 +1217,7 @@ async fn explicit_max_tokens_may_fill_the_context_and_the_default_is_capped() {
     let body = json!({"messages": [{"role": "user", "content": words(70, "f")}]});
     let p = prompt_tokens(&c, &e, &body).await;
     assert!(p > 50 && p < 100, "{p}");
-    let v: Value = c
-        .post(format!("{}/v1/chat/completions", e.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_value(&c, &e, "/v1/chat/completions", &body).await;
     assert_eq!(v["usage"]["completion_tokens"], 100 - p, "{v}");
 
     // max_completion_tokens is checked like max_tokens: the exact fit is served, one more is refused.
