@@ -79,7 +79,10 @@ pub fn scan(body: &[u8], max_prompt: usize) -> BodyScan {
         s.out.prompt = std::mem::take(&mut s.system);
         if !rest.is_empty() {
             s.push_prompt(&rest);
-            s.out.conversation_at = s.out.prompt.len().min(system_len + 1);
+            // Unless the bound left no room for the separator.
+            if s.out.prompt.len() > system_len {
+                s.out.conversation_at = system_len + 1;
+            }
         }
     }
     s.out
@@ -401,6 +404,22 @@ mod tests {
         }
         let s = scan(&full[..60], 1 << 20);
         assert!(s.prompt.is_empty() || b"0123456789abcdef".starts_with(&s.prompt));
+        // A system prompt after the conversation, cut anywhere, with a bound that cuts too.
+        let late_system = br#"{"input":[{"role":"user","content":[{"type":"input_text","text":"abcdef"}]}],"instructions":"sys prompt","model":"r"}"#;
+        for cut in 0..=late_system.len() {
+            for max in [4, 12, 1 << 20] {
+                let s = scan(&late_system[..cut], max);
+                assert!(s.prompt.len() <= max, "cut {cut}, max {max}");
+                assert!(s.conversation_at <= s.prompt.len(), "cut {cut}, max {max}");
+                if s.conversation_at > 0 {
+                    assert_eq!(
+                        s.prompt[s.conversation_at - 1],
+                        0x1e,
+                        "cut {cut}, max {max}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
