@@ -100,6 +100,8 @@ pub struct Line<'a> {
     pub request_id: &'a str,
     /// Why the request failed, when it did (Pingora's error type: `ConnectRefused`, `ReadTimedout`, ...).
     pub error: Option<&'a str>,
+    /// The client's `User-Agent` (which SDK or agent, and its version).
+    pub user_agent: Option<&'a str>,
 }
 
 impl Line<'_> {
@@ -154,6 +156,12 @@ impl Line<'_> {
             Some(&bounded(self.request_id, MAX_VALUE_BYTES)),
         );
         put("error", self.error);
+        put(
+            "user_agent",
+            self.user_agent
+                .map(|u| bounded(u, MAX_VALUE_BYTES))
+                .as_deref(),
+        );
         out
     }
 
@@ -181,6 +189,7 @@ impl Line<'_> {
             session: self.session.map(session_hex),
             request_id: bounded(self.request_id, MAX_VALUE_BYTES),
             error: self.error,
+            user_agent: self.user_agent.map(|u| bounded(u, MAX_VALUE_BYTES)),
         };
         // Strings, numbers and options only: serialisation cannot fail.
         serde_json::to_string(&line).unwrap_or_default()
@@ -209,6 +218,7 @@ struct JsonLine<'a> {
     session: Option<String>,
     request_id: Cow<'a, str>,
     error: Option<&'a str>,
+    user_agent: Option<Cow<'a, str>>,
 }
 
 /// A session hash as 16 hex digits.
@@ -451,6 +461,7 @@ mod tests {
             session: Some(0xab),
             request_id: "req-1",
             error: None,
+            user_agent: Some("OpenAI/Python 1.109.1"),
         }
     }
 
@@ -461,7 +472,7 @@ mod tests {
             "time=2023-11-14T22:13:20.123Z client=127.0.0.1:5555 method=POST path=/v1/chat/completions \
              model=\"llama 3 \\\"70b\\\"\" pool=default endpoint=10.0.0.5:8000 reason=sticky status=200 tokens=1234 \
              ttfb_ms=12.345 duration_ms=1500.250 bytes_in=4096 bytes_out=777 retries=1 client_key=- \
-             session=00000000000000ab request_id=req-1 error=-"
+             session=00000000000000ab request_id=req-1 error=- user_agent=\"OpenAI/Python 1.109.1\""
         );
         let mut l = sample();
         l.model = Some("a\nb=c\u{7}");
@@ -485,17 +496,19 @@ mod tests {
         assert_eq!(v["duration_ms"], 1500.25);
         assert_eq!(v["client_key"], serde_json::Value::Null);
         assert_eq!(v["session"], "00000000000000ab");
-        assert_eq!(v.as_object().unwrap().len(), 19);
-        // Same keys in the same order (a model without spaces, so the text splits on spaces).
+        assert_eq!(v["user_agent"], "OpenAI/Python 1.109.1");
+        assert_eq!(v.as_object().unwrap().len(), 20);
+        // Same keys in the same order (values without spaces, so the text splits on spaces).
         let mut l = sample();
         l.model = Some("m");
+        l.user_agent = Some("curl/8.0");
         let (text, json) = (l.text(), l.json());
         let keys: Vec<&str> = text
             .split(' ')
             .filter_map(|kv| kv.split_once('='))
             .map(|(k, _)| k)
             .collect();
-        assert_eq!(keys.len(), 19);
+        assert_eq!(keys.len(), 20);
         let at: Vec<usize> = keys
             .iter()
             .map(|k| {
@@ -511,8 +524,10 @@ mod tests {
         let long = "m".repeat(10_000);
         let mut l = sample();
         l.model = Some(&long);
+        l.user_agent = Some(&long);
         let v: serde_json::Value = serde_json::from_str(&l.json()).unwrap();
         assert_eq!(v["model"].as_str().unwrap().len(), MAX_VALUE_BYTES + 3);
+        assert_eq!(v["user_agent"].as_str().unwrap().len(), MAX_VALUE_BYTES + 3);
         assert_eq!(bounded("ééé", 3), "é...");
     }
 

@@ -86,6 +86,7 @@ async fn json_lines_for_a_streamed_a_failed_and_a_refused_request() {
         .header("content-type", "application/json")
         .header("authorization", format!("Bearer {CLIENT_TOKEN}"))
         .header(SESSION_HEADER, SESSION_ID)
+        .header("user-agent", "claude-cli/2.1.332 (external, sdk-cli)")
         .body(body.clone())
         .send()
         .await
@@ -128,6 +129,7 @@ async fn json_lines_for_a_streamed_a_failed_and_a_refused_request() {
 
     let s = &v[0];
     assert_eq!(s["request_id"], id1.as_str());
+    assert_eq!(s["user_agent"], "claude-cli/2.1.332 (external, sdk-cli)");
     assert_eq!(s["method"], "POST");
     assert_eq!(s["path"], CHAT, "normalised path, no query string");
     assert_eq!(s["model"], "sim-model");

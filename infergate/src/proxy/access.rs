@@ -100,6 +100,10 @@ impl Router {
             session: ctx.session_key.as_deref().map(session_hash),
             request_id: id,
             error: error.as_deref(),
+            user_agent: req
+                .headers
+                .get(http::header::USER_AGENT)
+                .and_then(|v| v.to_str().ok()),
         });
     }
 }
