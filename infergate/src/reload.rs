@@ -432,6 +432,12 @@ fn pool_settings(d: &mut Diff, old: &PoolConfig, next: &mut PoolConfig) {
         IN_PLACE,
     );
     d.setting(
+        "prefill.tokens_per_image",
+        &old.prefill.tokens_per_image,
+        &mut next.prefill.tokens_per_image,
+        IN_PLACE,
+    );
+    d.setting(
         "max_in_flight_per_endpoint",
         &old.max_in_flight_per_endpoint,
         &mut next.max_in_flight_per_endpoint,
@@ -704,7 +710,7 @@ mod tests {
         let new = conf(
             "timeouts: { connect: 5s, client_idle: 3s }\nmax_retries: 0\nendpoint_header: false\n",
             "    sessions: { ttl: 5m, max_sessions: 10, header: x-conv }\n    max_in_flight_per_endpoint: 8\n    \
-             queue: { max_wait: 1s }\n    prefill: { bytes_per_token: 3 }\n    outlier_detection: { base_ejection: 1s }\n",
+             queue: { max_wait: 1s }\n    prefill: { bytes_per_token: 3, tokens_per_image: 800 }\n    outlier_detection: { base_ejection: 1s }\n",
         );
         let p = plan(&old, &new);
         assert_eq!(p.not_applied, vec![]);
@@ -721,6 +727,7 @@ mod tests {
                 "applied sessions.max_sessions of pool `a` (100000 → 10)",
                 "applied outlier_detection.base_ejection of pool `a` (2s → 1s)",
                 "applied prefill.bytes_per_token of pool `a` (4.0 → 3.0)",
+                "applied prefill.tokens_per_image of pool `a` (1500 → 800)",
                 "applied max_in_flight_per_endpoint of pool `a` (Some(4) → Some(8))",
                 "applied queue.max_wait of pool `a` (10s → 1s)",
             ]

@@ -52,6 +52,12 @@ pub struct BodyScan {
     /// Where the conversation starts in `prompt`: after the top-level system prompt and its separator (0 without
     /// one, or without a conversation after it).
     pub conversation_at: usize,
+    /// Bytes (quotes included) of the body's inline base64 attachments: `data:...;base64,` URLs (OpenAI
+    /// `image_url`, `input_audio`-style and Responses `input_image`) and Anthropic `source.data`. They cost an engine
+    /// a few hundred to a few thousand tokens each, not their size over bytes per token.
+    pub media_bytes: u64,
+    /// How many such attachments.
+    pub media_items: u64,
     /// Top-level `"stream"` if seen.
     pub stream: Option<bool>,
     /// The scan reached the end of a complete top-level object.
@@ -104,6 +110,10 @@ enum Role {
     Message,
     /// A content part object: its `text` is prompt text.
     ContentPart,
+    /// An Anthropic attachment's `source` object: its `data` is base64.
+    MediaSource,
+    /// An Anthropic attachment's base64 `data`.
+    MediaData,
     /// A block of the system prompt: its `text` is system text.
     SystemPart,
     Other,
@@ -140,6 +150,7 @@ impl<'a> Scanner<'a> {
             b'[' => self.array(role, depth),
             b'"' => match self.string() {
                 Ok(raw) => {
+                    self.note_media(role, raw);
                     match role {
                         Role::Model => self.out.model = Some(unescape(raw)),
                         Role::PromptText => self.push_prompt(raw),
@@ -149,6 +160,7 @@ impl<'a> Scanner<'a> {
                     Some(())
                 }
                 Err(partial) => {
+                    self.note_media(role, partial);
                     // Cut by the prefix end: a long prompt still contributes what was seen.
                     match role {
                         Role::PromptText => self.push_prompt(partial),
@@ -212,6 +224,8 @@ impl<'a> Scanner<'a> {
                 // Responses API tool output.
                 (Role::ContentPart, b"text" | b"content" | b"output") => Role::PromptText,
                 (Role::SystemPart, b"text") => Role::SystemText,
+                (_, b"source") => Role::MediaSource,
+                (Role::MediaSource, b"data") => Role::MediaData,
                 _ => Role::Other,
             };
             self.value(child, depth + 1)?;
@@ -265,6 +279,18 @@ impl<'a> Scanner<'a> {
         }
         self.i = b.len();
         Err(b.get(start..).unwrap_or_default())
+    }
+
+    /// Counts `raw` as an inline attachment when it is one.
+    fn note_media(&mut self, role: Role, raw: &[u8]) {
+        let data_url = raw.starts_with(b"data:")
+            && raw
+                .get(..raw.len().min(128))
+                .is_some_and(|head| head.windows(8).any(|w| w == b";base64,"));
+        if data_url || role == Role::MediaData {
+            self.out.media_bytes += raw.len() as u64 + 2;
+            self.out.media_items += 1;
+        }
     }
 
     fn push_prompt(&mut self, raw: &[u8]) {
@@ -390,6 +416,42 @@ mod tests {
         assert_eq!(s.prompt, b"sys\x1efix it\x1edone\x1ethanks");
         assert_eq!((s.model.as_deref(), s.stream), (Some("r"), Some(true)));
         assert_eq!(classify("POST", "/v1/responses"), CallKind::Generate);
+    }
+
+    #[test]
+    fn counts_inline_attachments_apart_from_the_prompt() {
+        let img = "iVBORw0KGgo".repeat(100);
+        let chat = format!(
+            r#"{{"messages":[{{"role":"user","content":[{{"type":"text","text":"what is this"}},
+                {{"type":"image_url","image_url":{{"url":"data:image/png;base64,{img}"}}}}]}}],"model":"v"}}"#
+        );
+        let s = scan(chat.as_bytes(), 1 << 20);
+        let url_len = "data:image/png;base64,".len() + img.len() + 2;
+        assert_eq!((s.media_bytes, s.media_items), (url_len as u64, 1));
+        assert_eq!(s.prompt, b"what is this");
+        // Anthropic: base64 `source.data`, also inside a tool result; a URL source is no attachment.
+        let anthropic = format!(
+            r#"{{"messages":[{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t","content":[
+                {{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"{img}"}}}}]}},
+                {{"type":"image","source":{{"type":"url","url":"https://x/y.png"}}}}]}}],"model":"c"}}"#
+        );
+        let s = scan(anthropic.as_bytes(), 1 << 20);
+        assert_eq!((s.media_bytes, s.media_items), (img.len() as u64 + 2, 1));
+        // Responses API input_image; a body cut inside the attachment counts what arrived.
+        let responses = format!(
+            r#"{{"input":[{{"role":"user","content":[{{"type":"input_image","image_url":"data:image/jpeg;base64,{img}"}}]}}]}}"#
+        );
+        let s = scan(responses.as_bytes(), 1 << 20);
+        assert_eq!(s.media_items, 1);
+        let cut = scan(&responses.as_bytes()[..responses.len() / 2], 1 << 20);
+        assert_eq!(cut.media_items, 1);
+        assert!(cut.media_bytes > 400, "{}", cut.media_bytes);
+        // Text that merely mentions a data URL later in the string is prompt text.
+        let s = scan(
+            br#"{"prompt":"see data:image/png;base64,AAAA","model":"x"}"#,
+            100,
+        );
+        assert_eq!(s.media_items, 0);
     }
 
     #[test]

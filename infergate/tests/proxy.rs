@@ -97,6 +97,46 @@ async fn a_responses_api_stream_holds_its_tokens_until_the_first_output_not_the_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_screenshot_counts_as_an_images_tokens_not_its_base64_size() {
+    let eng = engines(1, slow_prefill()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    router.ready().await;
+    // A coding agent's tool result with a 2 MB screenshot, and 20k tokens of text (0.8 s of prefill).
+    let screenshot = format!(
+        "data:image/png;base64,{}",
+        "iVBORw0KGgoAAAANSUhEUg".repeat(95_000)
+    );
+    let body = serde_json::json!({
+        "model": "sim-model", "stream": true, "max_tokens": 4,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "word ".repeat(20_000)},
+            {"type": "image_url", "image_url": {"url": screenshot}},
+        ]}],
+    })
+    .to_string();
+    let resp = send_chat(&router.url(), body.clone()).await;
+    assert_eq!(resp.status(), 200);
+    // 100 KB of text over 4 bytes per token, plus one image at the default 1,500 tokens.
+    let (held, _) = router.endpoint_load(0);
+    assert!(
+        (25_000..30_000).contains(&held),
+        "held {held} tokens for a {} byte body",
+        body.len()
+    );
+    let _ = resp.bytes().await;
+    router.wait_idle().await;
+    // The speed learned from it is the text's: 20k tokens take about 0.8 s here, not a few ms.
+    let learned = router.state.pools.pools[0].endpoints()[0]
+        .prefill_speed
+        .estimate(20_000)
+        .expect("a speed learned");
+    assert!(
+        learned >= Duration::from_millis(300),
+        "20k tokens predicted to prefill in {learned:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_when_the_client_closes_without_reading() {
     let eng = engines(1, slow_prefill()).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;

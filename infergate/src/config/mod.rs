@@ -374,7 +374,8 @@ mod tests {
             p.prefill,
             PrefillConfig {
                 bytes_per_token: 4.0,
-                max_tokens: 262_144
+                max_tokens: 262_144,
+                tokens_per_image: 1500,
             }
         );
         assert_eq!(p.policy.sessions(), None);
@@ -432,7 +433,7 @@ pools:
       - "http://[::1]:8103"
       - url: http://127.0.0.1
     health_check: {{ path: /ready, interval: 3s, timeout: 250ms, healthy_after: 1, unhealthy_after: 3 }}
-    prefill: {{ bytes_per_token: 3.5, max_tokens: 8192 }}
+    prefill: {{ bytes_per_token: 3.5, max_tokens: 8192, tokens_per_image: 256 }}
     sessions: {{ header: X-Conversation, ttl: 10m, max_sessions: 5 }}
     engine_stats: {{ kind: sglang, interval: 500ms }}
   - name: rest
@@ -493,7 +494,8 @@ pools:
             p.prefill,
             PrefillConfig {
                 bytes_per_token: 3.5,
-                max_tokens: 8192
+                max_tokens: 8192,
+                tokens_per_image: 256,
             }
         );
         assert_eq!(

@@ -351,20 +351,28 @@ impl HealthCheckConfig {
 pub struct PrefillConfig {
     pub bytes_per_token: f64,
     pub max_tokens: u64,
+    /// What one inline base64 attachment (an image, mostly) costs in prompt tokens, whatever its size.
+    pub tokens_per_image: u64,
 }
+
+/// A screenshot of 1 to 1.5 megapixels costs common vision models about 1,300 to 2,000 tokens (Qwen2.5-VL: one per
+/// 28x28 pixels; Claude: about 1,600 for 1.15 MP); its base64 over 4 bytes per token would read as 300,000.
+pub const DEFAULT_TOKENS_PER_IMAGE: u64 = 1500;
 
 impl Default for PrefillConfig {
     fn default() -> Self {
         PrefillConfig {
             bytes_per_token: 4.0,
             max_tokens: 262_144,
+            tokens_per_image: DEFAULT_TOKENS_PER_IMAGE,
         }
     }
 }
 
 impl PrefillConfig {
     pub(super) fn read(n: Node<'_>) -> Result<PrefillConfig, ConfigError> {
-        let [bytes_per_token, max_tokens] = n.keys(["bytes_per_token", "max_tokens"])?;
+        let [bytes_per_token, max_tokens, tokens_per_image] =
+            n.keys(["bytes_per_token", "max_tokens", "tokens_per_image"])?;
         let d = PrefillConfig::default();
         let bytes_per_token = match bytes_per_token.value() {
             None => d.bytes_per_token,
@@ -382,6 +390,7 @@ impl PrefillConfig {
         Ok(PrefillConfig {
             bytes_per_token,
             max_tokens: max_tokens.positive_or(d.max_tokens)?,
+            tokens_per_image: tokens_per_image.uint_or(d.tokens_per_image)?,
         })
     }
 }
@@ -560,6 +569,20 @@ mod tests {
             pf,
             &["greater than 0"],
         );
+        let images = |v: &str| {
+            parse(&pool_with(&format!(
+                "    prefill: {{ tokens_per_image: {v} }}\n"
+            )))
+        };
+        assert_eq!(images("0").unwrap().pools[0].prefill.tokens_per_image, 0);
+        assert_eq!(
+            images("2560").unwrap().pools[0].prefill.tokens_per_image,
+            2560
+        );
+        assert!(images("1.5")
+            .unwrap_err()
+            .to_string()
+            .contains("pools[0].prefill.tokens_per_image"));
         assert_err(
             &pool_with("    prefill: { max_tokens: 0 }\n"),
             "pools[0].prefill.max_tokens",

@@ -194,6 +194,25 @@ pub struct Decision {
     pub reason: Reason,
 }
 
+/// The body bytes a request's prefill estimate is made of: each inline attachment counts as `tokens_per_image`
+/// tokens (in bytes at `bytes_per_token`) instead of its base64 size.
+pub fn prompt_bytes(
+    body_bytes: u64,
+    (media_bytes, media_items): (u64, u64),
+    bytes_per_token: f64,
+    tokens_per_image: u64,
+) -> u64 {
+    let per_item = tokens_per_image as f64 * bytes_per_token;
+    let per_item = if per_item.is_finite() && per_item > 0.0 {
+        per_item.ceil() as u64
+    } else {
+        0
+    };
+    body_bytes
+        .saturating_sub(media_bytes)
+        .saturating_add(media_items.saturating_mul(per_item))
+}
+
 /// Estimated prompt tokens for a body of `bytes` bytes: bytes / bytes_per_token, capped.
 pub fn estimate_tokens(bytes: u64, bytes_per_token: f64, max_tokens: u64) -> u64 {
     if bytes == 0 || bytes_per_token.is_nan() || bytes_per_token <= 0.0 {
@@ -302,6 +321,13 @@ mod tests {
         assert_eq!(estimate_tokens(4000, 4.0, 262_144), 1000);
         assert_eq!(estimate_tokens(4001, 4.0, 262_144), 1001);
         assert_eq!(estimate_tokens(10 << 20, 4.0, 262_144), 262_144);
+        // A 2 MB screenshot beside 4 KB of text: 4 KB plus 1,500 tokens' worth, not 2 MB.
+        assert_eq!(
+            prompt_bytes(2_004_000, (2_000_000, 1), 4.0, 1500),
+            4_000 + 6_000
+        );
+        assert_eq!(prompt_bytes(4_000, (0, 0), 4.0, 1500), 4_000);
+        assert_eq!(prompt_bytes(100, (500, 2), f64::NAN, 1500), 0);
     }
 
     #[test]

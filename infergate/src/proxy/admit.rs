@@ -44,8 +44,8 @@ impl Router {
         ctx: &mut Ctx,
         pool: &Pool,
     ) -> Result<bool> {
-        let tokens = match (&ctx.body, ctx.kind) {
-            (Some(b), CallKind::Generate) => self.estimate(pool, b.bytes.len() as u64),
+        let tokens = match ctx.kind {
+            CallKind::Generate => self.estimate(pool, ctx.prompt_bytes(&pool.cfg().prefill)),
             _ => 0,
         };
         let r = self.admission.charge(&ctx.admission, tokens);

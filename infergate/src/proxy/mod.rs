@@ -132,6 +132,18 @@ impl Ctx {
         self.scan.stream == Some(true)
     }
 
+    /// The held body's size as its prefill estimate counts it: inline attachments at `prefill.tokens_per_image`.
+    fn prompt_bytes(&self, prefill: &crate::config::PrefillConfig) -> u64 {
+        let body = self.body.as_ref().map_or(0, |b| b.bytes.len() as u64);
+        let media = (self.scan.media_bytes, self.scan.media_items);
+        crate::placement::prompt_bytes(
+            body,
+            media,
+            prefill.bytes_per_token,
+            prefill.tokens_per_image,
+        )
+    }
+
     fn ticket(&self) -> &Ticket {
         static NONE: Ticket = Ticket::None;
         self.placement.as_ref().map_or(&NONE, |p| &p.ticket)

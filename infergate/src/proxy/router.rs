@@ -148,7 +148,7 @@ impl Router {
             model: ctx.scan.model.as_deref().unwrap_or(""),
             prompt: &ctx.scan.prompt,
             conversation_at: ctx.scan.conversation_at,
-            body_bytes: ctx.body.as_ref().map_or(0, |b| b.bytes.len() as u64),
+            body_bytes: ctx.prompt_bytes(&pool.cfg().prefill),
         };
         let placement = if ctx.kind == CallKind::Generate {
             let snap = Snapshot {
