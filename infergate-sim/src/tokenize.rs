@@ -233,7 +233,22 @@ fn push_chat(
     }
     if let Some(sys) = system {
         h.push_text("<|im_start|>system\n");
-        push_content(h, sys);
+        match sys {
+            // vLLM drops Claude Code's attribution block (its hashes change per request) before rendering.
+            Value::Array(blocks) => {
+                let kept: Vec<Value> = blocks
+                    .iter()
+                    .filter(|b| {
+                        !b.get("text")
+                            .and_then(Value::as_str)
+                            .is_some_and(|t| t.starts_with("x-anthropic-billing-header"))
+                    })
+                    .cloned()
+                    .collect();
+                push_content(h, &Value::Array(kept));
+            }
+            other => push_content(h, other),
+        }
         h.push_text("<|im_end|>\n");
     }
     for m in messages {
@@ -454,6 +469,19 @@ mod tests {
         let common = a.block_hashes.len().saturating_sub(1);
         assert!(common > 3);
         assert_eq!(a.block_hashes[..common], b.block_hashes[..common]);
+    }
+
+    #[test]
+    fn claude_codes_attribution_block_is_not_rendered() {
+        let turn = |cch: &str| {
+            serde_json::json!({"messages": [{"role": "user", "content": PROSE}], "system": [
+                {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.119.af2; cch={cch};")},
+                {"type": "text", "text": PROSE}]})
+        };
+        let a = prompt_of(ApiKind::Messages, &turn("97bd6"), 16, false).unwrap();
+        let b = prompt_of(ApiKind::Messages, &turn("24c2d"), 16, false).unwrap();
+        assert_eq!(a.block_hashes, b.block_hashes);
+        assert_eq!(a.len, b.len);
     }
 
     #[test]

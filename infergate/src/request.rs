@@ -154,7 +154,7 @@ impl<'a> Scanner<'a> {
                     match role {
                         Role::Model => self.out.model = Some(unescape(raw)),
                         Role::PromptText => self.push_prompt(raw),
-                        Role::SystemText => self.push_system(raw),
+                        Role::SystemText if !is_billing_header(raw) => self.push_system(raw),
                         _ => {}
                     }
                     Some(())
@@ -164,7 +164,9 @@ impl<'a> Scanner<'a> {
                     // Cut by the prefix end: a long prompt still contributes what was seen.
                     match role {
                         Role::PromptText => self.push_prompt(partial),
-                        Role::SystemText => self.push_system(partial),
+                        Role::SystemText if !is_billing_header(partial) => {
+                            self.push_system(partial)
+                        }
                         _ => {}
                     }
                     None
@@ -302,6 +304,14 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// Claude Code opens its system prompt with an attribution block (`x-anthropic-billing-header: cc_version=...;
+/// cch=...;`) whose hashes change per conversation and per request. vLLM drops it before rendering the prompt, so
+/// it is not part of what the engine caches; counted here it would make every turn a new prompt lineage and no
+/// two sessions share a prefix.
+fn is_billing_header(raw: &[u8]) -> bool {
+    raw.starts_with(b"x-anthropic-billing-header")
+}
+
 /// Appends `raw` to `buf` after a 0x1e separator (none first), keeping `buf` within `max` bytes.
 fn push_bounded(buf: &mut Vec<u8>, raw: &[u8], max: usize) {
     if buf.len() >= max {
@@ -377,6 +387,18 @@ mod tests {
             100,
         );
         assert_eq!(s.prompt, b"sys1\x1esys2\x1ehi");
+        // Claude Code's attribution block is not prompt text (vLLM drops it; its hashes change per request).
+        let with_billing = |cch: &str| {
+            let body = format!(
+                r#"{{"model":"c","messages":[{{"role":"user","content":"hi"}}],"system":[
+                    {{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.119.af2; cc_entrypoint=cli; cch={cch};"}},
+                    {{"type":"text","text":"You are Claude Code.","cache_control":{{"type":"ephemeral"}}}}]}}"#
+            );
+            scan(body.as_bytes(), 1000)
+        };
+        let (a, b) = (with_billing("97bd6"), with_billing("24c2d"));
+        assert_eq!(a.prompt, b"You are Claude Code.\x1ehi");
+        assert_eq!((a.prompt, a.conversation_at), (b.prompt, b.conversation_at));
         // The openai SDK's responses.create: `instructions` after `input`.
         let s = scan(
             br#"{"input":"hello","instructions":"be brief","model":"r"}"#,

@@ -93,7 +93,9 @@ async fn multi_turn_sessions_keep_prefix_affinity_while_load_is_even() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_system_prompt_sent_after_the_messages_still_matches_across_sessions() {
     // As the anthropic SDK serialises a request (keys in alphabetical order): `system` after `messages`. The
-    // engine renders the system prompt first, so sessions sharing it share a cached prefix.
+    // engine renders the system prompt first, so sessions sharing it share a cached prefix. Claude Code opens the
+    // system prompt with an attribution block whose hashes change per conversation and per request (vLLM drops
+    // it before rendering).
     let eng = engines(2, time_scaled(0.2)).await;
     let router = start_router(&pool_yaml("prefix_aware", &urls(&eng), PREFIX)).await;
     router.all_healthy().await;
@@ -105,7 +107,13 @@ async fn a_system_prompt_sent_after_the_messages_still_matches_across_sessions()
             "messages": [{"role": "user", "content": format!("task {i}: fix the failing test number {i}")}],
             "model": "sim-model",
             "stream": true,
-            "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+            "system": [
+                {"type": "text", "text": format!(
+                    "x-anthropic-billing-header: cc_version=2.1.119.{i:03x}; cc_entrypoint=cli; cch={:05x};",
+                    fastrand::u32(..0xfffff)
+                )},
+                {"type": "text", "text": system, "cache_control": {"type": "ephemeral"}},
+            ],
         });
         let r = post_json(&c, &router.url(), "/v1/messages")
             .body(body.to_string())

@@ -176,3 +176,64 @@ async fn the_first_listed_session_header_a_request_carries_names_its_session() {
         [2.0, 1.0, 0.0]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_turn_counts_its_growth_although_its_attribution_block_changes() {
+    let eng = engines(2, time_scaled(0.1)).await;
+    // The default session headers, Claude Code's among them.
+    let sessions = "    sessions: { ttl: 1h }\n";
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), sessions)).await;
+    router.all_healthy().await;
+    let system = "You are Claude Code, working in a large repository. ".repeat(400);
+    // Claude Code's request shape: model first, then messages, then system blocks, the first of which carries a
+    // hash that changes with every request.
+    let turn = |messages: serde_json::Value, cch: &str| {
+        serde_json::json!({
+            "model": "sim-model", "messages": messages, "stream": true, "max_tokens": 2,
+            "system": [
+                {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.119.af2; cc_entrypoint=cli; cch={cch};")},
+                {"type": "text", "text": system, "cache_control": {"type": "ephemeral"}},
+            ],
+        })
+        .to_string()
+    };
+    let first = turn(
+        serde_json::json!([{"role": "user", "content": "fix the failing test"}]),
+        "97bd6",
+    );
+    let second = turn(
+        serde_json::json!([
+            {"role": "user", "content": "fix the failing test"},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "now run it"},
+        ]),
+        "24c2d",
+    );
+    for (body, session) in [(&first, "cc-1"), (&second, "cc-1")] {
+        let r = post_json(&client(), &router.url(), "/v1/messages")
+            .header("x-claude-code-session-id", session)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(finish(r).await, 200);
+    }
+    router.wait_idle().await;
+    let total = router
+        .metric_sum("infergate_prefill_tokens_estimated_total", &[])
+        .await;
+    // The first turn whole, the second only its growth: about the second body's size in all, not both bodies.
+    let growth_only = (second.len() as f64 / 4.0).ceil();
+    assert!(
+        total <= growth_only + 16.0,
+        "estimated {total} tokens for turns of {} and {} bytes: the second turn was counted whole",
+        first.len(),
+        second.len()
+    );
+    assert_eq!(
+        router
+            .metric_sum("infergate_placements_total", &["reason=\"sticky\""])
+            .await,
+        1.0
+    );
+}

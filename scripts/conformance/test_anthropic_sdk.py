@@ -86,12 +86,19 @@ def stream_long(client, model):
 @MODELS
 def test_a_claude_code_session_stays_on_its_engine_and_reuses_its_cache(client, model):
     """Four turns of one conversation as Claude Code sends them (the whole history each time, its session id in
-    `X-Claude-Code-Session-Id`, which the pools list after `x-session-id`): every turn reaches the engine of the
-    first, and every later turn is served mostly from that engine's prefix cache. m2 runs predicted_ttft."""
+    `X-Claude-Code-Session-Id`, which the pools list after `x-session-id`, and its system prompt opened by an
+    attribution block whose hash changes every request): every turn reaches the engine of the first, and every
+    later turn is served mostly from that engine's prefix cache. m2 runs predicted_ttft."""
     if model == "m2":
         learn_both_throughputs(model, lambda: stream_long(client, model))
     session = uuid.uuid4().hex
-    system = [{"type": "text", "text": text(16 * KIB), "cache_control": {"type": "ephemeral"}}]
+    def system():
+        attribution = f"x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=cli; cch={uuid.uuid4().hex[:5]};"
+        return [
+            {"type": "text", "text": attribution},
+            {"type": "text", "text": text(16 * KIB), "cache_control": {"type": "ephemeral"}},
+        ]
+
     messages = []
     sticky = metric("infergate_placements_total", pool=model, reason="sticky")
     engines = []
@@ -101,7 +108,7 @@ def test_a_claude_code_session_stays_on_its_engine_and_reuses_its_cache(client, 
         resp = client.messages.create(
             model=model,
             max_tokens=4,
-            system=system,
+            system=system(),
             messages=messages,
             extra_headers={ID_HEADER: rid, "X-Claude-Code-Session-Id": session},
         )
