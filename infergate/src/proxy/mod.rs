@@ -525,8 +525,7 @@ impl ProxyHttp for Router {
             }
         }
         // An error body has no preamble: its first byte ends the hold.
-        let output = !success || ctx.preamble.output_in(chunk);
-        if !ctx.first_output_seen && output {
+        if !ctx.first_output_seen && (!success || ctx.preamble.output_in(chunk)) {
             ctx.first_output_seen = true;
             if let (Some(h), Some(ep)) = (&ctx.hold, &ctx.endpoint) {
                 // A successful stream's first output marks the end of prefill: learn the endpoint's speed from it.
