@@ -391,6 +391,8 @@ struct Reply {
     model: String,
     prompt_tokens: usize,
     max_tokens: usize,
+    /// The answer ends at end of sequence (`--stop-after`), not at the request's limit.
+    ended_itself: bool,
     include_usage: bool,
 }
 
@@ -425,17 +427,41 @@ impl Reply {
         format!("event: {name}\ndata: {v}\n\n").into_bytes()
     }
 
+    /// OpenAI's `finish_reason`: `stop` at end of sequence, `length` at the request's limit.
+    fn finish_reason(&self) -> &'static str {
+        if self.ended_itself {
+            "stop"
+        } else {
+            "length"
+        }
+    }
+
+    /// Anthropic's `stop_reason`: `end_turn` at end of sequence, `max_tokens` at the request's limit.
+    fn stop_reason(&self) -> &'static str {
+        if self.ended_itself {
+            "end_turn"
+        } else {
+            "max_tokens"
+        }
+    }
+
     fn responses_usage(&self, output: usize, cached: usize) -> Value {
         json!({"input_tokens": self.prompt_tokens, "input_tokens_details": {"cached_tokens": cached},
                "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
                "total_tokens": self.prompt_tokens + output})
     }
 
-    /// The Responses API's response object: in progress (no output yet) or done (stopped at max_output_tokens,
-    /// which vLLM reports as `incomplete`).
+    /// The Responses API's response object: in progress (no output yet) or done (`completed` when the answer
+    /// ended itself; stopped at max_output_tokens, which vLLM reports as `incomplete`).
     fn response_object(&self, done: Option<(&str, Value)>) -> Value {
         let (status, output, incomplete, usage) = match done {
             None => ("in_progress", json!([]), Value::Null, Value::Null),
+            Some((text, usage)) if self.ended_itself => (
+                "completed",
+                json!([self.response_message(text, "completed")]),
+                Value::Null,
+                usage,
+            ),
             Some((text, usage)) => (
                 "incomplete",
                 json!([self.response_message(text, "completed")]),
@@ -493,7 +519,7 @@ impl Reply {
     fn token_events(&self, ev: &TokenEvent) -> Vec<Vec<u8>> {
         let tok = output_token(ev.index);
         let finish = if ev.finished {
-            json!("length")
+            json!(self.finish_reason())
         } else {
             Value::Null
         };
@@ -602,7 +628,7 @@ impl Reply {
                 ),
                 Self::event(
                     "message_delta",
-                    &json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": null},
+                    &json!({"type": "message_delta", "delta": {"stop_reason": self.stop_reason(), "stop_sequence": null},
                             "usage": {"output_tokens": self.max_tokens}}),
                 ),
                 Self::event("message_stop", &json!({"type": "message_stop"})),
@@ -630,18 +656,18 @@ impl Reply {
             }
             ApiKind::Messages => self.anthropic_message(
                 json!([{"type": "text", "text": text}]),
-                json!("max_tokens"),
+                json!(self.stop_reason()),
                 self.anthropic_usage(self.max_tokens, cached),
             ),
             ApiKind::Chat => json!({
                 "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                             "logprobs": null, "finish_reason": "length", "stop_reason": null}],
+                             "logprobs": null, "finish_reason": self.finish_reason(), "stop_reason": null}],
                 "usage": self.usage(self.max_tokens, cached),
             }),
             ApiKind::Completion => json!({
                 "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": "length",
+                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": self.finish_reason(),
                              "stop_reason": null}],
                 "usage": self.usage(self.max_tokens, cached),
             }),
@@ -711,11 +737,14 @@ async fn generate(
         return respond_gen_error(io, rb, &req, kind, 400, &msg, Some(param)).await;
     }
     // Without max_tokens vLLM generates up to the context length; the simulator stops at its default.
-    let max_tokens = requested.unwrap_or_else(|| {
+    let allowed = requested.unwrap_or_else(|| {
         eng.cfg
             .default_max_tokens
             .min(eng.cfg.max_model_len - prompt_tokens)
     });
+    // A model that ends its answer on its own (end of sequence) before the request's limit.
+    let ends_itself = eng.cfg.stop_after.filter(|&n| n < allowed);
+    let max_tokens = ends_itself.unwrap_or(allowed);
 
     if !eng.sched.try_reserve(eng.cfg.max_waiting) {
         eng.refuse(seq, Refusal::QueueFull, 429);
@@ -758,6 +787,7 @@ async fn generate(
             .unwrap_or_else(|| eng.cfg.model.clone()),
         prompt_tokens,
         max_tokens,
+        ended_itself: ends_itself.is_some(),
         include_usage: parsed.include_usage,
     };
 

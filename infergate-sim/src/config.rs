@@ -50,6 +50,10 @@ pub struct SimConfig {
     /// not yet taken by the scheduler) is refused at once with 429 and `Retry-After: 1`. `None`: no limit,
     /// like vLLM today (vLLM PR #49330 proposes `--max-waiting-queue-length` with the same 429).
     pub max_waiting: Option<usize>,
+    /// The model ends every answer (end of sequence: `stop`, `end_turn`, `completed`) after this many tokens when
+    /// the request allows more; `None`: answers run to their `max_tokens`, as the benchmarks want. Real agents ask
+    /// for 32,000 tokens and expect an answer to end on its own.
+    pub stop_after: Option<usize>,
 }
 
 impl Default for SimConfig {
@@ -72,6 +76,7 @@ impl Default for SimConfig {
             max_recorded_requests: 100_000,
             max_body_bytes: 64 << 20,
             max_waiting: None,
+            stop_after: None,
         }
     }
 }

@@ -165,6 +165,9 @@ struct Cli {
     /// Refuse a generation request with 429 (Retry-After: 1) when N requests already wait [default: no limit]
     #[arg(long, value_name = "N", value_parser = at_least_one, help_heading = KNOBS)]
     max_waiting: Option<usize>,
+    /// End every answer after N tokens (end of sequence) when the request allows more [default: run to max_tokens]
+    #[arg(long, value_name = "N", value_parser = at_least_one, help_heading = KNOBS)]
+    stop_after: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -235,6 +238,7 @@ where
         max_recorded_requests: cli.max_recorded_requests,
         max_body_bytes: cli.max_body_bytes,
         max_waiting: cli.max_waiting,
+        stop_after: cli.stop_after,
     };
     Ok(Args {
         host: cli.host,
@@ -402,6 +406,11 @@ mod tests {
         assert_eq!(c.max_recorded_requests, MAX_RECORDED_REQUESTS);
         assert_eq!(parse("--port 1").unwrap().cfg.keep_alive_timeout, None);
         assert_eq!(parse("--port 1").unwrap().cfg.max_waiting, None);
+        assert_eq!(parse("--port 1").unwrap().cfg.stop_after, None);
+        assert_eq!(
+            parse("--port 1 --stop-after 8").unwrap().cfg.stop_after,
+            Some(8)
+        );
         assert_eq!(
             parse("--port 1 --max-waiting 3").unwrap().cfg.max_waiting,
             Some(3)

@@ -295,6 +295,41 @@ async fn responses_api_announces_the_response_before_prefill_as_vllm_does() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn with_stop_after_answers_end_on_their_own_in_every_api() {
+    let e = spawn_engine(SimConfig {
+        stop_after: Some(3),
+        ..scaled(0.1)
+    })
+    .await
+    .unwrap();
+    let c = reqwest::Client::new();
+    let v = post_value(&c, &e, "/v1/chat/completions", &chat("hi", 32_000, false)).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    let messages = json!({"model": "m", "max_tokens": 32_000, "messages": [{"role": "user", "content": "hi"}]});
+    let v = post_value(&c, &e, "/v1/messages", &messages).await;
+    assert_eq!(
+        (
+            v["stop_reason"].as_str(),
+            v["usage"]["output_tokens"].as_u64()
+        ),
+        (Some("end_turn"), Some(3))
+    );
+    let v = post_value(
+        &c,
+        &e,
+        "/v1/responses",
+        &json!({"input": "hi", "model": "m"}),
+    )
+    .await;
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["incomplete_details"], Value::Null);
+    // A request asking for fewer tokens still stops at its limit.
+    let v = post_value(&c, &e, "/v1/chat/completions", &chat("hi", 2, false)).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn streaming_sends_one_event_per_token_as_it_is_decoded() {
     let e = spawn_engine(scaled(1.0)).await.unwrap();
     let resp = reqwest::Client::new()
