@@ -29,7 +29,13 @@ for a in "${agents[@]}"; do
   case "$a" in claude-code|codex|opencode) ;; *) echo "usage: $0 [claude-code] [codex] [opencode]" >&2; exit 2 ;; esac
 done
 
-command -v npm >/dev/null 2>&1 || { as_root apt-get update -qq; as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+apt_install() {
+  log "installing $* (apt-get)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+command -v npm >/dev/null 2>&1 || apt_install nodejs npm
+command -v curl >/dev/null 2>&1 || apt_install curl
 scripts/ensure-deps.sh
 cargo build --bins --quiet
 
