@@ -226,7 +226,7 @@ impl<'a> Scanner<'a> {
                 // Responses API tool output.
                 (Role::ContentPart, b"text" | b"content" | b"output") => Role::PromptText,
                 (Role::SystemPart, b"text") => Role::SystemText,
-                (_, b"source") => Role::MediaSource,
+                (Role::ContentPart, b"source") => Role::MediaSource,
                 (Role::MediaSource, b"data") => Role::MediaData,
                 _ => Role::Other,
             };
@@ -459,6 +459,12 @@ mod tests {
         );
         let s = scan(anthropic.as_bytes(), 1 << 20);
         assert_eq!((s.media_bytes, s.media_items), (img.len() as u64 + 2, 1));
+        // A tool call's arguments that happen to hold `source.data` are no attachment.
+        let tool_input = format!(
+            r#"{{"messages":[{{"role":"assistant","content":[{{"type":"tool_use","id":"t","name":"f",
+                "input":{{"source":{{"data":"{img}"}}}}}}]}}],"model":"c"}}"#
+        );
+        assert_eq!(scan(tool_input.as_bytes(), 1 << 20).media_items, 0);
         // Responses API input_image; a body cut inside the attachment counts what arrived.
         let responses = format!(
             r#"{{"input":[{{"role":"user","content":[{{"type":"input_image","image_url":"data:image/jpeg;base64,{img}"}}]}}]}}"#
