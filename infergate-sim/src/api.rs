@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::http::{self, ConnIo, InBuf, Request};
 use super::metrics;
 use super::scheduler::{SchedRequest, TokenEvent};
 use super::server::{Engine, Refusal, BIG_BODY};
-use super::tokenize::{self, output_token, ApiKind, BadRequest, GenRequest};
+use super::store::{Cancel, ResponseStore, Turn};
+use super::tokenize::{self, output_token, ApiKind, BadRequest, GenRequest, StoreFields};
 
 /// `{"error":{"message","type","param","code"}}` as vLLM's OpenAI server sends it.
 pub(crate) fn openai_error_body(status: u16, msg: &str) -> Vec<u8> {
@@ -64,11 +65,15 @@ fn vllm_error_type(status: u16) -> String {
 /// `vllm/entrypoints/openai/engine/protocol.py`, since vLLM 0.10.1; before that the same four fields sat at the
 /// top level beside `"object": "error"`): `{"error": {"message", "type", "param", "code"}}`.
 pub(crate) fn vllm_error_body(status: u16, msg: &str, param: Option<&str>) -> Vec<u8> {
-    let typ = vllm_error_type(status);
-    serde_json::to_vec(
-        &json!({"error": {"message": msg, "type": typ, "param": param, "code": status}}),
-    )
-    .unwrap()
+    typed_error_body(status, &vllm_error_type(status), msg, param)
+}
+
+/// vLLM's error body with the type its serving code names itself (`invalid_request_error` for the Responses API's
+/// store checks, whatever the status).
+fn typed_error_body(status: u16, typ: &str, msg: &str, param: Option<&str>) -> Vec<u8> {
+    json!({"error": {"message": msg, "type": typ, "param": param, "code": status}})
+        .to_string()
+        .into_bytes()
 }
 
 /// vLLM's length check before a request reaches the engine (`_validate_input` in its serving layer): the prompt
@@ -176,6 +181,29 @@ async fn respond_error(
         &error_body(kind, status, msg),
     )
     .await
+}
+
+/// vLLM's `invalid_request_error` answer of the Responses API store (unknown id, refused background, cancel).
+async fn respond_invalid(
+    io: &mut ConnIo,
+    rb: &InBuf,
+    req: &Request,
+    status: u16,
+    msg: &str,
+    param: &str,
+) -> bool {
+    let body = typed_error_body(status, "invalid_request_error", msg, Some(param));
+    respond(io, rb, req, status, "application/json", &body).await
+}
+
+/// vLLM's message for an id its response store does not hold (retrieve, cancel, `previous_response_id`).
+fn unknown_response(id: &str) -> String {
+    format!("Response with id '{id}' not found.")
+}
+
+async fn respond_no_route(io: &mut ConnIo, rb: &InBuf, req: &Request) -> bool {
+    let msg = format!("Not Found: {} {}", req.method, req.path);
+    respond_error(io, rb, req, None, 404, &msg).await
 }
 
 /// An error answer of a generation route: vLLM's body for the OpenAI routes, Anthropic's for `/v1/messages`.
@@ -356,6 +384,7 @@ pub(crate) async fn handle(
         "/v1/completions" if post => generate(eng, ApiKind::Completion, req, seq, io, rb).await,
         "/v1/messages" if post => generate(eng, ApiKind::Messages, req, seq, io, rb).await,
         "/v1/responses" if post => generate(eng, ApiKind::Responses, req, seq, io, rb).await,
+        p if p.starts_with("/v1/responses/") => stored_response(eng, &req, io, rb).await,
         "/health"
         | "/v1/models"
         | "/version"
@@ -369,17 +398,39 @@ pub(crate) async fn handle(
         | "/v1/completions"
         | "/v1/messages"
         | "/v1/responses" => respond_error(io, rb, &req, None, 405, "Method Not Allowed").await,
-        _ => {
-            respond_error(
-                io,
-                rb,
-                &req,
-                None,
-                404,
-                &format!("Not Found: {} {}", req.method, req.path),
-            )
-            .await
-        }
+        _ => respond_no_route(io, rb, &req).await,
+    }
+}
+
+/// vLLM's routes of its response store: `GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` (a
+/// `?stream=true` retrieval of a background stream is not simulated: the query is ignored). Without
+/// `responses_store` the store is empty, so every id is unknown, as on vLLM.
+async fn stored_response(eng: &Engine, req: &Request, io: &mut ConnIo, rb: &InBuf) -> bool {
+    let rest = req.path.strip_prefix("/v1/responses/").unwrap_or_default();
+    let (id, cancel) = match rest.strip_suffix("/cancel") {
+        Some(id) => (id, true),
+        None => (rest, false),
+    };
+    if id.is_empty() || id.contains('/') {
+        return respond_no_route(io, rb, req).await;
+    }
+    let get = req.method == "GET" || req.method == "HEAD";
+    match (cancel, get, req.method == "POST") {
+        (false, true, _) => match eng.responses.object(id) {
+            Some(v) => respond_json(io, rb, req, 200, &v).await,
+            None => respond_invalid(io, rb, req, 404, &unknown_response(id), "response_id").await,
+        },
+        (true, _, true) => match eng.responses.cancel(id) {
+            Cancel::Done(v) => respond_json(io, rb, req, 200, &v).await,
+            Cancel::Unknown => {
+                respond_invalid(io, rb, req, 404, &unknown_response(id), "response_id").await
+            }
+            Cancel::Synchronous => {
+                let msg = "Cannot cancel a synchronous response.";
+                respond_invalid(io, rb, req, 400, msg, "response_id").await
+            }
+        },
+        _ => respond_error(io, rb, req, None, 405, "Method Not Allowed").await,
     }
 }
 
@@ -394,6 +445,8 @@ struct Reply {
     /// The answer ends at end of sequence (`--stop-after`), not at the request's limit.
     ended_itself: bool,
     include_usage: bool,
+    /// A Responses API request with `background` (echoed in its response object).
+    background: bool,
 }
 
 impl Reply {
@@ -471,7 +524,20 @@ impl Reply {
         };
         json!({"id": self.id, "object": "response", "created_at": self.created, "model": self.model,
                "status": status, "output": output, "incomplete_details": incomplete, "error": null,
-               "parallel_tool_calls": true, "tool_choice": "auto", "tools": [], "usage": usage})
+               "parallel_tool_calls": true, "tool_choice": "auto", "tools": [], "usage": usage,
+               "background": self.background})
+    }
+
+    /// A background response as first answered and stored: `queued`, no output yet.
+    fn queued_object(&self) -> Value {
+        let mut r = self.response_object(None);
+        r["status"] = json!("queued");
+        r
+    }
+
+    /// The whole generated text.
+    fn output_text(&self) -> String {
+        (0..self.max_tokens).map(output_token).collect()
     }
 
     fn response_message(&self, text: &str, status: &str) -> Value {
@@ -596,7 +662,7 @@ impl Reply {
     fn tail_events(&self, cached: usize) -> Vec<Vec<u8>> {
         match self.kind {
             ApiKind::Responses => {
-                let text: String = (0..self.max_tokens).map(output_token).collect();
+                let text = self.output_text();
                 let (item, seq) = (self.message_id(), 4 + self.max_tokens);
                 let part = json!({"type": "output_text", "text": text, "annotations": []});
                 let done = self
@@ -649,7 +715,7 @@ impl Reply {
     }
 
     fn full_body(&self, cached: usize) -> Value {
-        let text: String = (0..self.max_tokens).map(output_token).collect();
+        let text = self.output_text();
         match self.kind {
             ApiKind::Responses => {
                 self.response_object(Some((&text, self.responses_usage(self.max_tokens, cached))))
@@ -675,14 +741,131 @@ impl Reply {
     }
 }
 
-async fn parse(eng: &Engine, kind: ApiKind, body: Vec<u8>) -> Result<GenRequest, BadRequest> {
+/// A generation request as parsed, with what the Responses API store needs of it.
+struct Parsed {
+    gen: GenRequest,
+    /// `store` here is whether to store: false without `responses_store` (vLLM then ignores the field).
+    fields: StoreFields,
+    /// The stored conversation its `previous_response_id` continues.
+    parent: Option<Arc<Turn>>,
+}
+
+/// Why a generation request is answered at once instead of being parsed into one to schedule.
+enum Refused {
+    /// A malformed request: 400 in the route's own error shape.
+    Bad(BadRequest),
+    /// vLLM's `invalid_request_error` of the Responses API store: status, message and the `param` it names.
+    Store(u16, String, &'static str),
+}
+
+const BACKGROUND_NEEDS_STORE: &str =
+    "This vLLM engine does not support `store=True` and therefore does not \
+    support the background mode. To enable these features, set the environment variable \
+    `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.";
+
+/// Parses a body in vLLM's order: fields, the store checks, the `previous_response_id` look-up, then the prompt
+/// (a continued response's conversation first, as if the client had resent it).
+fn parse_sync(
+    responses: &ResponseStore,
+    store_on: bool,
+    kind: ApiKind,
+    body: &[u8],
+    bt: usize,
+) -> Result<Parsed, Refused> {
+    let v = tokenize::parse_body(body).map_err(Refused::Bad)?;
+    if kind != ApiKind::Responses {
+        return Ok(Parsed {
+            gen: tokenize::gen_request(kind, &v, bt, &[]).map_err(Refused::Bad)?,
+            fields: StoreFields::default(),
+            parent: None,
+        });
+    }
+    let mut fields = tokenize::store_fields(&v).map_err(Refused::Bad)?;
+    if fields.background && fields.store && !store_on {
+        return Err(Refused::Store(
+            400,
+            BACKGROUND_NEEDS_STORE.into(),
+            "background",
+        ));
+    }
+    fields.store &= store_on;
+    if fields.background {
+        // vLLM runs `store: false` in the background too, but never completes the object it keeps: refused here.
+        let why = if !fields.store {
+            Some(("background mode requires `store` to be true.", "store"))
+        } else if v.get("stream") == Some(&Value::Bool(true)) {
+            Some((
+                "background streaming is not supported by engine-sim.",
+                "stream",
+            ))
+        } else {
+            None
+        };
+        if let Some((msg, param)) = why {
+            return Err(Refused::Store(400, msg.into(), param));
+        }
+    }
+    let parent = match &fields.previous_response_id {
+        None => None,
+        Some(id) => Some(
+            responses
+                .turn(id)
+                .ok_or_else(|| Refused::Store(404, unknown_response(id), "response_id"))?,
+        ),
+    };
+    let history = parent
+        .as_deref()
+        .map(Turn::conversation)
+        .unwrap_or_default();
+    let gen = tokenize::gen_request(kind, &v, bt, &history).map_err(Refused::Bad)?;
+    Ok(Parsed {
+        gen,
+        fields,
+        parent,
+    })
+}
+
+async fn parse(eng: &Engine, kind: ApiKind, body: Vec<u8>) -> Result<Parsed, Refused> {
     let bt = eng.cfg.block_tokens;
-    if body.len() > BIG_BODY {
-        tokio::task::spawn_blocking(move || tokenize::parse_gen_request(kind, &body, bt))
+    let store_on = eng.cfg.responses_store;
+    // A continued response re-tokenises its whole conversation, which a small body does not announce.
+    if body.len() > BIG_BODY || (store_on && kind == ApiKind::Responses) {
+        let responses = eng.responses.clone();
+        tokio::task::spawn_blocking(move || parse_sync(&responses, store_on, kind, &body, bt))
             .await
-            .unwrap_or_else(|_| Err(BadRequest("parser failed".into())))
+            .unwrap_or_else(|_| Err(Refused::Bad(BadRequest("parser failed".into()))))
     } else {
-        tokenize::parse_gen_request(kind, &body, bt)
+        parse_sync(&eng.responses, store_on, kind, &body, bt)
+    }
+}
+
+/// Follows a background response's generation and keeps its stored object current: `in_progress` from the first
+/// token (its prefill done), then the final object. A cancel, or the response leaving the store, ends this task;
+/// dropping `rx` then aborts the request in the scheduler, as vLLM cancels its background task.
+async fn run_background(
+    responses: Arc<ResponseStore>,
+    reply: Reply,
+    mut rx: mpsc::UnboundedReceiver<TokenEvent>,
+    mut cancel: oneshot::Receiver<()>,
+) {
+    loop {
+        let ev = tokio::select! {
+            _ = &mut cancel => return,
+            ev = rx.recv() => ev,
+        };
+        let Some(ev) = ev else {
+            // The scheduler stopped (engine shutdown).
+            responses.advance(&reply.id, "failed");
+            return;
+        };
+        if ev.finished {
+            let done = reply.full_body(ev.cached_tokens);
+            responses.finish(&reply.id, done, &reply.output_text());
+            return;
+        }
+        if ev.index == 0 {
+            responses.advance(&reply.id, "in_progress");
+        }
     }
 }
 
@@ -712,11 +895,19 @@ async fn generate(
         return respond_gen_error(io, rb, &req, kind, status, &msg, None).await;
     }
     let body = std::mem::take(&mut req.body);
-    let parsed = match parse(eng, kind, body).await {
+    let Parsed {
+        gen: parsed,
+        fields,
+        parent,
+    } = match parse(eng, kind, body).await {
         Ok(p) => p,
-        Err(BadRequest(m)) => {
+        Err(Refused::Bad(BadRequest(m))) => {
             eng.refuse(seq, Refusal::Invalid, 400);
             return respond_error(io, rb, &req, Some(kind), 400, &m).await;
+        }
+        Err(Refused::Store(status, m, param)) => {
+            eng.refuse(seq, Refusal::Invalid, status);
+            return respond_invalid(io, rb, &req, status, &m, param).await;
         }
     };
     let requested = match parsed.max_tokens {
@@ -789,6 +980,28 @@ async fn generate(
         max_tokens,
         ended_itself: ends_itself.is_some(),
         include_usage: parsed.include_usage,
+        background: fields.background,
+    };
+
+    if fields.background {
+        // Answered at once; the generation runs on without the client. Stored before the answer, so a retrieval
+        // right after it finds the response.
+        let queued = reply.queued_object();
+        let turn = Turn::new(parent, parsed.input);
+        let cancel = eng
+            .responses
+            .put_background(reply.id.clone(), queued.clone(), turn);
+        tokio::spawn(run_background(eng.responses.clone(), reply, rx, cancel));
+        return respond_json(io, rb, &req, 200, &queued).await;
+    }
+    // Stored once finished, before the last bytes go out (vLLM stores the object `response.completed` carries).
+    let mut to_store = fields.store.then(|| Turn::new(parent, parsed.input));
+    let mut store_final = |cached: usize| {
+        if let Some(turn) = to_store.take() {
+            let turn = turn.answered(&reply.output_text());
+            eng.responses
+                .put(reply.id.clone(), reply.full_body(cached), turn);
+        }
     };
 
     if !parsed.stream {
@@ -805,7 +1018,10 @@ async fn generate(
             // Client went away: dropping `rx` aborts the request in the scheduler.
             None => false,
             Some(None) => respond_gen_error(io, rb, &req, kind, 503, "engine stopped", None).await,
-            Some(Some(cached)) => respond_json(io, rb, &req, 200, &reply.full_body(cached)).await,
+            Some(Some(cached)) => {
+                store_final(cached);
+                respond_json(io, rb, &req, 200, &reply.full_body(cached)).await
+            }
         };
     }
 
@@ -846,6 +1062,7 @@ async fn generate(
         };
         let mut events = reply.token_events(&ev);
         if ev.finished {
+            store_final(ev.cached_tokens);
             events.extend(reply.tail_events(ev.cached_tokens));
         }
         let n = events.len();

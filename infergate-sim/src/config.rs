@@ -54,6 +54,11 @@ pub struct SimConfig {
     /// the request allows more; `None`: answers run to their `max_tokens`, as the benchmarks want. Real agents ask
     /// for 32,000 tokens and expect an answer to end on its own.
     pub stop_after: Option<usize>,
+    /// Store Responses API responses, as vLLM does with `VLLM_ENABLE_RESPONSES_API_STORE=1`: `previous_response_id`,
+    /// `GET /v1/responses/{id}`, `background` and cancel then work (the newest
+    /// [`MAX_STORED_RESPONSES`](crate::MAX_STORED_RESPONSES) are kept).
+    /// Off (vLLM's default): `store` is ignored, `background` is refused and every stored id is unknown.
+    pub responses_store: bool,
 }
 
 impl Default for SimConfig {
@@ -77,6 +82,7 @@ impl Default for SimConfig {
             max_body_bytes: 64 << 20,
             max_waiting: None,
             stop_after: None,
+            responses_store: false,
         }
     }
 }

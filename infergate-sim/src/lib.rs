@@ -7,7 +7,8 @@
 //!
 //! Layout: `config` (knobs), `tokenize` (token rule, prompt extraction), `cache` (prefix LRU), `scheduler`
 //! (step loop), `http` (HTTP/1.1 connection layer), `control` (runtime knobs, listener, connections), `server`
-//! (accept and request loops), `api` (routes and response shapes), `metrics` (Prometheus text).
+//! (accept and request loops), `api` (routes and response shapes), `store` (stored Responses API responses),
+//! `metrics` (Prometheus text).
 
 mod api;
 mod cache;
@@ -17,6 +18,7 @@ mod http;
 mod metrics;
 mod scheduler;
 mod server;
+mod store;
 mod tokenize;
 
 use std::collections::VecDeque;
@@ -32,11 +34,13 @@ use tokio::task::JoinHandle;
 
 pub use config::SimConfig;
 pub use control::Control;
+pub use store::MAX_STORED_RESPONSES;
 pub use tokenize::{count_tokens, fnv64};
 
 use control::Net;
 use scheduler::SchedShared;
 use server::Engine;
+use store::ResponseStore;
 
 /// One request as the engine received it.
 #[derive(Debug, Clone)]
@@ -216,6 +220,7 @@ pub async fn spawn_engine_on(addr: SocketAddr, cfg: SimConfig) -> io::Result<Eng
         refused_queue_full: AtomicU64::new(0),
         next_record: AtomicU64::new(1),
         next_id: AtomicU64::new(1),
+        responses: Arc::new(ResponseStore::new(MAX_STORED_RESPONSES)),
     });
     let scheduler = tokio::spawn(scheduler::run(cfg, sched_rx, sched));
     let acceptor = tokio::spawn(server::accept_loop(engine.clone()));

@@ -168,6 +168,10 @@ struct Cli {
     /// End every answer after N tokens (end of sequence) when the request allows more [default: run to max_tokens]
     #[arg(long, value_name = "N", value_parser = at_least_one, help_heading = KNOBS)]
     stop_after: Option<usize>,
+    /// Store Responses API responses (vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1): previous_response_id, background,
+    /// GET and cancel by id; the newest 10000 responses per engine [default: off, store ignored as by vLLM]
+    #[arg(long, help_heading = KNOBS)]
+    responses_store: bool,
 }
 
 #[derive(Debug)]
@@ -239,6 +243,7 @@ where
         max_body_bytes: cli.max_body_bytes,
         max_waiting: cli.max_waiting,
         stop_after: cli.stop_after,
+        responses_store: cli.responses_store,
     };
     Ok(Args {
         host: cli.host,
@@ -310,6 +315,7 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use infergate_sim::MAX_STORED_RESPONSES;
 
     fn parse(s: &str) -> Result<Args, clap::Error> {
         parse_args(std::iter::once("engine-sim").chain(s.split_whitespace()))
@@ -416,7 +422,19 @@ mod tests {
             Some(3)
         );
         assert!(parse("--port 1 --max-waiting 0").is_err());
+        assert!(!parse("--port 1").unwrap().cfg.responses_store);
+        assert!(
+            parse("--port 1 --responses-store")
+                .unwrap()
+                .cfg
+                .responses_store
+        );
         let help = Cli::command().render_help().to_string();
+        assert!(help.contains("--responses-store"), "{help}");
+        assert!(
+            help.contains(&format!("newest {MAX_STORED_RESPONSES} responses")),
+            "{help}"
+        );
         assert!(help.contains("POST /sim/control"), "{help}");
         assert!(help.contains("[default: 8192]"), "{help}");
         assert!(help.contains("[default: 0.25]"), "{help}");

@@ -13,6 +13,7 @@ use super::config::SimConfig;
 use super::control::{ConnEntry, Control};
 use super::http::{self, ConnIo, ConnShared, InBuf, ReadError};
 use super::scheduler::{SchedRequest, SchedShared};
+use super::store::ResponseStore;
 use super::tokenize::fnv64;
 use super::{EngineTotals, RecordedRequest};
 
@@ -33,6 +34,8 @@ pub(crate) struct Engine {
     pub refused_queue_full: AtomicU64,
     pub next_id: AtomicU64,
     pub next_record: AtomicU64,
+    /// Stored Responses API responses; stays empty unless `cfg.responses_store`.
+    pub responses: Arc<ResponseStore>,
 }
 
 /// Why a generation request was answered with an error instead of being scheduled.

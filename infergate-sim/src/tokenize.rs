@@ -181,6 +181,17 @@ pub struct GenRequest {
     pub include_usage: bool,
     pub max_tokens: Option<i64>,
     pub prompt: PromptTokens,
+    /// Responses API: the request's `input` as chat messages (what a stored response keeps); empty otherwise.
+    pub input: Vec<Value>,
+}
+
+/// The Responses API's storage fields of a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreFields {
+    /// `store` (true when absent, as in OpenAI's API).
+    pub store: bool,
+    pub background: bool,
+    pub previous_response_id: Option<String>,
 }
 
 /// Why a request body was rejected (400).
@@ -220,10 +231,10 @@ fn push_content(h: &mut BlockHasher, content: &Value) {
 
 /// Applies a ChatML-like template to `messages` (and an optional Anthropic `system`), so a conversation's
 /// turn n+1 prompt starts with turn n's prompt token for token (the property prefix caching relies on).
-fn push_chat(
+fn push_chat<'a>(
     h: &mut BlockHasher,
     system: Option<&Value>,
-    messages: &[Value],
+    messages: impl IntoIterator<Item = &'a Value>,
     tools: Option<&Value>,
 ) {
     if let Some(tools) = tools {
@@ -309,9 +320,7 @@ pub fn prompt_of(
         h = h.collecting_ids();
     }
     if kind == ApiKind::Responses {
-        let messages = responses_messages(v)?;
-        push_chat(&mut h, v.get("instructions"), &messages, v.get("tools"));
-        return Ok(finish_prompt(h));
+        return Ok(responses_prompt(h, v, &[])?.0);
     }
     let messages = v.get("messages");
     match (kind, messages) {
@@ -342,6 +351,19 @@ fn finish_prompt(h: BlockHasher) -> PromptTokens {
     p
 }
 
+/// A Responses API prompt: the stored conversation `history` (of its `previous_response_id`) continued by the
+/// request's `input`, which comes back as chat messages too.
+fn responses_prompt(
+    mut h: BlockHasher,
+    v: &Value,
+    history: &[&Value],
+) -> Result<(PromptTokens, Vec<Value>), BadRequest> {
+    let input = responses_messages(v)?;
+    let messages = history.iter().copied().chain(&input);
+    push_chat(&mut h, v.get("instructions"), messages, v.get("tools"));
+    Ok((finish_prompt(h), input))
+}
+
 /// A Responses API `input` as chat messages: a string is one user message; list items are messages (`role`,
 /// `content`), tool calls (`arguments`) or tool outputs (`output`).
 fn responses_messages(v: &Value) -> Result<Vec<Value>, BadRequest> {
@@ -365,18 +387,47 @@ fn responses_messages(v: &Value) -> Result<Vec<Value>, BadRequest> {
     }
 }
 
-/// Parses a generation request body (JSON) of the given kind.
-pub fn parse_gen_request(
-    kind: ApiKind,
-    body: &[u8],
-    block_tokens: usize,
-) -> Result<GenRequest, BadRequest> {
+/// A generation request body: a JSON object.
+pub fn parse_body(body: &[u8]) -> Result<Value, BadRequest> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| BadRequest(format!("invalid JSON body: {e}")))?;
     if !v.is_object() {
         return Err(BadRequest("request body must be a JSON object".into()));
     }
-    let prompt = prompt_of(kind, &v, block_tokens, false)?;
+    Ok(v)
+}
+
+/// The storage fields of a Responses API request body.
+pub fn store_fields(v: &Value) -> Result<StoreFields, BadRequest> {
+    let flag = |name: &str, default: bool| match v.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(BadRequest(format!("{name} must be a boolean"))),
+    };
+    let previous_response_id = match v.get("previous_response_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(BadRequest("previous_response_id must be a string".into())),
+    };
+    Ok(StoreFields {
+        store: flag("store", true)?,
+        background: flag("background", false)?,
+        previous_response_id,
+    })
+}
+
+/// The generation request of a body of the given kind; a Responses API request continues `history`.
+pub fn gen_request(
+    kind: ApiKind,
+    v: &Value,
+    block_tokens: usize,
+    history: &[&Value],
+) -> Result<GenRequest, BadRequest> {
+    let (prompt, input) = if kind == ApiKind::Responses {
+        responses_prompt(BlockHasher::new(block_tokens), v, history)?
+    } else {
+        (prompt_of(kind, v, block_tokens, false)?, Vec::new())
+    };
     let max_tokens = match v
         .get("max_completion_tokens")
         .filter(|x| !x.is_null())
@@ -406,6 +457,7 @@ pub fn parse_gen_request(
         include_usage,
         max_tokens,
         prompt,
+        input,
     })
 }
 
@@ -482,6 +534,51 @@ mod tests {
         let b = prompt_of(ApiKind::Messages, &turn("24c2d"), 16, false).unwrap();
         assert_eq!(a.block_hashes, b.block_hashes);
         assert_eq!(a.len, b.len);
+    }
+
+    fn parse_gen_request(
+        kind: ApiKind,
+        body: &[u8],
+        block_tokens: usize,
+    ) -> Result<GenRequest, BadRequest> {
+        gen_request(kind, &parse_body(body)?, block_tokens, &[])
+    }
+
+    #[test]
+    fn a_continued_response_renders_its_history_first() {
+        let t1 = serde_json::json!({"input": PROSE, "instructions": "be brief"});
+        let a = gen_request(ApiKind::Responses, &t1, 16, &[]).unwrap();
+        assert_eq!(
+            a.input,
+            [serde_json::json!({"role": "user", "content": PROSE})]
+        );
+        let answer = serde_json::json!({"role": "assistant", "content": "ok"});
+        let history: Vec<&Value> = a.input.iter().chain([&answer]).collect();
+        let t2 = serde_json::json!({"input": [{"role": "user", "content": "more"}]});
+        let b = gen_request(ApiKind::Responses, &t2, 16, &history).unwrap();
+        // The same prompt as a client resending the conversation itself.
+        let resent = serde_json::json!({"input": [{"role": "user", "content": PROSE}, answer,
+                                                  {"role": "user", "content": "more"}]});
+        let c = gen_request(ApiKind::Responses, &resent, 16, &[]).unwrap();
+        assert_eq!(
+            (b.prompt.len, &b.prompt.block_hashes),
+            (c.prompt.len, &c.prompt.block_hashes)
+        );
+        assert_eq!(b.input.len(), 1);
+        let f = store_fields(
+            &serde_json::json!({"previous_response_id": "resp_1", "background": true}),
+        )
+        .unwrap();
+        assert_eq!(
+            f,
+            StoreFields {
+                store: true,
+                background: true,
+                previous_response_id: Some("resp_1".into())
+            }
+        );
+        assert!(store_fields(&serde_json::json!({"store": "yes"})).is_err());
+        assert!(store_fields(&serde_json::json!({"previous_response_id": 7})).is_err());
     }
 
     #[test]
