@@ -87,8 +87,9 @@ print(*(s.getsockname()[1] for s in socks))
 for s in socks:
     s.close()')
 
-# Fast simulated time: a 1 MiB prompt prefills in ~0.1 s.
-SIM=(target/debug/engine-sim --time-scale 0.05)
+# Fast simulated time: a 1 MiB prompt prefills in ~0.1 s. Responses kept as vLLM keeps them with
+# VLLM_ENABLE_RESPONSES_API_STORE=1 (the SDK's stored-response calls need it).
+SIM=(target/debug/engine-sim --time-scale 0.05 --responses-store)
 "${SIM[@]}" --model m1 --ports "$E1,$E2" >"$LOGS/engine-sim-m1.log" 2>&1 &
 PIDS+=($!)
 "${SIM[@]}" --model m2 --ports "$E3,$E4" >"$LOGS/engine-sim-m2.log" 2>&1 &

@@ -8,7 +8,8 @@
 //! canonically), so the engine sees exactly the path that was allowed.
 //!
 //! Allowed by default: `POST` to the generation, embedding, Anthropic messages and tokenizer routes, `GET
-//! /v1/models`, `GET /v1/models/{id}` and `GET /health` (the three GETs answered by the router). Everything else is a 404
+//! /v1/models`, `GET /v1/models/{id}` and `GET /health` (the three GETs answered by the router), and a stored
+//! response's `GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` (to the engine holding it). Everything else is a 404
 //! from the router unless listed in `expose_paths` (any method): at the top level for every pool, or in a pool
 //! for that pool only.
 
@@ -39,6 +40,21 @@ const ROUTER_GET: &[&str] = &["/health", "/v1/models"];
 
 /// `GET /v1/models/{id}` (the id may contain `/`, as model names do).
 const MODEL_PREFIX: &str = "/v1/models/";
+
+/// `GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`: a stored response, served by the engine that holds
+/// it (stored_responses).
+const RESPONSE_PREFIX: &str = "/v1/responses/";
+
+/// The id in `/v1/responses/{id}` (`GET`) or `/v1/responses/{id}/cancel` (`POST`), if `path` is one of those.
+fn stored_response_id<'p>(method: &str, path: &'p str) -> Option<&'p str> {
+    let rest = path.strip_prefix(RESPONSE_PREFIX)?;
+    let id = match method {
+        "GET" => rest,
+        "POST" => rest.strip_suffix("/cancel")?,
+        _ => return None,
+    };
+    Some(id).filter(|id| !id.is_empty() && !id.contains('/'))
+}
 
 /// Bytes kept as they are in a forwarded path (RFC 3986 `pchar` without `%`, plus `/`); all else is encoded.
 fn is_path_safe(b: u8) -> bool {
@@ -171,12 +187,13 @@ pub fn normalize(raw: &[u8]) -> Result<Target, PathError> {
 /// Whether the inference API serves `method path` (a normalised path) without any `expose_paths`.
 pub fn api_allows(method: &str, path: &str) -> bool {
     match method {
-        "POST" => API_POST.contains(&path),
+        "POST" => API_POST.contains(&path) || stored_response_id(method, path).is_some(),
         "GET" => {
             ROUTER_GET.contains(&path)
                 || path
                     .strip_prefix(MODEL_PREFIX)
                     .is_some_and(|id| !id.is_empty())
+                || stored_response_id(method, path).is_some()
         }
         _ => false,
     }
@@ -241,6 +258,14 @@ impl Screened {
             .path
             .strip_prefix(MODEL_PREFIX)
             .filter(|id| !id.is_empty())
+    }
+
+    /// The id of a stored response this retrieves or cancels (decoded), if it is one and not an exposed path.
+    pub fn stored_response_id(&self) -> Option<&str> {
+        if !matches!(self.route, Route::Api) {
+            return None;
+        }
+        stored_response_id(&self.method, &self.target.path)
     }
 
     /// Send the normalised target upstream instead of the one the client wrote.
@@ -434,7 +459,15 @@ mod tests {
         assert!(api_allows("GET", "/v1/models"));
         assert!(api_allows("GET", "/health"));
         assert!(api_allows("GET", "/v1/models/meta-llama/Llama-3-8B"));
+        assert!(api_allows("GET", "/v1/responses/resp_1"));
+        assert!(api_allows("POST", "/v1/responses/resp_1/cancel"));
         for (m, p) in [
+            ("GET", "/v1/responses"),
+            ("GET", "/v1/responses/a/b"),
+            ("GET", "/v1/responses/resp_1/input_items"),
+            ("DELETE", "/v1/responses/resp_1"),
+            ("POST", "/v1/responses/resp_1"),
+            ("POST", "/v1/responses//cancel"),
             ("POST", "/sleep"),
             ("POST", "/wake_up"),
             ("POST", "/collective_rpc"),

@@ -24,3 +24,4 @@ pub mod request_id;
 pub mod server;
 pub mod state_file;
 pub mod status;
+pub mod stored_responses;

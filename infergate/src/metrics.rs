@@ -396,7 +396,7 @@ impl Metrics {
     }
 
     /// Create every counter and histogram series of an endpoint at 0: placements by each reason its pool's policy
-    /// can give (`reasons`), requests by each of `REQUEST_CODES`, and the rest.
+    /// can give (`reasons`) and `stored_response`, requests by each of `REQUEST_CODES`, and the rest.
     pub fn add_endpoint(&self, pool: &str, endpoint: &str, reasons: &[Reason]) {
         let l = [pool, endpoint];
         for vec in [
@@ -414,7 +414,8 @@ impl Metrics {
         ] {
             h.with_label_values(&l);
         }
-        for r in reasons {
+        // Any pool may continue a stored response (`previous_response_id`), whatever its policy.
+        for r in reasons.iter().chain([&Reason::StoredResponse]) {
             self.placements_total
                 .with_label_values(&[pool, endpoint, r.as_str()]);
         }

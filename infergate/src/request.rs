@@ -26,6 +26,7 @@ pub fn classify(method: &str, path: &str) -> CallKind {
         ("GET", "/v1/models") => CallKind::RouterModels,
         ("POST", p) => {
             let passive = p.ends_with("/count_tokens")
+                || p.starts_with("/v1/responses/")
                 || p.ends_with("/tokenize")
                 || p.ends_with("/detokenize")
                 || p == "/v1/models";
@@ -60,6 +61,10 @@ pub struct BodyScan {
     pub media_items: u64,
     /// Top-level `"stream"` if seen.
     pub stream: Option<bool>,
+    /// Top-level `"store"` if seen (Responses API: whether the engine keeps the response; absent means yes).
+    pub store: Option<bool>,
+    /// Top-level `"previous_response_id"` (Responses API): the stored response this one continues.
+    pub previous_response_id: Option<String>,
     /// The scan reached the end of a complete top-level object.
     pub complete: bool,
 }
@@ -100,6 +105,8 @@ enum Role {
     Root,
     Model,
     Stream,
+    Store,
+    PreviousResponseId,
     /// A string here is prompt text; an array holds more prompt parts.
     PromptText,
     /// The system prompt: prompt text that goes first.
@@ -153,6 +160,9 @@ impl<'a> Scanner<'a> {
                     self.note_media(role, raw);
                     match role {
                         Role::Model => self.out.model = Some(unescape(raw)),
+                        Role::PreviousResponseId => {
+                            self.out.previous_response_id = Some(unescape(raw))
+                        }
                         Role::PromptText => self.push_prompt(raw),
                         Role::SystemText if !is_billing_header(raw) => self.push_system(raw),
                         _ => {}
@@ -181,12 +191,15 @@ impl<'a> Scanner<'a> {
                 if self.i >= self.b.len() {
                     return None; // a literal cut by the prefix end
                 }
-                if role == Role::Stream {
-                    match &self.b[start..self.i] {
-                        b"true" => self.out.stream = Some(true),
-                        b"false" => self.out.stream = Some(false),
-                        _ => {}
-                    }
+                let flag = match &self.b[start..self.i] {
+                    b"true" => Some(true),
+                    b"false" => Some(false),
+                    _ => None,
+                };
+                match role {
+                    Role::Stream => self.out.stream = flag,
+                    Role::Store => self.out.store = flag,
+                    _ => {}
                 }
                 Some(())
             }
@@ -218,6 +231,8 @@ impl<'a> Scanner<'a> {
             let child = match (role, key) {
                 (Role::Root, b"model") => Role::Model,
                 (Role::Root, b"stream") => Role::Stream,
+                (Role::Root, b"store") => Role::Store,
+                (Role::Root, b"previous_response_id") => Role::PreviousResponseId,
                 (Role::Root, b"messages") => Role::Messages,
                 (Role::Root, b"system" | b"instructions") => Role::SystemText,
                 (Role::Root, b"prompt" | b"input") => Role::PromptText,
@@ -438,6 +453,24 @@ mod tests {
         assert_eq!(s.prompt, b"sys\x1efix it\x1edone\x1ethanks");
         assert_eq!((s.model.as_deref(), s.stream), (Some("r"), Some(true)));
         assert_eq!(classify("POST", "/v1/responses"), CallKind::Generate);
+        assert_eq!((s.store, s.previous_response_id), (None, None));
+    }
+
+    #[test]
+    fn reads_the_stored_response_a_turn_continues() {
+        let s = scan(
+            br#"{"input":"and then?","model":"r","previous_response_id":"resp_1a","store":false,
+                "metadata":{"previous_response_id":"resp_nested","store":true}}"#,
+            100,
+        );
+        assert_eq!(s.previous_response_id.as_deref(), Some("resp_1a"));
+        assert_eq!(s.store, Some(false));
+        // Retrieval and cancel by id hold no prefill.
+        assert_eq!(classify("GET", "/v1/responses/resp_1a"), CallKind::Passive);
+        assert_eq!(
+            classify("POST", "/v1/responses/resp_1a/cancel"),
+            CallKind::Passive
+        );
     }
 
     #[test]

@@ -246,6 +246,66 @@ async fn a_replica_follows_a_move_another_replica_made() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_response_made_through_one_replica_is_continued_and_read_through_the_other() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let storing = SimConfig {
+        responses_store: true,
+        ..SimConfig::default()
+    };
+    let engines = engines(2, storing).await;
+    let urls = urls(&engines);
+    let a = replica(&urls, "", &redis, "a").await;
+    let b = replica(&urls, "", &redis, "b").await;
+    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    // One conversation chained by previous_response_id, its turns alternating between the replicas.
+    let mut previous: Option<String> = None;
+    let mut served = Vec::new();
+    for i in 0..8 {
+        let r = if i % 2 == 0 { &a } else { &b };
+        let mut body = serde_json::json!({"input": format!("turn {i}"), "max_output_tokens": 4, "model": "sim-model"});
+        if let Some(p) = &previous {
+            body["previous_response_id"] = serde_json::json!(p);
+        }
+        let resp = post_json(&client(), &r.url(), "/v1/responses")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("response");
+        let status = resp.status().as_u16();
+        let ep = resp
+            .headers()
+            .get("x-infergate-endpoint")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let v: serde_json::Value = resp.json().await.expect("JSON");
+        assert_eq!(status, 200, "turn {i}: {v}");
+        let id = v["id"].as_str().expect("an id").to_string();
+        served.push(ep);
+        // The other replica retrieves it (the write is queued, not awaited: give it a moment).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let other = if i % 2 == 0 { &b } else { &a };
+        let got = client()
+            .get(format!("{}/v1/responses/{id}", other.url()))
+            .send()
+            .await
+            .expect("response");
+        assert_eq!(
+            got.status(),
+            200,
+            "turn {i}: the other replica knows the holder"
+        );
+        previous = Some(id);
+    }
+    assert!(
+        served.iter().all(|e| *e == served[0]),
+        "one engine: {served:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_held_by_one_replica_sends_the_other_replicas_work_elsewhere() {
     let Some(redis) = Redis::start().await else {
         return;

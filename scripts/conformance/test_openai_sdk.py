@@ -3,7 +3,8 @@ version this interpreter has; scripts/conformance.sh runs the file once per pinn
 router in front of engine-sim.
 
 Covers, through the SDK: chat completions with and without streaming, text completions, the Responses API with and
-without streaming, a four-turn session staying on one engine and reusing its prefix cache (load_aware and
+without streaming, stored responses (a chain by previous_response_id on one engine, retrieve, cancel, background
+polling and cancel), a four-turn session staying on one engine and reusing its prefix cache (load_aware and
 predicted_ttft), models.list(), 100 KiB and 1 MiB prompts for both models reaching one engine of the right pool
 byte-complete, an unknown model raising openai.NotFoundError, a wrong key raising openai.AuthenticationError with
 nothing reaching an engine (the right one goes as `Authorization: Bearer` on every call), the router's own 503 +
@@ -148,6 +149,52 @@ def test_responses_api_streaming(client, model):
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert_delivered(rid, model, SENT[rid])
     wait_for("the router's gauges at 0 (requests, prefill tokens)", lambda: gauges() == (0, 0))
+
+
+def final_response(stream):
+    """The response object a Responses API stream ends with."""
+    done = [e for e in stream if e.type == "response.completed"]
+    assert len(done) == 1
+    return done[0].response
+
+
+@MODELS
+def test_stored_responses_are_continued_retrieved_and_cancelled_on_their_engine(client, model):
+    """The SDK's default `store` with engines that keep responses (vLLM's VLLM_ENABLE_RESPONSES_API_STORE; the
+    engines here run with --responses-store): only the engine that made a response has it."""
+    tags = [uuid.uuid4().hex for _ in range(6)]
+    prev = client.responses.create(model=model, input="hello", max_output_tokens=4, extra_headers={ID_HEADER: tags[0]})
+    chain = [prev.id]
+    for i, tag in enumerate(tags[1:]):
+        kw = dict(model=model, input=f"and then {i}?", previous_response_id=prev.id, max_output_tokens=4,
+                  extra_headers={ID_HEADER: tag})
+        # Streamed and not, in turn: the router learns the id from both.
+        prev = final_response(client.responses.create(stream=True, **kw)) if i % 2 else client.responses.create(**kw)
+        assert prev.output_text
+        chain.append(prev.id)
+    # Each turn continued the previous on its engine (another answers 404): one engine served the whole chain.
+    served = {url for tag in tags for url, _ in received(tag)}
+    assert len(served) == 1, f"the chain was served by {served}"
+    for rid in chain:
+        got = client.responses.retrieve(rid)
+        assert (got.id, got.status) == (rid, "incomplete")
+    with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
+        client.responses.cancel(chain[-1])
+    with pytest.raises(openai.NotFoundError, match="resp_never_made_here"):
+        client.responses.retrieve("resp_never_made_here")
+
+
+@MODELS
+def test_a_background_response_is_polled_and_cancelled_on_its_engine(client, model):
+    done = client.responses.create(model=model, input="hi", max_output_tokens=4, background=True)
+    assert done.status in ("queued", "in_progress", "completed", "incomplete")
+    wait_for("the background response to finish",
+             lambda: client.responses.retrieve(done.id).status in ("completed", "incomplete"), timeout=10)
+    # A long one, cancelled while it runs.
+    long = client.responses.create(model=model, input="hi", max_output_tokens=2000, background=True)
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.retrieve(long.id).status == "cancelled"
 
 
 def test_models_list(client):

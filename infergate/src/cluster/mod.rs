@@ -10,6 +10,9 @@
 //!   for the write); every session request reads its binding from the store, waiting at most
 //!   `cluster.read_timeout`, and imports it before placement when the local table has none or an older one on
 //!   another endpoint (so a move another replica made is followed).
+//! * **Stored responses**: which engine holds a stored Responses API object (`stored_responses`) is written the
+//!   same way when one is created, and read (bounded by `cluster.read_timeout`) when a request names an id this
+//!   replica has not seen.
 //! * **Store down or slow**: nothing waits and nothing fails; `infergate_cluster_state` says `down` and one log line
 //!   marks each transition. On the way back up this replica's live bindings are written where the store has none
 //!   (`SET NX`: never over a newer binding another replica wrote meanwhile).
@@ -31,6 +34,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::config::ClusterConfig;
 use crate::placement::sessions::{session_hash, SavedSession};
 use crate::pool::{Pool, Pools};
+use crate::stored_responses::Holder;
 pub use metrics::ClusterMetrics;
 use wire::{BindingRecord, Figures, Keys, LoadRecord};
 
@@ -45,6 +49,9 @@ const BACKGROUND_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The shortest wait between two connection attempts while the store is down.
 const RECONNECT_EVERY: Duration = Duration::from_millis(500);
+
+/// How long the store remembers which engine holds a stored response (vLLM keeps them until the engine restarts).
+const RESPONSE_HOLDER_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Binding writes queued for the background writer; past this they are dropped (and counted).
 const WRITE_QUEUE: usize = 8192;
@@ -230,6 +237,58 @@ impl Cluster {
         if self.writes.try_send(write).is_err() {
             self.metrics.error("write_binding");
         }
+    }
+
+    /// A stored response was created on `holder`: queue that for the store, so a replica that gets its next turn,
+    /// retrieval or cancel sends it there too. Never waits; a full queue or a down store drops the write (counted).
+    pub fn share_response(&self, id: &str, holder: &Holder) {
+        if !self.connected() {
+            return;
+        }
+        let write = Write {
+            key: self.keys.response(id),
+            value: format!("{}\n{}", holder.pool, holder.endpoint).into_bytes(),
+            ttl_ms: wire::millis(RESPONSE_HOLDER_TTL),
+        };
+        if self.writes.try_send(write).is_err() {
+            self.metrics.error("write_binding");
+        }
+    }
+
+    /// The engine another replica saw store response `id`, waiting at most `cluster.read_timeout`; None when the
+    /// store does not know it or does not answer in time.
+    pub async fn lookup_response(&self, id: &str) -> Option<Holder> {
+        let mut conn = self.conn()?;
+        let t0 = Instant::now();
+        let got = tokio::time::timeout(
+            self.cfg.read_timeout,
+            redis::cmd("GET")
+                .arg(self.keys.response(id))
+                .query_async::<Option<Vec<u8>>>(&mut conn),
+        )
+        .await;
+        self.metrics
+            .read_seconds
+            .with_label_values(&["binding"])
+            .observe(t0.elapsed().as_secs_f64());
+        let bytes = match got {
+            Ok(Ok(found)) => found?,
+            Ok(Err(e)) => {
+                log::debug!("cluster: reading a stored response's engine failed: {e}");
+                self.metrics.error("read_binding");
+                return None;
+            }
+            Err(_) => {
+                self.metrics.error("read_binding");
+                return None;
+            }
+        };
+        let text = std::str::from_utf8(&bytes).ok()?;
+        let (pool, endpoint) = text.split_once('\n')?;
+        Some(Holder {
+            pool: pool.into(),
+            endpoint: endpoint.to_string(),
+        })
     }
 
     fn binding_write(&self, pool: &Pool, saved: &SavedSession, now_ms: u64) -> Option<Write> {

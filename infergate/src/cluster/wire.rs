@@ -36,6 +36,11 @@ impl Keys {
     pub fn session(&self, pool: &str, hash: u64) -> String {
         format!("{}:session:{pool}:{hash:016x}", self.prefix)
     }
+
+    /// The engine holding one stored Responses API object (`stored_responses`); the id is a well-formed one.
+    pub fn response(&self, id: &str) -> String {
+        format!("{}:response:{id}", self.prefix)
+    }
 }
 
 /// Requests and estimated prefill tokens in flight to one endpoint.

@@ -143,11 +143,13 @@ pub enum Reason {
     PrefixMiss,
     PrefixGated,
     Predicted,
+    /// The engine holding the stored response the request continues (`previous_response_id`): no other has it.
+    StoredResponse,
 }
 
 impl Reason {
     /// Every reason, in declaration order (`index` is the position here).
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 14] = [
         Reason::RoundRobin,
         Reason::LeastRequest,
         Reason::LoadAware,
@@ -161,6 +163,7 @@ impl Reason {
         Reason::PrefixMiss,
         Reason::PrefixGated,
         Reason::Predicted,
+        Reason::StoredResponse,
     ];
 
     /// Position in `ALL`.
@@ -183,6 +186,7 @@ impl Reason {
             Reason::PrefixMiss => "prefix_miss",
             Reason::PrefixGated => "prefix_gated",
             Reason::Predicted => "predicted",
+            Reason::StoredResponse => "stored_response",
         }
     }
 }

@@ -56,6 +56,29 @@ impl ApiError {
         )
     }
 
+    /// A stored response this router knows no holder of: never made through it, forgotten, or no response id. The
+    /// id is echoed (as vLLM does) only when it is a well-formed one.
+    pub fn response_not_found(id: &str) -> Self {
+        let message = if crate::stored_responses::is_valid_id(id) {
+            format!("Response with id '{id}' not found.")
+        } else {
+            "Response not found: the id is not a response id.".to_string()
+        };
+        Self::new(404, "invalid_request_error", "response_not_found", message)
+    }
+
+    /// The engine holding a stored response cannot take a request for it now (down, ejected or at its limit); no
+    /// other engine has the response.
+    pub fn response_holder_unavailable(id: &str, endpoint: &str) -> Self {
+        Self::new(
+            503,
+            "service_unavailable",
+            "response_holder_unavailable",
+            format!("the engine holding response '{id}' ({endpoint}) is unavailable; retry later"),
+        )
+        .retry_after(2)
+    }
+
     /// A request target that cannot be normalised (encoded separators, dot segments, bad escapes, ...).
     pub fn invalid_path(reason: &str) -> Self {
         Self::new(

@@ -85,6 +85,11 @@ pub struct Ctx {
     body: Option<HeldBody>,
     scan: request::BodyScan,
     session_key: Option<Vec<u8>>,
+    /// The engine holding the stored response this request needs (stored_responses): it goes there or nowhere.
+    pinned: Option<Pinned>,
+    /// This request may create a stored response: learn its id from the answer (stored_responses).
+    stores_response: bool,
+    id_capture: crate::stored_responses::IdCapture,
     /// Endpoints this request already failed on (ids): later attempts go elsewhere.
     tried: Vec<u64>,
     endpoint: Option<Arc<Endpoint>>,
@@ -150,11 +155,18 @@ impl Ctx {
     }
 }
 
+/// A request bound to the endpoint holding a stored response.
+pub(crate) struct Pinned {
+    response_id: String,
+    endpoint: String,
+}
+
 /// The router: the shared state plus what only the request path needs.
 pub struct Router {
     state: RouterState,
     body_budget: BodyBudget,
     exposure: Exposure,
+    stored_responses: crate::stored_responses::StoredResponses,
     access_log: Option<crate::access_log::AccessLog>,
 }
 
@@ -173,6 +185,7 @@ impl Router {
             state,
             body_budget,
             exposure,
+            stored_responses: Default::default(),
             access_log: None,
         }
     }
@@ -261,13 +274,18 @@ impl ProxyHttp for Router {
         if let Some(b) = &ctx.body {
             ctx.scan = request::scan(&b.bytes, MAX_PROMPT_SCAN);
         }
-        let pool = match self.pool_for(ctx) {
+        let pool = match self.stored_response_pool(ctx).await {
+            Some(found) => found,
+            None => self.pool_for(ctx),
+        };
+        let pool = match pool {
             Ok(pool) => pool,
             Err(e) => {
                 self.respond_error(session, &e).await?;
                 return Ok(true);
             }
         };
+        self.pin_continued_response(ctx, &pool).await;
         if !self.admit_with_body(session, ctx, &pool).await? {
             return Ok(true);
         }
@@ -306,6 +324,7 @@ impl ProxyHttp for Router {
             0
         };
         ctx.preamble = first_output::Preamble::new(preamble);
+        ctx.id_capture = Default::default();
         // Held until this attempt's hold exists (end of this function).
         let _turn = self.wait_turn(session, &pool, ctx).await?;
         // From the snapshot to the hold (no await in between): concurrent placements see each other's holds.
@@ -323,7 +342,9 @@ impl ProxyHttp for Router {
                 let Some((ep, placement)) = self.place(&pool, ctx, now) else {
                     // The last attempt's placement stays for the access log.
                     ctx.placement = previous;
-                    let e = if !pool.any_healthy() || ctx.tried.is_empty() {
+                    let e = if let Some(pin) = &ctx.pinned {
+                        ApiError::response_holder_unavailable(&pin.response_id, &pin.endpoint)
+                    } else if !pool.any_healthy() || ctx.tried.is_empty() {
                         ApiError::no_healthy_endpoint(&pool.name)
                     } else {
                         ApiError::upstream_unreachable(&pool.name)
@@ -478,7 +499,11 @@ impl ProxyHttp for Router {
             }
             let mut excluded = ctx.tried.clone();
             excluded.push(ep.id);
-            if self.retries_left(ctx) && pool.has_alternative(&excluded, now) {
+            // A pinned request has nowhere else to go: the engine's own answer reaches the client.
+            if ctx.pinned.is_none()
+                && self.retries_left(ctx)
+                && pool.has_alternative(&excluded, now)
+            {
                 ctx.refused = true;
                 return Error::e_explain(
                     ErrorType::HTTPStatus(status),
@@ -522,6 +547,11 @@ impl ProxyHttp for Router {
             ctx.first_byte_seen = true;
             if let (Some(t0), Some(ep), true) = (ctx.dispatched_at, &ctx.endpoint, success) {
                 self.metrics.observe_ttfb(ep, t0.elapsed());
+            }
+        }
+        if success && ctx.stores_response {
+            if let Some(id) = ctx.id_capture.feed(chunk) {
+                self.remember_response(ctx, id);
             }
         }
         // An error body has no preamble: its first byte ends the hold.

@@ -13,12 +13,14 @@ use pingora_proxy::Session;
 use super::access;
 use super::body::{self, BodyError, BodyLimits};
 use super::errors::ApiError;
+use super::Pinned;
 use super::{Ctx, Router, UPSTREAM_IDLE_TIMEOUT};
 use crate::ledger::{ReleaseCause, ReleaseHook};
 use crate::placement::policy::{PlaceRequest, Placement, Snapshot};
 use crate::placement::{self, Reason};
 use crate::pool::{Endpoint, Pool};
 use crate::request::CallKind;
+use crate::stored_responses::Holder;
 
 impl Router {
     pub(super) fn body_limits(&self) -> BodyLimits {
@@ -41,6 +43,82 @@ impl Router {
             .get(i)
             .cloned()
             .ok_or_else(ApiError::internal)
+    }
+
+    /// For a retrieval or cancel of a stored response (`/v1/responses/{id}`): the pool of the engine holding it,
+    /// with the request pinned there, or a 404 when this router knows no holder. None for any other request.
+    pub(super) async fn stored_response_pool(
+        &self,
+        ctx: &mut Ctx,
+    ) -> Option<std::result::Result<Arc<Pool>, ApiError>> {
+        let id = ctx.target.as_ref()?.stored_response_id()?.to_string();
+        let found = self.response_holder(&id).await.and_then(|h| {
+            let pool = self.pools.pools.iter().find(|p| p.name == h.pool)?.clone();
+            has_endpoint(&pool, &h.endpoint).then_some((pool, h.endpoint))
+        });
+        Some(match found {
+            Some((pool, endpoint)) => {
+                ctx.pinned = Some(Pinned {
+                    response_id: id,
+                    endpoint,
+                });
+                Ok(pool)
+            }
+            None => Err(ApiError::response_not_found(&id)),
+        })
+    }
+
+    /// A Responses API turn: pin it to the engine holding the response it continues (`previous_response_id`) when
+    /// this router knows it and it is in the request's pool (else it is placed as any request: the engine answers
+    /// if it does not have it), and note whether its own answer will be stored (`store` absent or true).
+    pub(super) async fn pin_continued_response(&self, ctx: &mut Ctx, pool: &Pool) {
+        let creates = ctx.kind == CallKind::Generate
+            && ctx
+                .target
+                .as_ref()
+                .is_some_and(|t| t.target.path == "/v1/responses");
+        if !creates {
+            return;
+        }
+        ctx.stores_response = ctx.scan.store != Some(false);
+        let Some(prev) = ctx.scan.previous_response_id.as_deref() else {
+            return;
+        };
+        if let Some(h) = self.response_holder(prev).await {
+            if h.pool == pool.name && has_endpoint(pool, &h.endpoint) {
+                ctx.pinned = Some(Pinned {
+                    response_id: prev.to_string(),
+                    endpoint: h.endpoint,
+                });
+            }
+        }
+    }
+
+    /// The engine holding stored response `id`: this replica's record, else the one another replica shared.
+    async fn response_holder(&self, id: &str) -> Option<Holder> {
+        if !crate::stored_responses::is_valid_id(id) {
+            return None;
+        }
+        if let Some(h) = self.stored_responses.lookup(id) {
+            return Some(h);
+        }
+        let h = self.cluster.as_ref()?.lookup_response(id).await?;
+        self.stored_responses.record(id, h.clone());
+        Some(h)
+    }
+
+    /// A stored response was created on this request's endpoint: remember it holds `id`, and tell the replicas.
+    pub(super) fn remember_response(&self, ctx: &Ctx, id: String) {
+        if let Some(ep) = &ctx.endpoint {
+            let holder = Holder {
+                pool: ep.pool.clone(),
+                endpoint: ep.label.clone(),
+            };
+            if let Some(cluster) = &self.cluster {
+                cluster.share_response(&id, &holder);
+            }
+            self.stored_responses.record(&id, holder);
+        }
     }
 
     /// The endpoint's shared release callback: counts served estimates and janitor releases.
@@ -150,6 +228,16 @@ impl Router {
             conversation_at: ctx.scan.conversation_at,
             body_bytes: ctx.prompt_bytes(&pool.cfg().prefill),
         };
+        if let Some(pin) = &ctx.pinned {
+            // Only this endpoint has the stored response: there or nowhere (the caller answers 503).
+            let i = endpoints.iter().position(|e| e.label == pin.endpoint)?;
+            let ep = &endpoints[i];
+            if !ep.available() || ctx.tried.contains(&ep.id) {
+                return None;
+            }
+            let placement = Placement::whole(i, Reason::StoredResponse, &req);
+            return Some((ep.clone(), placement));
+        }
         let placement = if ctx.kind == CallKind::Generate {
             let snap = Snapshot {
                 cands: &cands,
@@ -292,6 +380,11 @@ impl Router {
 /// When a non-streaming request's tokens are released: its response starts only when generation ends, so at the
 /// estimated prefill end; before a speed is learned, just before the janitor would (an ordinary long generation
 /// is no overdue request, and must not be logged as one).
+/// Whether `pool` still has the endpoint `label` (a reload may have removed the engine holding a response).
+fn has_endpoint(pool: &Pool, label: &str) -> bool {
+    pool.endpoints().iter().any(|e| e.label == label)
+}
+
 pub(super) fn non_streaming_release(
     estimated_prefill: Option<Duration>,
     t: &crate::config::Timeouts,

@@ -1,0 +1,231 @@
+//! Stored Responses API objects through the router: a continued turn (`previous_response_id`), a retrieval and a
+//! cancel go to the engine that stored the response, engines with vLLM's response store on (engine-sim
+//! `responses_store`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use infergate_sim::{EngineHandle, SimConfig};
+use serde_json::{json, Value};
+
+fn storing() -> SimConfig {
+    SimConfig {
+        responses_store: true,
+        ..SimConfig::default()
+    }
+}
+
+/// Two storing engines behind `round_robin`: without the pin, every second request lands on the other engine.
+async fn two_storing_engines() -> (Vec<EngineHandle>, TestRouter) {
+    let eng = engines(2, storing()).await;
+    let router = start_router(&pool_yaml("round_robin", &urls(&eng), "")).await;
+    router.ready().await;
+    router.all_healthy().await;
+    (eng, router)
+}
+
+/// What one answer of the router was: status, serving endpoint and JSON body (a stream's `response.completed`).
+struct Answer {
+    status: u16,
+    endpoint: Option<String>,
+    body: Value,
+}
+
+async fn send(router: &TestRouter, method: &str, path: &str, body: Option<Value>) -> Answer {
+    let url = format!("{}{path}", router.url());
+    let req = match method {
+        "GET" => client().get(url),
+        _ => client()
+            .post(url)
+            .header("content-type", "application/json"),
+    };
+    let req = match &body {
+        Some(b) => req.body(b.to_string()),
+        None => req,
+    };
+    let resp = req.send().await.expect("router answers");
+    let status = resp.status().as_u16();
+    let endpoint = resp
+        .headers()
+        .get("x-infergate-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let streamed = body.as_ref().is_some_and(|b| b["stream"] == json!(true));
+    let text = resp.text().await.expect("body");
+    let body = if streamed && status == 200 {
+        let done = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .find(|e| e["type"] == "response.completed")
+            .expect("a response.completed event");
+        done["response"].clone()
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    };
+    Answer {
+        status,
+        endpoint,
+        body,
+    }
+}
+
+fn turn(text: &str, previous: Option<&str>, stream: bool) -> Value {
+    // Field order as the openai SDK sends it: `model` after the input.
+    let mut b =
+        json!({"input": text, "max_output_tokens": 4, "model": "sim-model", "stream": stream});
+    if let Some(p) = previous {
+        b["previous_response_id"] = json!(p);
+    }
+    b
+}
+
+fn id_of(a: &Answer) -> String {
+    a.body["id"].as_str().expect("a response id").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_response_goes_to_the_engine_that_stored_it() {
+    let (_eng, router) = two_storing_engines().await;
+    let first = send(
+        &router,
+        "POST",
+        "/v1/responses",
+        Some(turn("hello", None, false)),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let holder = first.endpoint.clone().expect("served by an endpoint");
+    let mut previous = id_of(&first);
+    // Streamed and not, in turn: the id is learned from both shapes.
+    for i in 0..6 {
+        let a = send(
+            &router,
+            "POST",
+            "/v1/responses",
+            Some(turn(&format!("and then {i}?"), Some(&previous), i % 2 == 0)),
+        )
+        .await;
+        assert_eq!(
+            a.status, 200,
+            "turn {i}: {} (the other engine does not have the response)",
+            a.body
+        );
+        assert_eq!(a.endpoint.as_deref(), Some(holder.as_str()), "turn {i}");
+        previous = id_of(&a);
+    }
+    assert_eq!(
+        router
+            .metric_sum(
+                "infergate_placements_total",
+                &["reason=\"stored_response\""]
+            )
+            .await,
+        6.0
+    );
+    // A turn that stores nothing is not remembered: retrieving it is the router's 404.
+    let unstored =
+        json!({"input": "x", "max_output_tokens": 2, "model": "sim-model", "store": false});
+    let a = send(&router, "POST", "/v1/responses", Some(unstored)).await;
+    assert_eq!(a.status, 200);
+    let gone = send(
+        &router,
+        "GET",
+        &format!("/v1/responses/{}", id_of(&a)),
+        None,
+    )
+    .await;
+    assert_eq!(gone.status, 404);
+    assert_eq!(gone.body["error"]["code"], "response_not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retrieval_and_cancel_go_to_the_holder_and_unknown_ids_are_404s() {
+    let (eng, router) = two_storing_engines().await;
+    let made = send(
+        &router,
+        "POST",
+        "/v1/responses",
+        Some(turn("hi", None, true)),
+    )
+    .await;
+    assert_eq!(made.status, 200);
+    let id = id_of(&made);
+    for _ in 0..4 {
+        let got = send(&router, "GET", &format!("/v1/responses/{id}"), None).await;
+        assert_eq!(got.status, 200, "{}", got.body);
+        assert_eq!(got.body["id"], json!(id));
+        assert_eq!(got.endpoint, made.endpoint);
+    }
+    // The holder's own answer to cancelling a finished synchronous response (another engine would say 404).
+    let cancel = send(&router, "POST", &format!("/v1/responses/{id}/cancel"), None).await;
+    assert_eq!(cancel.status, 400, "{}", cancel.body);
+    assert_eq!(cancel.endpoint, made.endpoint);
+
+    let before: usize = eng.iter().map(|e| e.requests().len()).sum();
+    let unknown = send(&router, "GET", "/v1/responses/resp_0123abc", None).await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(
+        unknown.body["error"]["message"],
+        "Response with id 'resp_0123abc' not found."
+    );
+    let odd = send(&router, "POST", "/v1/responses/%3Cb%3E/cancel", None).await;
+    assert_eq!(odd.status, 404);
+    assert!(!odd.body.to_string().contains("<b>"), "{}", odd.body);
+    let after: usize = eng
+        .iter()
+        .map(|e| {
+            e.requests()
+                .iter()
+                .filter(|r| r.path.starts_with("/v1/responses"))
+                .count()
+        })
+        .sum();
+    let responses_before = 6; // the creation, four retrievals, the cancel
+    assert_eq!(after, responses_before, "no engine saw the unknown ids");
+    assert!(before >= responses_before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_whose_engine_is_down_gets_a_503_not_another_engines_404() {
+    let (eng, router) = two_storing_engines().await;
+    let made = send(
+        &router,
+        "POST",
+        "/v1/responses",
+        Some(turn("hi", None, false)),
+    )
+    .await;
+    assert_eq!(made.status, 200);
+    let holder = eng
+        .iter()
+        .position(|e| Some(e.url().trim_start_matches("http://").to_string()) == made.endpoint)
+        .expect("the holder is one of the engines");
+    eng[holder].control.set_health_status(503);
+    router
+        .wait_for("the holder is unhealthy", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .any(|e| !e.available())
+        })
+        .await;
+    let other = &eng[1 - holder];
+    let seen = other.requests().len();
+    let a = send(
+        &router,
+        "POST",
+        "/v1/responses",
+        Some(turn("still there?", Some(&id_of(&made)), false)),
+    )
+    .await;
+    assert_eq!(a.status, 503, "{}", a.body);
+    assert_eq!(a.body["error"]["code"], "response_holder_unavailable");
+    let sent_there = other.requests()[seen..]
+        .iter()
+        .filter(|r| r.path.starts_with("/v1/responses"))
+        .count();
+    assert_eq!(sent_there, 0, "the other engine cannot have the response");
+}
