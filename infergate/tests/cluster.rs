@@ -125,12 +125,7 @@ async fn turn(r: &TestRouter, session: &str, bytes: usize) -> (u16, String) {
         .send()
         .await
         .expect("response");
-    let ep = resp
-        .headers()
-        .get("x-infergate-endpoint")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    let ep = served_by(&resp).unwrap_or_default();
     (finish(resp).await, ep)
 }
 
@@ -274,12 +269,7 @@ async fn a_stored_response_made_through_one_replica_is_continued_and_read_throug
             .await
             .expect("response");
         let status = resp.status().as_u16();
-        let ep = resp
-            .headers()
-            .get("x-infergate-endpoint")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        let ep = served_by(&resp).unwrap_or_default();
         let v: serde_json::Value = resp.json().await.expect("JSON");
         assert_eq!(status, 200, "turn {i}: {v}");
         let id = v["id"].as_str().expect("an id").to_string();

@@ -184,30 +184,10 @@ impl Cluster {
         };
         let hash = session_hash(header);
         let key = self.keys.session(&pool.name, hash);
-        let t0 = Instant::now();
-        let got = tokio::time::timeout(
-            self.cfg.read_timeout,
-            redis::cmd("GET")
-                .arg(&key)
-                .query_async::<Option<Vec<u8>>>(&mut conn),
-        )
-        .await;
-        self.metrics
-            .read_seconds
-            .with_label_values(&["binding"])
-            .observe(t0.elapsed().as_secs_f64());
-        let bytes = match got {
-            Ok(Ok(Some(bytes))) => bytes,
-            Ok(Ok(None)) => return self.metrics.lookup(&pool.name, own),
-            Ok(Err(e)) => {
-                log::debug!("cluster: reading a session binding failed: {e}");
-                self.metrics.error("read_binding");
-                return self.metrics.lookup(&pool.name, unanswered);
-            }
-            Err(_) => {
-                self.metrics.error("read_binding");
-                return self.metrics.lookup(&pool.name, unanswered);
-            }
+        let bytes = match self.read_binding(&mut conn, &key).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return self.metrics.lookup(&pool.name, own),
+            Err(()) => return self.metrics.lookup(&pool.name, unanswered),
         };
         let endpoint = BindingRecord::decode(&bytes).and_then(|rec| {
             let label = rec.endpoint.strip_prefix("http://")?;
@@ -223,6 +203,39 @@ impl Cluster {
         let adopted = endpoint.is_some_and(|s| pool.policy.import_binding(s, Instant::now()));
         self.metrics
             .lookup(&pool.name, if adopted { "store" } else { own });
+    }
+
+    /// One binding's record (a session's, or a stored response's engine) on the request path: GET `key`, waiting at
+    /// most `cluster.read_timeout`. Err (counted, logged at debug) when the store failed or did not answer in time.
+    async fn read_binding(
+        &self,
+        conn: &mut ConnectionManager,
+        key: &str,
+    ) -> Result<Option<Vec<u8>>, ()> {
+        let t0 = Instant::now();
+        let got = tokio::time::timeout(
+            self.cfg.read_timeout,
+            redis::cmd("GET")
+                .arg(key)
+                .query_async::<Option<Vec<u8>>>(conn),
+        )
+        .await;
+        self.metrics
+            .read_seconds
+            .with_label_values(&["binding"])
+            .observe(t0.elapsed().as_secs_f64());
+        match got {
+            Ok(Ok(found)) => Ok(found),
+            Ok(Err(e)) => {
+                log::debug!("cluster: reading a binding failed: {e}");
+                self.metrics.error("read_binding");
+                Err(())
+            }
+            Err(_) => {
+                self.metrics.error("read_binding");
+                Err(())
+            }
+        }
     }
 
     /// After a session turn was served: queue its binding (`saved`, endpoint id of this process) for the store.
@@ -259,30 +272,10 @@ impl Cluster {
     /// store does not know it or does not answer in time.
     pub async fn lookup_response(&self, id: &str) -> Option<Holder> {
         let mut conn = self.conn()?;
-        let t0 = Instant::now();
-        let got = tokio::time::timeout(
-            self.cfg.read_timeout,
-            redis::cmd("GET")
-                .arg(self.keys.response(id))
-                .query_async::<Option<Vec<u8>>>(&mut conn),
-        )
-        .await;
-        self.metrics
-            .read_seconds
-            .with_label_values(&["binding"])
-            .observe(t0.elapsed().as_secs_f64());
-        let bytes = match got {
-            Ok(Ok(found)) => found?,
-            Ok(Err(e)) => {
-                log::debug!("cluster: reading a stored response's engine failed: {e}");
-                self.metrics.error("read_binding");
-                return None;
-            }
-            Err(_) => {
-                self.metrics.error("read_binding");
-                return None;
-            }
-        };
+        let bytes = self
+            .read_binding(&mut conn, &self.keys.response(id))
+            .await
+            .ok()??;
         let text = std::str::from_utf8(&bytes).ok()?;
         let (pool, endpoint) = text.split_once('\n')?;
         Some(Holder {

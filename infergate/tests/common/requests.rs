@@ -9,6 +9,14 @@ pub const COUNT_TOKENS: &str = "/v1/messages/count_tokens";
 /// The header `router::sessions_yaml` keys sessions by.
 pub const SESSION_HEADER: &str = "x-session-id";
 
+/// The endpoint that served `resp` (`x-infergate-endpoint`); None when the router answered itself.
+pub fn served_by(resp: &reqwest::Response) -> Option<String> {
+    resp.headers()
+        .get("x-infergate-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(64)
