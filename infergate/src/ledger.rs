@@ -80,11 +80,29 @@ pub struct EndpointLoad {
     requests: AtomicU64,
     prefill_tokens: AtomicU64,
     peak: PeakWindow,
+    /// The most requests in flight since `mark_requests` (an engine stats scrape was sent).
+    requests_since_mark: AtomicU64,
 }
 
 impl EndpointLoad {
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Start tracking the most requests in flight from now: an engine stats scrape is being sent.
+    pub fn mark_requests(&self) {
+        self.requests_since_mark
+            .store(self.requests(), Ordering::Relaxed);
+    }
+
+    /// The most requests in flight at any moment since `mark_requests`, now included. What the engine's sample,
+    /// taken somewhere in between, may count of ours: a request that finished while the scrape was under way is
+    /// still in the engine's figure, and read as load placed elsewhere it would be a phantom (rather count one
+    /// dispatched meanwhile as ours: a foreign request missed for one sample, not one invented).
+    pub fn requests_since_mark(&self) -> u64 {
+        self.requests_since_mark
+            .load(Ordering::Relaxed)
+            .max(self.requests())
     }
 
     pub fn prefill_tokens(&self) -> u64 {
@@ -223,7 +241,9 @@ impl Ledger {
         tokens: u64,
         on_release: ReleaseHook,
     ) -> Hold {
-        load.requests.fetch_add(1, Ordering::Relaxed);
+        let requests = load.requests.fetch_add(1, Ordering::Relaxed) + 1;
+        load.requests_since_mark
+            .fetch_max(requests, Ordering::Relaxed);
         load.add_prefill(tokens);
         let entry = Arc::new(HoldEntry {
             load,
@@ -393,6 +413,33 @@ mod tests {
             }),
             released,
         )
+    }
+
+    #[test]
+    fn a_request_that_finished_during_a_stats_scrape_is_not_read_as_foreign_load() {
+        let ledger = Ledger::new();
+        let load = Arc::new(EndpointLoad::default());
+        let (hook, _) = counting_hook();
+        let mut a = ledger.hold(load.clone(), 0, hook.clone());
+        let mut b = ledger.hold(load.clone(), 0, hook.clone());
+        load.mark_requests(); // the scrape is sent; the engine counts our two
+        a.finish();
+        b.finish(); // ... both finish before its answer arrives
+        let sample = crate::placement::EngineLoad {
+            running: 2,
+            own_at_sample: load.requests_since_mark(),
+            ..Default::default()
+        };
+        assert_eq!(sample.foreign(), 0, "a phantom foreign request");
+        // One dispatched while the scrape is under way counts as ours too; the next scrape starts afresh.
+        let c = ledger.hold(load.clone(), 0, hook.clone());
+        assert_eq!(load.requests_since_mark(), 2);
+        load.mark_requests();
+        assert_eq!(load.requests_since_mark(), 1);
+        drop(c);
+        assert_eq!(load.requests_since_mark(), 1);
+        load.mark_requests();
+        assert_eq!(load.requests_since_mark(), 0);
     }
 
     #[test]

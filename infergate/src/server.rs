@@ -447,6 +447,7 @@ async fn run_pool_scrapes(
             let api_key = current.api_key.clone();
             loops.insert(ep.id, (tx, current));
             let sink_ep = ep.clone();
+            let sent_ep = ep.clone();
             let target = crate::engine_stats::ScrapeTarget {
                 pool: pool.name.to_string(),
                 endpoint: ep.label.clone(),
@@ -454,12 +455,14 @@ async fn run_pool_scrapes(
                 api_key,
                 cfg: cfg.clone(),
                 cell: Arc::new(move |mut outcome| {
-                    // Our own count as the sample arrives: the engine's figure less it is the foreign load.
+                    // Our own count while the scrape was under way (its most): the engine's figure less it is the
+                    // foreign load.
                     if let crate::engine_stats::ScrapeOutcome::Good(load) = &mut outcome {
-                        load.own_at_sample = sink_ep.load.requests();
+                        load.own_at_sample = sink_ep.load.requests_since_mark();
                     }
                     sink_ep.stats.record_outcome(Instant::now(), &outcome)
                 }),
+                on_send: Arc::new(move || sent_ep.load.mark_requests()),
             };
             tokio::spawn(crate::engine_stats::scrape_loop(target, rx));
         }

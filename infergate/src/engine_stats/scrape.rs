@@ -21,6 +21,8 @@ pub struct ScrapeTarget {
     pub api_key: Option<String>,
     pub cfg: EngineStatsConfig,
     pub cell: OutcomeSink,
+    /// Called as each scrape is sent (the proxy starts tracking its own requests in flight, see `cell`).
+    pub on_send: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl std::fmt::Debug for ScrapeTarget {
@@ -170,6 +172,7 @@ pub async fn scrape_loop(target: ScrapeTarget, mut stop: tokio::sync::watch::Rec
             _ = ticker.tick() => {}
             r = stop.changed() => { if r.is_err() { return; } continue; }
         }
+        (target.on_send)();
         let scrape = scrape_once(
             client,
             &target.url,
@@ -313,6 +316,7 @@ mod tests {
             cell: Arc::new(move |o| {
                 let _ = tx.send(o);
             }),
+            on_send: Arc::new(|| {}),
         };
         (t, rx)
     }

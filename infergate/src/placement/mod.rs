@@ -25,8 +25,9 @@ pub struct EngineLoad {
     pub waiting: u64,
     /// KV cache usage, 0..=1.
     pub kv_usage: f64,
-    /// infergate's own requests in flight to this endpoint when the sample arrived (set by the scraper; the parser
-    /// leaves 0). The engine's running + waiting less this is the load placed elsewhere ("foreign").
+    /// infergate's own requests in flight to this endpoint while the sample was taken: the most between sending the
+    /// scrape and its answer (set by the scraper; the parser leaves 0). The engine's running + waiting less this is
+    /// the load placed elsewhere ("foreign").
     pub own_at_sample: u64,
 }
 
