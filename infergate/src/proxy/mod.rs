@@ -9,21 +9,24 @@
 //!                          requests in order; the request id (request_id: the client's or new)
 //! request_filter           screen the path (exposure: 400/404 unless served); classify; answer /health; client
 //!                          key (401) and key limits (429, `admit`); answer /v1/models; read the whole body
-//!                          (bounded), pick the pool, charge the key's tokens; for a session, the binding
-//!                          another replica stored (cluster, bounded wait)
-//! upstream_peer            (per attempt) the pool's wait queue (first attempt) → snapshot → policy.place → ledger
-//!                          hold → peer; a stale pooled connection is retried once on the same endpoint over a
-//!                          fresh connection
+//!                          (bounded), pick the pool (a stored response's: the pool of the engine holding it,
+//!                          else 404), charge the key's tokens; pin a request for a stored response to its engine
+//!                          (stored_responses); for a session, the binding another replica stored (cluster,
+//!                          bounded wait)
+//! upstream_peer            (per attempt) the pool's wait queue (first attempt) → snapshot → policy.place (a pinned
+//!                          request: its engine, or 503) → ledger hold → peer; a stale pooled connection is
+//!                          retried once on the same endpoint over a fresh connection
 //! upstream_request_filter  Host, the engine's key (never the client's Authorization or x-api-key), one
 //!                          Content-Length, no Expect, the normalised path, X-Forwarded-For / Forwarded /
 //!                          X-Real-IP (forwarded)
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count, the binding is queued for the replicas'
-//!                          store); 429/503: refused → retry elsewhere;
+//!                          store); 429/503: refused → retry elsewhere (not a pinned request);
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
 //! response_filter          while draining (upgrade, stop): `Connection: close` (lifecycle)
 //! response_filter          x-request-id and x-infergate-endpoint on the client's response (access)
-//! response_body_filter     first body byte: TTFB; first output byte (past the events an engine sends before
+//! response_body_filter     a created stored response's id, from the answer's start (stored_responses);
+//!                          first body byte: TTFB; first output byte (past the events an engine sends before
 //!                          prefill: first_output): release the prefill tokens, learn prefill speed
 //! fail_to_connect /        decide retries (only where the engine cannot have started the work)
 //!   error_while_proxy
