@@ -39,6 +39,10 @@ pub const ROUTER_CODES: [&str; 7] = ["200", "400", "404", "413", "502", "503", "
 /// the file rejected.
 pub const RELOAD_RESULTS: [&str; 3] = ["applied", "partial", "failed"];
 
+/// Sources of `infergate_stored_response_lookups_total`: this router's record, the cluster's store, the engine that
+/// answered it has the response, none (`unknown`).
+pub const STORED_RESPONSE_SOURCES: [&str; 4] = ["local", "cluster", "engine", "unknown"];
+
 /// Causes of `infergate_session_evictions_total`.
 pub const EVICTION_CAUSES: [&str; 2] = ["ttl", "capacity"];
 
@@ -112,6 +116,8 @@ pub struct Metrics {
     pub config_info: IntGauge,
     /// SIGHUP reloads by result (`RELOAD_RESULTS`).
     pub config_reloads_total: IntCounterVec,
+    /// Requests naming a stored response, by where its engine was found (`stored_responses`).
+    pub stored_response_lookups_total: IntCounterVec,
     /// Unix time of the configuration in effect: the start, then each reload that applied anything.
     pub config_last_reload_success_timestamp_seconds: prometheus::Gauge,
     /// Client keys and the pools' wait queues (`admission`).
@@ -291,6 +297,20 @@ impl Metrics {
                 c
             },
             config_last_reload_success_timestamp_seconds: last_reload,
+            stored_response_lookups_total: {
+                let c = counter(
+                    &registry,
+                    "infergate_stored_response_lookups_total",
+                    "Requests naming a stored Responses API object (previous_response_id, retrieve, cancel) by where \
+                     the engine holding it was found: local (this router saw it made), cluster (another replica \
+                     did), engine (the engines were asked), unknown (none has it).",
+                    &["source"],
+                );
+                for s in STORED_RESPONSE_SOURCES {
+                    c.with_label_values(&[s]);
+                }
+                c
+            },
             client_requests_total: counter(
                 &registry,
                 "infergate_client_requests_total",
@@ -337,6 +357,13 @@ impl Metrics {
             ),
             registry,
         })
+    }
+
+    /// Count one lookup of a stored response's engine by where it was found (one of `STORED_RESPONSE_SOURCES`).
+    pub fn stored_response_lookup(&self, source: &str) {
+        self.stored_response_lookups_total
+            .with_label_values(&[source])
+            .inc();
     }
 
     /// Count one reload by its result (one of `RELOAD_RESULTS`); a reload that applied anything moves the

@@ -3,10 +3,13 @@
 //! (`previous_response_id`), its retrieval (`GET /v1/responses/{id}`) and its cancel must go to that engine.
 //!
 //! The ids are learned from the responses that create them (the first `"id"` of the answer, streamed or not) and
-//! kept in a bounded map, oldest forgotten first.
+//! kept in a bounded map, oldest forgotten first. An id the map does not have (made before a restart, through
+//! another router or straight at an engine, or forgotten) is looked for by asking the engines themselves
+//! (`probe`): the one that has it answers its `GET /v1/responses/{id}` with 200.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -66,6 +69,46 @@ impl StoredResponses {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Most engines asked at once for one unknown id.
+pub const MAX_PROBES: usize = 64;
+
+/// How long the engines asked for an unknown id may take to answer.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An engine that may hold a stored response, and how to ask it.
+pub struct Candidate {
+    pub holder: Holder,
+    /// Sent as `Authorization: Bearer` (the engine's key); never logged.
+    pub api_key: Option<String>,
+}
+
+/// Ask `candidates` (at most [`MAX_PROBES`]) at once whether they hold stored response `id` (`GET
+/// /v1/responses/{id}` answered 200), waiting at most `timeout`; the first that does. `id` must be a valid one.
+pub async fn probe(id: &str, candidates: Vec<Candidate>, timeout: Duration) -> Option<Holder> {
+    let client = crate::engine_stats::shared_client();
+    let mut asked = tokio::task::JoinSet::new();
+    for c in candidates.into_iter().take(MAX_PROBES) {
+        let req = client
+            .get(format!("http://{}/v1/responses/{id}", c.holder.endpoint))
+            .timeout(timeout);
+        let req = match &c.api_key {
+            Some(key) => req.bearer_auth(key),
+            None => req,
+        };
+        asked.spawn(async move {
+            let has = req.send().await.is_ok_and(|r| r.status() == 200);
+            has.then_some(c.holder)
+        });
+    }
+    // Dropping the set when one answers aborts the other questions.
+    while let Some(answer) = asked.join_next().await {
+        if let Ok(Some(holder)) = answer {
+            return Some(holder);
+        }
+    }
+    None
 }
 
 /// Whether `id` can name a stored response: 1 to 128 letters, digits, `_`, `-` or `.` (what is echoed in an

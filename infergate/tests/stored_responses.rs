@@ -163,17 +163,27 @@ async fn retrieval_and_cancel_go_to_the_holder_and_unknown_ids_are_404s() {
     let odd = send(&router, "POST", "/v1/responses/%3Cb%3E/cancel", None).await;
     assert_eq!(odd.status, 404);
     assert!(!odd.body.to_string().contains("<b>"), "{}", odd.body);
-    let after: usize = eng
+    let asked = |path: &str| -> usize {
+        eng.iter()
+            .map(|e| e.requests().iter().filter(|r| r.path == path).count())
+            .sum()
+    };
+    // Each engine was asked once whether it has the unknown id; the malformed one was not looked for.
+    assert_eq!(asked("/v1/responses/resp_0123abc"), 2);
+    let seen: usize = eng.iter().map(|e| e.requests().len()).sum();
+    let sent_on: usize = eng
         .iter()
-        .map(|e| {
-            e.requests()
-                .iter()
-                .filter(|r| r.path.starts_with("/v1/responses"))
-                .count()
-        })
-        .sum();
-    // The creation, four retrievals and the cancel: no engine saw the unknown ids.
-    assert_eq!(after, 6);
+        .flat_map(|e| e.requests())
+        .filter(|r| r.path.starts_with("/v1/responses/") && !r.path.contains("resp_"))
+        .count();
+    assert_eq!(sent_on, 0, "of {seen} requests, one named the malformed id");
+    let m = router.metrics_text().await;
+    let lookups = |source: &str| {
+        let label = format!("source=\"{source}\"");
+        metric_sum(&m, "infergate_stored_response_lookups_total", &[&label])
+    };
+    assert_eq!(lookups("local"), 5.0, "four retrievals and the cancel");
+    assert_eq!(lookups("unknown"), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,4 +214,40 @@ async fn a_response_whose_engine_is_down_gets_a_503_not_another_engines_404() {
         .filter(|r| r.path.starts_with("/v1/responses"))
         .count();
     assert_eq!(sent_there, 0, "the other engine cannot have the response");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_the_router_never_saw_made_is_found_by_asking_the_engines() {
+    // Made straight at the second engine: as before a router restart, through another router, or forgotten.
+    let (eng, router) = two_storing_engines().await;
+    let direct = client()
+        .post(format!("{}/v1/responses", eng[1].url()))
+        .body(turn("made elsewhere", None, false).to_string())
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .expect("engine answers");
+    assert_eq!(direct.status(), 200);
+    let made: Value = direct.json().await.expect("JSON");
+    let id = made["id"].as_str().expect("an id").to_string();
+    let holder = eng[1].url().trim_start_matches("http://").to_string();
+
+    let got = send(&router, "GET", &format!("/v1/responses/{id}"), None).await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert_eq!(got.endpoint.as_deref(), Some(holder.as_str()));
+    // The chain continues there (round_robin alone would alternate).
+    let mut previous = id;
+    for i in 0..4 {
+        let a = respond(&router, &format!("more {i}"), Some(&previous), false).await;
+        assert_eq!(a.status, 200, "turn {i}: {}", a.body);
+        assert_eq!(a.endpoint.as_deref(), Some(holder.as_str()), "turn {i}");
+        previous = id_of(&a);
+    }
+    let engine_found = router
+        .metric_sum(
+            "infergate_stored_response_lookups_total",
+            &["source=\"engine\""],
+        )
+        .await;
+    assert_eq!(engine_found, 1.0, "asked once, then remembered");
 }

@@ -20,7 +20,7 @@ use crate::placement::policy::{PlaceRequest, Placement, Snapshot};
 use crate::placement::{self, Reason};
 use crate::pool::{Endpoint, Pool};
 use crate::request::CallKind;
-use crate::stored_responses::Holder;
+use crate::stored_responses::{self, Holder};
 
 impl Router {
     pub(super) fn body_limits(&self) -> BodyLimits {
@@ -52,7 +52,7 @@ impl Router {
         ctx: &mut Ctx,
     ) -> Option<std::result::Result<Arc<Pool>, ApiError>> {
         let id = ctx.target.as_ref()?.stored_response_id()?.to_string();
-        let found = self.response_holder(&id).await.and_then(|h| {
+        let found = self.response_holder(&id, None).await.and_then(|h| {
             let pool = self.pools.pools.iter().find(|p| p.name == h.pool)?.clone();
             has_endpoint(&pool, &h.endpoint).then_some((pool, h.endpoint))
         });
@@ -84,7 +84,7 @@ impl Router {
         let Some(prev) = ctx.scan.previous_response_id.as_deref() else {
             return;
         };
-        if let Some(h) = self.response_holder(prev).await {
+        if let Some(h) = self.response_holder(prev, Some(pool)).await {
             if h.pool == pool.name && has_endpoint(pool, &h.endpoint) {
                 ctx.pinned = Some(Pinned {
                     response_id: prev.to_string(),
@@ -94,15 +94,53 @@ impl Router {
         }
     }
 
-    /// The engine holding stored response `id`: this replica's record, else the one another replica shared.
-    async fn response_holder(&self, id: &str) -> Option<Holder> {
+    /// The engine holding stored response `id`: this replica's record, else the one another replica shared, else
+    /// the engine that says it has it when asked (in `pool`, or in any pool when the request names none).
+    async fn response_holder(&self, id: &str, pool: Option<&Pool>) -> Option<Holder> {
         if !crate::stored_responses::is_valid_id(id) {
             return None;
         }
         if let Some(h) = self.stored_responses.lookup(id) {
+            self.metrics.stored_response_lookup("local");
             return Some(h);
         }
-        let h = self.cluster.as_ref()?.lookup_response(id).await?;
+        let shared = match &self.cluster {
+            Some(cluster) => cluster.lookup_response(id).await,
+            None => None,
+        };
+        let (found, source) = match shared {
+            Some(h) => (Some(h), "cluster"),
+            None => {
+                let pools: Vec<&Pool> = match pool {
+                    Some(p) => vec![p],
+                    None => self.pools.pools.iter().map(|p| &**p).collect(),
+                };
+                let candidates = pools
+                    .iter()
+                    .flat_map(|p| p.endpoints().iter().cloned().collect::<Vec<_>>())
+                    .filter(|e| e.available())
+                    .map(|e| stored_responses::Candidate {
+                        api_key: e.api_key(),
+                        holder: Holder {
+                            pool: e.pool.clone(),
+                            endpoint: e.label.clone(),
+                        },
+                    })
+                    .collect();
+                let timeout = stored_responses::PROBE_TIMEOUT;
+                match stored_responses::probe(id, candidates, timeout).await {
+                    Some(h) => {
+                        if let Some(cluster) = &self.cluster {
+                            cluster.share_response(id, &h);
+                        }
+                        (Some(h), "engine")
+                    }
+                    None => (None, "unknown"),
+                }
+            }
+        };
+        self.metrics.stored_response_lookup(source);
+        let h = found?;
         self.stored_responses.record(id, h.clone());
         Some(h)
     }
