@@ -110,39 +110,41 @@ impl Router {
         };
         let (found, source) = match shared {
             Some(h) => (Some(h), "cluster"),
-            None => {
-                let pools: Vec<&Pool> = match pool {
-                    Some(p) => vec![p],
-                    None => self.pools.pools.iter().map(|p| &**p).collect(),
-                };
-                let candidates = pools
-                    .iter()
-                    .flat_map(|p| p.endpoints().iter().cloned().collect::<Vec<_>>())
-                    .filter(|e| e.available())
-                    .map(|e| stored_responses::Candidate {
-                        api_key: e.api_key(),
-                        holder: Holder {
-                            pool: e.pool.clone(),
-                            endpoint: e.label.clone(),
-                        },
-                    })
-                    .collect();
-                let timeout = stored_responses::PROBE_TIMEOUT;
-                match stored_responses::probe(id, candidates, timeout).await {
-                    Some(h) => {
-                        if let Some(cluster) = &self.cluster {
-                            cluster.share_response(id, &h);
-                        }
-                        (Some(h), "engine")
+            None => match self.ask_engines(id, pool).await {
+                Some(h) => {
+                    if let Some(cluster) = &self.cluster {
+                        cluster.share_response(id, &h);
                     }
-                    None => (None, "unknown"),
+                    (Some(h), "engine")
                 }
-            }
+                None => (None, "unknown"),
+            },
         };
         self.metrics.stored_response_lookup(source);
         let h = found?;
         self.stored_responses.record(id, h.clone());
         Some(h)
+    }
+
+    /// The available engine of `pool` (of every pool without one) that says it holds stored response `id`.
+    async fn ask_engines(&self, id: &str, pool: Option<&Pool>) -> Option<Holder> {
+        let pools: Vec<&Pool> = match pool {
+            Some(p) => vec![p],
+            None => self.pools.pools.iter().map(|p| &**p).collect(),
+        };
+        let candidates = pools
+            .iter()
+            .flat_map(|p| p.endpoints().iter().cloned().collect::<Vec<_>>())
+            .filter(|e| e.available())
+            .map(|e| stored_responses::Candidate {
+                api_key: e.api_key(),
+                holder: Holder {
+                    pool: e.pool.clone(),
+                    endpoint: e.label.clone(),
+                },
+            })
+            .collect();
+        stored_responses::probe(id, candidates, stored_responses::PROBE_TIMEOUT).await
     }
 
     /// A stored response was created on this request's endpoint: remember it holds `id`, and tell the replicas.
@@ -256,9 +258,6 @@ impl Router {
         now: Instant,
     ) -> Option<(Arc<Endpoint>, Placement)> {
         let endpoints = pool.endpoints();
-        let cands = pool.candidates(&endpoints, &ctx.tried, now);
-        let ids: Vec<u64> = endpoints.iter().map(|e| e.id).collect();
-        let mut rng = fastrand::Rng::new();
         let req = PlaceRequest {
             session_key: ctx.session_key.as_deref(),
             model: ctx.scan.model.as_deref().unwrap_or(""),
@@ -276,6 +275,9 @@ impl Router {
             let placement = Placement::whole(i, Reason::StoredResponse, &req);
             return Some((ep.clone(), placement));
         }
+        let cands = pool.candidates(&endpoints, &ctx.tried, now);
+        let ids: Vec<u64> = endpoints.iter().map(|e| e.id).collect();
+        let mut rng = fastrand::Rng::new();
         let placement = if ctx.kind == CallKind::Generate {
             let snap = Snapshot {
                 cands: &cands,
@@ -415,14 +417,14 @@ impl Router {
     }
 }
 
-/// When a non-streaming request's tokens are released: its response starts only when generation ends, so at the
-/// estimated prefill end; before a speed is learned, just before the janitor would (an ordinary long generation
-/// is no overdue request, and must not be logged as one).
 /// Whether `pool` still has the endpoint `label` (a reload may have removed the engine holding a response).
 fn has_endpoint(pool: &Pool, label: &str) -> bool {
     pool.endpoints().iter().any(|e| e.label == label)
 }
 
+/// When a non-streaming request's tokens are released: its response starts only when generation ends, so at the
+/// estimated prefill end; before a speed is learned, just before the janitor would (an ordinary long generation
+/// is no overdue request, and must not be logged as one).
 pub(super) fn non_streaming_release(
     estimated_prefill: Option<Duration>,
     t: &crate::config::Timeouts,
