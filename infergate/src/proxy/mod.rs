@@ -288,10 +288,11 @@ impl ProxyHttp for Router {
                 return Ok(true);
             }
         };
-        self.pin_continued_response(ctx, &pool).await;
         if !self.admit_with_body(session, ctx, &pool).await? {
             return Ok(true);
         }
+        // After the key's limits: a refused request makes no engine look for a stored response.
+        self.pin_continued_response(ctx, &pool).await;
         if let Some(s) = pool.cfg().policy.sessions() {
             let headers = &session.req_header().headers;
             ctx.session_key = s
