@@ -6,6 +6,7 @@ pub mod cli;
 pub mod clients;
 pub mod cluster;
 pub mod config;
+pub mod cors;
 pub mod engine_stats;
 pub mod exposure;
 pub mod forwarded;

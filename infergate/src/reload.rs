@@ -263,6 +263,12 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
         IN_PLACE,
     );
     d.setting(
+        "cors_allowed_origins",
+        &r.cors_allowed_origins,
+        &mut n.cors_allowed_origins,
+        IN_PLACE,
+    );
+    d.setting(
         "access_log",
         &r.access_log,
         &mut n.access_log,
@@ -349,6 +355,7 @@ fn unlisted_change(running: &Config, new: &Config) -> bool {
     r.body_budget_wait = new.body_budget_wait;
     r.expose_paths.clone_from(&new.expose_paths);
     r.trusted_proxies.clone_from(&new.trusted_proxies);
+    r.cors_allowed_origins.clone_from(&new.cors_allowed_origins);
     r.access_log.clone_from(&new.access_log);
     r.endpoint_header = new.endpoint_header;
     r.state_file.clone_from(&new.state_file);

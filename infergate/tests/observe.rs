@@ -27,13 +27,6 @@ const SESSION_REASONS: [&str; 6] = [
     "headerless",
 ];
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
 /// A router with sessions and engine stats in front of `engines`.
 async fn router_for(engines: &[infergate_sim::EngineHandle]) -> TestRouter {
     let extra = format!("{}{}", sessions_yaml(1000), ENGINE_STATS);
@@ -485,56 +478,6 @@ fn panel_exprs(panels: &[serde_json::Value], out: &mut Vec<(String, String)>) {
     }
 }
 
-/// A command-line tool on PATH; when missing, `scripts/ensure-test-tools.sh` installs it (once per process).
-/// None only when it is still missing and `INFERGATE_SKIP_TOOL_TESTS` is set; otherwise that panics.
-fn tool(name: &str) -> Option<PathBuf> {
-    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let find = || {
-        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    };
-    let _one_at_a_time = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = find() {
-        return Some(p);
-    }
-    if std::env::var_os("INFERGATE_SKIP_TOOL_TESTS").is_some() {
-        eprintln!("SKIPPED: {name} is not installed and INFERGATE_SKIP_TOOL_TESTS is set");
-        return None;
-    }
-    let script = repo().join("scripts/ensure-test-tools.sh");
-    let status = Command::new("bash").arg(&script).status();
-    find().or_else(|| {
-        panic!(
-            "{name} is missing and {} could not install it ({status:?}); install it (Debian packages \
-             prometheus, chromium) or set INFERGATE_SKIP_TOOL_TESTS=1",
-            script.display()
-        )
-    })
-}
-
-/// Run a command (bounded by `timeout`), panicking with its output when it fails; its stdout.
-fn run(cmd: &mut Command, limit_secs: u32) -> String {
-    let shown = format!("{cmd:?}");
-    let mut bounded = Command::new("timeout");
-    bounded
-        .arg(limit_secs.to_string())
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    if let Some(dir) = cmd.get_current_dir() {
-        bounded.current_dir(dir);
-    }
-    let out = bounded.output().expect("command starts");
-    assert!(
-        out.status.success(),
-        "{shown} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_and_alert_rules_use_only_exported_metrics_and_pass_promtool() {
     // Client keys and a wait queue, so that their series are exported too.
@@ -656,35 +599,6 @@ async fn dashboard_and_alert_rules_use_only_exported_metrics_and_pass_promtool()
         60,
     );
     assert!(tested.contains("SUCCESS"), "{tested}");
-}
-
-/// Headless Chromium on `url` with the given mode arguments (`--dump-dom`, `--screenshot=...`), in a fresh
-/// profile; its stdout.
-fn chromium(chrome: &Path, url: &str, mode: &[&str]) -> String {
-    let profile = std::env::temp_dir().join(format!(
-        "infergate-chromium-{}-{}",
-        std::process::id(),
-        fastrand::u64(..)
-    ));
-    let mut cmd = Command::new(chrome);
-    cmd.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--hide-scrollbars",
-        // Let the page's 2 s refresh run once (virtual time waits for the fetch).
-        "--virtual-time-budget=3000",
-    ])
-    .arg(format!("--user-data-dir={}", profile.display()))
-    .args(mode)
-    .arg(url);
-    let out = run(&mut cmd, 90);
-    let _ = std::fs::remove_dir_all(profile);
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

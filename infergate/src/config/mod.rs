@@ -9,6 +9,7 @@ mod access_log;
 mod auth;
 mod clients;
 mod cluster;
+mod cors;
 mod expose_paths;
 mod outlier;
 mod policy;
@@ -26,6 +27,7 @@ pub use access_log::{AccessLogConfig, LogFormat, LogTarget};
 pub use auth::{AuthConfig, ClientKey, KeyLimits};
 pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
 pub use cluster::ClusterConfig;
+pub use cors::CorsOrigins;
 use expose_paths::expose_paths;
 pub use outlier::OutlierConfig;
 pub use policy::{
@@ -73,6 +75,8 @@ pub struct Config {
     pub expose_paths: Vec<String>,
     /// Peers whose `X-Real-IP` is kept (`trusted_proxies`); see `forwarded`.
     pub trusted_proxies: Vec<Cidr>,
+    /// Web origins whose pages may read the client port's answers (`cors_allowed_origins`); see `cors`.
+    pub cors_allowed_origins: CorsOrigins,
     /// Client API keys and their limits (`auth`); None = every client is served.
     pub auth: Option<AuthConfig>,
     /// One line per request (`access_log`); None = off.
@@ -227,7 +231,7 @@ const SECTIONS: &[(&str, Reader)] = &[
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools, expose, trusted, auth, access_log, endpoint_header, state_file, cluster] =
+        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools, expose, trusted, cors, auth, access_log, endpoint_header, state_file, cluster] =
             n.keys([
                 "listen",
                 "metrics_listen",
@@ -241,6 +245,7 @@ impl Config {
                 "pools",
                 "expose_paths",
                 "trusted_proxies",
+                "cors_allowed_origins",
                 "auth",
                 "access_log",
                 "endpoint_header",
@@ -274,6 +279,7 @@ impl Config {
             pools: pools_list(&pools)?,
             expose_paths: expose_paths(&expose)?,
             trusted_proxies: trusted_proxies(&trusted)?,
+            cors_allowed_origins: cors::cors_allowed_origins(&cors)?,
             auth: match auth.optional_section()? {
                 None => None,
                 Some(a) => Some(AuthConfig::read(a)?),

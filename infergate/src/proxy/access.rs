@@ -32,6 +32,11 @@ impl Router {
         ctx: &Ctx,
     ) -> Result<()> {
         echo_request_id(session, resp)?;
+        crate::cors::apply(
+            &self.current().cors_allowed_origins,
+            session.req_header(),
+            resp,
+        )?;
         if self.current().endpoint_header {
             if let Some(ep) = &ctx.endpoint {
                 resp.insert_header(ENDPOINT_HEADER, ep.label.as_str())?;

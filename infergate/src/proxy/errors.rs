@@ -79,6 +79,26 @@ impl ApiError {
         .retry_after(2)
     }
 
+    /// A CORS preflight from a web origin `cors_allowed_origins` does not list.
+    pub fn cors_origin_not_allowed() -> Self {
+        Self::new(
+            403,
+            "invalid_request_error",
+            "cors_origin_not_allowed",
+            "this origin may not call the API from a browser (see cors_allowed_origins)",
+        )
+    }
+
+    /// A CORS preflight whose `Access-Control-Request-Headers` is not a plain list of header names.
+    pub fn cors_bad_request_headers() -> Self {
+        Self::new(
+            400,
+            "invalid_request_error",
+            "bad_request",
+            "Access-Control-Request-Headers must be a list of header names",
+        )
+    }
+
     /// A request target that cannot be normalised (encoded separators, dot segments, bad escapes, ...).
     pub fn invalid_path(reason: &str) -> Self {
         Self::new(

@@ -224,6 +224,15 @@ impl ProxyHttp for Router {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        // A browser asking whether a page of another origin may call (CORS), before any key check: preflights
+        // carry none.
+        if let Some(method) = crate::cors::preflight_method(session.req_header()) {
+            if !self.current().cors_allowed_origins.is_off() {
+                let method = method.to_string();
+                self.answer_preflight(session, &method).await?;
+                return Ok(true);
+            }
+        }
         // Only the inference API and `expose_paths`, matched on the normalised path; nothing else reaches an engine.
         match self.exposure.screen_request(session.req_header()) {
             Ok(screened) => {

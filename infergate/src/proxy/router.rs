@@ -208,6 +208,11 @@ impl Router {
             resp.insert_header("retry-after", secs.to_string())?;
         }
         access::echo_request_id(session, &mut resp)?;
+        crate::cors::apply(
+            &self.current().cors_allowed_origins,
+            session.req_header(),
+            &mut resp,
+        )?;
         self.metrics
             .router_responses_total
             .with_label_values(&[status.to_string().as_str()])
@@ -222,6 +227,40 @@ impl Router {
             session.write_response_header(Box::new(resp), false).await?;
             session.write_response_body(Some(body), true).await
         }
+    }
+
+    /// Answer a CORS preflight (`cors_allowed_origins` is on): 204 when the origin is allowed and the client port
+    /// serves the method and path asked about, else the error the request itself would get (403 for the origin).
+    pub(super) async fn answer_preflight(&self, session: &mut Session, method: &str) -> Result<()> {
+        let cfg = self.current();
+        let req = session.req_header();
+        let refusal = match crate::cors::allow_origin(&cfg.cors_allowed_origins, req) {
+            None => Some(ApiError::cors_origin_not_allowed()),
+            Some(_) => match self.exposure.screen(method, req.raw_path()) {
+                Err(e) => Some(e),
+                Ok(_) => match crate::cors::requested_headers(req) {
+                    crate::cors::RequestedHeaders::Malformed => {
+                        Some(ApiError::cors_bad_request_headers())
+                    }
+                    _ => None,
+                },
+            },
+        };
+        if let Some(e) = refusal {
+            return self.respond_error(session, &e).await;
+        }
+        let allow = crate::cors::allow_origin(&cfg.cors_allowed_origins, req).unwrap_or("*");
+        let headers = match crate::cors::requested_headers(req) {
+            crate::cors::RequestedHeaders::Names(h) => Some(h),
+            _ => None,
+        };
+        let mut resp = crate::cors::preflight_answer(allow, method, headers)?;
+        access::echo_request_id(session, &mut resp)?;
+        self.metrics
+            .router_responses_total
+            .with_label_values(&["204"])
+            .inc();
+        session.write_response_header(Box::new(resp), true).await
     }
 
     pub(super) async fn respond_error(&self, session: &mut Session, e: &ApiError) -> Result<()> {

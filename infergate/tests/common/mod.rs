@@ -10,9 +10,11 @@ pub mod engines;
 pub mod metrics;
 pub mod requests;
 pub mod router;
+pub mod tools;
 
 pub use bursts::*;
 pub use engines::*;
 pub use metrics::*;
 pub use requests::*;
 pub use router::*;
+pub use tools::*;

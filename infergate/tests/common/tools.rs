@@ -1,0 +1,92 @@
+//! Tools the tests run that nobody on the project wrote: a command on PATH (installed by
+//! `scripts/ensure-test-tools.sh` when missing), run bounded; headless Chromium.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The repository's top directory.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// A command-line tool on PATH; when missing, `scripts/ensure-test-tools.sh` installs it (once per process).
+/// None only when it is still missing and `INFERGATE_SKIP_TOOL_TESTS` is set; otherwise that panics.
+pub fn tool(name: &str) -> Option<PathBuf> {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let find = || {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    };
+    let _one_at_a_time = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = find() {
+        return Some(p);
+    }
+    if std::env::var_os("INFERGATE_SKIP_TOOL_TESTS").is_some() {
+        eprintln!("SKIPPED: {name} is not installed and INFERGATE_SKIP_TOOL_TESTS is set");
+        return None;
+    }
+    let script = repo().join("scripts/ensure-test-tools.sh");
+    let status = Command::new("bash").arg(&script).status();
+    find().or_else(|| {
+        panic!(
+            "{name} is missing and {} could not install it ({status:?}); install it (Debian packages \
+             prometheus, chromium) or set INFERGATE_SKIP_TOOL_TESTS=1",
+            script.display()
+        )
+    })
+}
+
+/// Run a command (bounded by `timeout`), panicking with its output when it fails; its stdout.
+pub fn run(cmd: &mut Command, limit_secs: u32) -> String {
+    let shown = format!("{cmd:?}");
+    let mut bounded = Command::new("timeout");
+    bounded
+        .arg(limit_secs.to_string())
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    if let Some(dir) = cmd.get_current_dir() {
+        bounded.current_dir(dir);
+    }
+    let out = bounded.output().expect("command starts");
+    assert!(
+        out.status.success(),
+        "{shown} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Headless Chromium on `url` with the given mode arguments (`--dump-dom`, `--screenshot=...`), in a fresh
+/// profile; its stdout.
+pub fn chromium(chrome: &Path, url: &str, mode: &[&str]) -> String {
+    let profile = std::env::temp_dir().join(format!(
+        "infergate-chromium-{}-{}",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    let mut cmd = Command::new(chrome);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+        // Let the page's 2 s refresh run once (virtual time waits for the fetch).
+        "--virtual-time-budget=3000",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .args(mode)
+    .arg(url);
+    let out = run(&mut cmd, 90);
+    let _ = std::fs::remove_dir_all(profile);
+    out
+}
