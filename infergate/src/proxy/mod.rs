@@ -7,7 +7,8 @@
 //! ```text
 //! early_request_filter     header deadline off, keep-alive idle limit on (crate::clients); serve pipelined
 //!                          requests in order; the request id (request_id: the client's or new)
-//! request_filter           screen the path (exposure: 400/404 unless served); classify; answer /health; client
+//! request_filter           a CORS preflight, with cors_allowed_origins on, answered first (cors: before any
+//!                          key check); screen the path (exposure: 400/404 unless served); classify; answer /health; client
 //!                          key (401) and key limits (429, `admit`); answer /v1/models; read the whole body
 //!                          (bounded), pick the pool (a stored response's: the pool of the engine holding it,
 //!                          else 404), charge the key's tokens; pin a request for a stored response to its engine
@@ -24,7 +25,8 @@
 //!                          store); 429/503: refused → retry elsewhere (not a pinned request);
 //!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
 //! response_filter          while draining (upgrade, stop): `Connection: close` (lifecycle)
-//! response_filter          x-request-id and x-infergate-endpoint on the client's response (access)
+//! response_filter          x-request-id, x-infergate-endpoint and the router's CORS headers (not the engine's)
+//!                          on the client's response (access, cors)
 //! response_body_filter     a created stored response's id, from the answer's start (stored_responses);
 //!                          first body byte: TTFB; first output byte (past the events an engine sends before
 //!                          prefill: first_output): release the prefill tokens, learn prefill speed
