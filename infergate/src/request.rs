@@ -65,6 +65,8 @@ pub struct BodyScan {
     pub store: Option<bool>,
     /// Top-level `"previous_response_id"` (Responses API): the stored response this one continues.
     pub previous_response_id: Option<String>,
+    /// Top-level `"background"` (Responses API): answered at once, generated afterwards.
+    pub background: Option<bool>,
     /// The scan reached the end of a complete top-level object.
     pub complete: bool,
 }
@@ -106,6 +108,7 @@ enum Role {
     Model,
     Stream,
     Store,
+    Background,
     PreviousResponseId,
     /// A string here is prompt text; an array holds more prompt parts.
     PromptText,
@@ -199,6 +202,7 @@ impl<'a> Scanner<'a> {
                 match role {
                     Role::Stream => self.out.stream = flag,
                     Role::Store => self.out.store = flag,
+                    Role::Background => self.out.background = flag,
                     _ => {}
                 }
                 Some(())
@@ -232,6 +236,7 @@ impl<'a> Scanner<'a> {
                 (Role::Root, b"model") => Role::Model,
                 (Role::Root, b"stream") => Role::Stream,
                 (Role::Root, b"store") => Role::Store,
+                (Role::Root, b"background") => Role::Background,
                 (Role::Root, b"previous_response_id") => Role::PreviousResponseId,
                 (Role::Root, b"messages") => Role::Messages,
                 (Role::Root, b"system" | b"instructions") => Role::SystemText,
@@ -464,7 +469,8 @@ mod tests {
             100,
         );
         assert_eq!(s.previous_response_id.as_deref(), Some("resp_1a"));
-        assert_eq!(s.store, Some(false));
+        assert_eq!((s.store, s.background), (Some(false), None));
+        assert_eq!(scan(br#"{"background":true}"#, 10).background, Some(true));
         // Retrieval and cancel by id hold no prefill.
         assert_eq!(classify("GET", "/v1/responses/resp_1a"), CallKind::Passive);
         assert_eq!(

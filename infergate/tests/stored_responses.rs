@@ -251,3 +251,35 @@ async fn a_response_the_router_never_saw_made_is_found_by_asking_the_engines() {
         .await;
     assert_eq!(engine_found, 1.0, "asked once, then remembered");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_response_keeps_its_prefill_counted_after_its_answer() {
+    // One storing engine prefilling 25k tokens/s: 20k tokens are 0.8 s of work after the `queued` answer.
+    let eng = engines(
+        1,
+        SimConfig {
+            prefill_tokens_per_sec: 25_000.0,
+            ..storing()
+        },
+    )
+    .await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    router.ready().await;
+    // The endpoint's prefill speed, learned from a streamed request.
+    assert_eq!(
+        post_chat(&router.url(), chat_body(100_000, true, 4)).await,
+        200
+    );
+    router.wait_idle().await;
+    let body = json!({"input": "word ".repeat(20_000), "max_output_tokens": 4, "model": "sim-model",
+                      "background": true});
+    let queued = send(&router, "POST", "/v1/responses", Some(body)).await;
+    assert_eq!(queued.status, 200, "{}", queued.body);
+    assert_eq!(queued.body["status"], "queued");
+    let (held, requests) = router.totals();
+    assert!(
+        held > 10_000 && requests == 1,
+        "the engine is prefilling, the router holds {held} tokens and {requests} requests"
+    );
+    router.wait_idle().await;
+}

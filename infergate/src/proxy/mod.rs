@@ -34,7 +34,8 @@
 //!   error_while_proxy
 //! fail_to_proxy            answer an OpenAI-style error
 //! logging                  count the request, write its access-log line (access; also for the router's own
-//!                          answers); the hold's Drop releases whatever is left on every path
+//!                          answers); the hold's Drop releases whatever is left on every path (a background
+//!                          Responses answer's hold lives on to its estimated prefill end)
 //! request_summary          what Pingora's warn/error lines show: method, normalised path, Host (no query)
 //! persist_connection_context
 //!                          the connection waits for another request: header deadline on (crate::clients)
@@ -105,6 +106,9 @@ pub struct Ctx {
     fresh_retry: Option<u64>,
     fresh_retry_used: bool,
     hold: Option<Hold>,
+    /// A background Responses request (answered at once, generated afterwards): its hold outlives the answer until
+    /// this estimated prefill end.
+    background_until: Option<Instant>,
     dispatched_at: Option<Instant>,
     upstream_status: Option<u16>,
     first_byte_seen: bool,
@@ -398,10 +402,15 @@ impl ProxyHttp for Router {
             .ledger
             .hold(ep.load.clone(), tokens, self.release_hook(&ep));
         self.wake_queue_on_finish(&pool, &mut hold);
+        ctx.background_until = None;
         if tokens > 0 && !ctx.is_stream() {
-            let after =
-                non_streaming_release(ep.prefill_speed.estimate(tokens), &self.current().timeouts);
+            let estimate = ep.prefill_speed.estimate(tokens);
+            let after = non_streaming_release(estimate, &self.current().timeouts);
             hold.release_at(now + after);
+            // The answer comes before the work: keep the tokens to the estimated prefill end, if there is one.
+            if ctx.scan.background == Some(true) {
+                ctx.background_until = estimate.map(|d| now + d);
+            }
         }
         ctx.hold = Some(hold);
         ctx.dispatched_at = Some(now);
@@ -569,8 +578,9 @@ impl ProxyHttp for Router {
                 self.remember_response(ctx, id);
             }
         }
-        // An error body has no preamble: its first byte ends the hold.
-        if !ctx.first_output_seen && (!success || ctx.preamble.output_in(chunk)) {
+        // An error body has no preamble: its first byte ends the hold. A background answer precedes the work.
+        let work_follows = success && ctx.background_until.is_some();
+        if !ctx.first_output_seen && !work_follows && (!success || ctx.preamble.output_in(chunk)) {
             ctx.first_output_seen = true;
             if let (Some(h), Some(ep)) = (&ctx.hold, &ctx.endpoint) {
                 // A successful stream's first output marks the end of prefill: learn the endpoint's speed from it.
@@ -700,7 +710,16 @@ impl ProxyHttp for Router {
             self.metrics.request_done(ep, code, ctx.log.start);
         }
         self.log_request(session, e, ctx);
-        ctx.finish_hold();
+        match (ctx.background_until, ctx.hold.take()) {
+            // The engine runs it now: its tokens and request count stay until the estimated prefill end.
+            (Some(until), Some(hold)) if (200..300).contains(&code) => {
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(until.into()).await;
+                    drop(hold);
+                });
+            }
+            (_, hold) => drop(hold),
+        }
     }
 
     fn request_summary(&self, session: &Session, ctx: &Ctx) -> String {
