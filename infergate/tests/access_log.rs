@@ -40,12 +40,6 @@ async fn lines(path: &Path, n: usize) -> Vec<String> {
     got
 }
 
-fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
-    resp.headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_string())
-}
-
 fn is_generated_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }

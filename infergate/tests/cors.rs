@@ -41,11 +41,16 @@ async fn router(origins: &str) -> (infergate_sim::EngineHandle, TestRouter) {
     (eng, router)
 }
 
-fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
-    resp.headers()
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
+/// A small chat completion from a page of `origin`, with the key or without.
+async fn chat_from(router: &TestRouter, origin: &str, key: Option<&str>) -> reqwest::Response {
+    let req = post_json(&client(), &router.url(), CHAT)
+        .header("origin", origin)
+        .body(chat_body(200, false, 2));
+    let req = match key {
+        Some(k) => req.bearer_auth(k),
+        None => req,
+    };
+    req.send().await.expect("router answers")
 }
 
 async fn preflight(
@@ -96,13 +101,7 @@ async fn an_allowed_origin_passes_its_preflight_without_a_key_and_reads_every_an
     assert_eq!(closed.status(), 404, "only what the client port serves");
 
     // The engine's answer and the router's own errors are readable by the allowed origin alone.
-    let served = post_json(&client(), &router.url(), CHAT)
-        .header("origin", APP)
-        .bearer_auth(KEY)
-        .body(chat_body(200, false, 2))
-        .send()
-        .await
-        .unwrap();
+    let served = chat_from(&router, APP, Some(KEY)).await;
     assert_eq!(served.status(), 200);
     assert_eq!(
         header(&served, "access-control-allow-origin").as_deref(),
@@ -110,24 +109,13 @@ async fn an_allowed_origin_passes_its_preflight_without_a_key_and_reads_every_an
     );
     assert!(header(&served, "access-control-expose-headers")
         .is_some_and(|h| h.contains("x-request-id")));
-    let refused = post_json(&client(), &router.url(), CHAT)
-        .header("origin", APP)
-        .body(chat_body(200, false, 2))
-        .send()
-        .await
-        .unwrap();
+    let refused = chat_from(&router, APP, None).await;
     assert_eq!(refused.status(), 401);
     assert_eq!(
         header(&refused, "access-control-allow-origin").as_deref(),
         Some(APP)
     );
-    let foreign = post_json(&client(), &router.url(), CHAT)
-        .header("origin", "https://evil.example")
-        .bearer_auth(KEY)
-        .body(chat_body(200, false, 2))
-        .send()
-        .await
-        .unwrap();
+    let foreign = chat_from(&router, "https://evil.example", Some(KEY)).await;
     assert_eq!(foreign.status(), 200);
     assert_eq!(header(&foreign, "access-control-allow-origin"), None);
     // Preflights never reached the engine.

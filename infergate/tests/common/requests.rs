@@ -9,12 +9,17 @@ pub const COUNT_TOKENS: &str = "/v1/messages/count_tokens";
 /// The header `router::sessions_yaml` keys sessions by.
 pub const SESSION_HEADER: &str = "x-session-id";
 
-/// The endpoint that served `resp` (`x-infergate-endpoint`); None when the router answered itself.
-pub fn served_by(resp: &reqwest::Response) -> Option<String> {
+/// A response header's value, when it is text.
+pub fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
     resp.headers()
-        .get("x-infergate-endpoint")
+        .get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
+}
+
+/// The endpoint that served `resp` (`x-infergate-endpoint`); None when the router answered itself.
+pub fn served_by(resp: &reqwest::Response) -> Option<String> {
+    header(resp, "x-infergate-endpoint")
 }
 
 pub fn client() -> reqwest::Client {
