@@ -69,6 +69,19 @@ fn event_names(text: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The whole answer's text to a JSON POST of `body` to `path` on `e`.
+async fn post_text(e: &EngineHandle, path: &str, body: &Value) -> String {
+    reqwest::Client::new()
+        .post(format!("{}{path}", e.url()))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 async fn metrics(e: &EngineHandle) -> String {
     reqwest::get(format!("{}/metrics", e.url()))
         .await
@@ -427,15 +440,7 @@ async fn non_streaming_answers_json_with_usage() {
     assert_eq!(v["usage"]["output_tokens"], 3);
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
-    let text = c
-        .post(format!("{}/v1/messages", e.url()))
-        .json(&sbody)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_text(&e, "/v1/messages", &sbody).await;
     let names = event_names(&text);
     assert_eq!(
         names,
@@ -1530,15 +1535,7 @@ fn store_error(status: u16, message: &str, param: &str) -> Value {
 
 /// The `response` of the `response.completed` event of a streamed Responses API answer.
 async fn streamed_response(e: &EngineHandle, body: &Value) -> Value {
-    let text = reqwest::Client::new()
-        .post(format!("{}/v1/responses", e.url()))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_text(e, "/v1/responses", body).await;
     let done = text
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
