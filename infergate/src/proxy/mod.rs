@@ -18,7 +18,7 @@
 //!                          request: its engine, or 503) → ledger hold → peer; a stale pooled connection is
 //!                          retried once on the same endpoint over a fresh connection
 //! upstream_request_filter  Host, the engine's key (never the client's Authorization or x-api-key), one
-//!                          Content-Length, no Expect, the normalised path, X-Forwarded-For / Forwarded /
+//!                          Content-Length, no Expect, no Accept-Encoding, the normalised path, X-Forwarded-For / Forwarded /
 //!                          X-Real-IP (forwarded)
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count, the binding is queued for the replicas'
@@ -442,6 +442,8 @@ impl ProxyHttp for Router {
         remove_if_present(req, "x-api-key");
         // The router answered `Expect` itself and holds the whole body: send it with one exact length.
         remove_if_present(req, "expect");
+        // The router reads the start of answers (the first output, a stored response's id): plain bytes, always.
+        remove_if_present(req, "accept-encoding");
         if let Some(b) = &ctx.body {
             remove_if_present(req, "transfer-encoding");
             let len = b.bytes.len().to_string();
