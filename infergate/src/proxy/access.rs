@@ -24,20 +24,18 @@ pub(super) fn echo_request_id(session: &Session, resp: &mut ResponseHeader) -> R
 }
 
 impl Router {
-    /// Headers of a proxied response: the request id and, unless turned off, the serving endpoint.
+    /// Headers of a proxied response: the request id, the router's CORS headers (not the engine's) and, unless
+    /// turned off, the serving endpoint.
     pub(super) fn trace_headers(
         &self,
         session: &Session,
         resp: &mut ResponseHeader,
         ctx: &Ctx,
     ) -> Result<()> {
+        let cfg = self.current();
         echo_request_id(session, resp)?;
-        crate::cors::apply(
-            &self.current().cors_allowed_origins,
-            session.req_header(),
-            resp,
-        )?;
-        if self.current().endpoint_header {
+        crate::cors::apply(&cfg.cors_allowed_origins, session.req_header(), resp)?;
+        if cfg.endpoint_header {
             if let Some(ep) = &ctx.endpoint {
                 resp.insert_header(ENDPOINT_HEADER, ep.label.as_str())?;
             }

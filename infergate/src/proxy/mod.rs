@@ -8,18 +8,18 @@
 //! early_request_filter     header deadline off, keep-alive idle limit on (crate::clients); serve pipelined
 //!                          requests in order; the request id (request_id: the client's or new)
 //! request_filter           a CORS preflight, with cors_allowed_origins on, answered first (cors: before any
-//!                          key check); screen the path (exposure: 400/404 unless served); classify; answer /health; client
-//!                          key (401) and key limits (429, `admit`); answer /v1/models; read the whole body
-//!                          (bounded), pick the pool (a stored response's: the pool of the engine holding it,
-//!                          else 404), charge the key's tokens; pin a request for a stored response to its engine
-//!                          (stored_responses); for a session, the binding another replica stored (cluster,
-//!                          bounded wait)
+//!                          key check); screen the path (exposure: 400/404 unless served); classify; answer
+//!                          /health; client key (401) and key limits (429, `admit`); answer /v1/models; read
+//!                          the whole body (bounded), pick the pool (a stored response's: the pool of the
+//!                          engine holding it, else 404), charge the key's tokens; pin a request for a stored
+//!                          response to its engine (stored_responses); for a session, the binding another
+//!                          replica stored (cluster, bounded wait)
 //! upstream_peer            (per attempt) the pool's wait queue (first attempt) → snapshot → policy.place (a pinned
 //!                          request: its engine, or 503) → ledger hold → peer; a stale pooled connection is
 //!                          retried once on the same endpoint over a fresh connection
 //! upstream_request_filter  Host, the engine's key (never the client's Authorization or x-api-key), one
-//!                          Content-Length, no Expect, no Accept-Encoding, the normalised path, X-Forwarded-For / Forwarded /
-//!                          X-Real-IP (forwarded)
+//!                          Content-Length, no Expect, no Accept-Encoding, the normalised path,
+//!                          X-Forwarded-For / Forwarded / X-Real-IP (forwarded)
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count, the binding is queued for the replicas'
 //!                          store); 429/503: refused → retry elsewhere (not a pinned request);
