@@ -25,10 +25,13 @@ async fn a_shared_system_prompt_does_not_pin_all_traffic_to_one_endpoint() {
         "You are a helpful assistant that answers questions about the codebase. ".repeat(20);
     let c = client();
     let mut tasks = tokio::task::JoinSet::new();
+    // Each answer lasts about 1.5 s (400 steps of 3.6 ms), several times the 0.5 s it takes to send all 16, so
+    // the prefix holder's load passes the gate however slowly the machine runs the sends. With 40 tokens
+    // (0.15 s) the holder had about five in flight, on the gate's edge, and a slow CI machine saw [14, 2].
     for i in 0..16 {
         let req = post_json(&c, &router.url(), CHAT)
             .header("x-test", format!("shared-{i}"))
-            .body(body(&system, &format!("question {i}"), 40));
+            .body(body(&system, &format!("question {i}"), 400));
         tasks.spawn(async move {
             let r = req.send().await?;
             r.bytes().await.map(|_| ())
