@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs the tools the tests run on Debian: promtool (package `prometheus`) for the alert rules and headless
 # Chromium (`chromium`, plus a font) for the status page (infergate/tests/observe.rs), and `redis-server` for the
-# router replicas sharing state (infergate/tests/cluster.rs, which starts its own on a free loopback port).
+# router replicas sharing state (infergate/tests/cluster.rs, which starts its own on a free loopback port), and
+# `strace` to hold a daemon's parent after the fork (infergate/tests/lifecycle.rs).
 # Idempotent; quiet when both are present. Run as root or with sudo.
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v strace >/dev/null 2>&1 || missing+=(strace)
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "installing: ${missing[*]}" >&2
 SUDO=""

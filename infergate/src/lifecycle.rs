@@ -12,6 +12,9 @@
 //! - upgrade: housekeeping → bootstrap (releases the parent, then waits for the old instance's sockets) → proxy
 //!   and metrics listeners on the inherited sockets. The parent has to return before the sockets arrive: the old
 //!   instance sends them only when it gets SIGQUIT, which the unit's `ExecReload` sends after the parent returned.
+//! - both: bootstrap also waits for [`ParentListens`]. Pingora's parent installs its SIGUSR1 handler only after
+//!   the fork, and SIGUSR1's default action ends a process: a daemon that got ready first killed its parent, and
+//!   `infergate -d` exited 138 (7 starts in 100 on a loaded 2-core machine) although the daemon ran.
 //!
 //! **Drain.** On SIGQUIT (upgrade) or SIGTERM, [`DrainingSignals`] sets a flag before handing the signal to
 //! Pingora; from then on every response tells the client `Connection: close` ([`close_if_draining`]). In an
@@ -90,7 +93,17 @@ pub fn order_startup(
     listening: &[ServiceHandle],
     addrs: &[String],
 ) {
+    let wait_for_parent = server.configuration.daemon && server.configuration.daemon_wait_for_ready;
     let bootstrap = server.bootstrap_as_a_service();
+    if wait_for_parent {
+        // Before the fork (this runs in `main`) this process is the parent the daemon will signal.
+        let parent = std::process::id();
+        let listens = server.add_service(background_service(
+            "infergate parent listens",
+            ParentListens { parent },
+        ));
+        bootstrap.add_dependency(&listens);
+    }
     if upgrade {
         bootstrap.add_dependency(housekeeping);
         for l in listening {
@@ -154,6 +167,77 @@ impl BackgroundService for ListenGate {
     }
 }
 
+/// How long [`ParentListens`] waits. The parent installs its handler a moment after the fork; only a parent stopped
+/// or starved of CPU takes longer, and past this the daemon signals anyway (as it always did).
+const PARENT_LIMIT: Duration = Duration::from_secs(10);
+const PARENT_POLL: Duration = Duration::from_millis(5);
+
+/// Ready once the parent waiting for the daemon (`daemon_wait_for_ready`) catches SIGUSR1, so that Pingora's
+/// readiness signal cannot arrive before the handler and kill it; also once the parent is gone (nothing to
+/// kill), or after [`PARENT_LIMIT`].
+struct ParentListens {
+    parent: u32,
+}
+
+#[async_trait]
+impl BackgroundService for ParentListens {
+    async fn start_with_ready_notifier(
+        &self,
+        shutdown: ShutdownWatch,
+        ready: ServiceReadyNotifier,
+    ) {
+        let start = Instant::now();
+        let status = format!("/proc/{}/status", self.parent);
+        loop {
+            let catches = match std::fs::read_to_string(&status) {
+                Ok(text) => catches_signal(&text, libc::SIGUSR1),
+                Err(_) => None,
+            };
+            match catches {
+                Some(true) => break,
+                None => {
+                    log::debug!(
+                        "parent {} is gone or unreadable; not waiting for it",
+                        self.parent
+                    );
+                    break;
+                }
+                Some(false) if start.elapsed() > PARENT_LIMIT => {
+                    log::warn!(
+                        "the parent process {} does not catch SIGUSR1 after {PARENT_LIMIT:?}; signalling \
+                         readiness anyway",
+                        self.parent
+                    );
+                    break;
+                }
+                Some(false) => {}
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+            tokio::time::sleep(PARENT_POLL).await;
+        }
+        ready.notify_ready();
+    }
+}
+
+/// Whether the process whose `/proc/<pid>/status` is `status` has a handler for `signal` (its `SigCgt` mask);
+/// None for an exited process (a zombie) or an unreadable status.
+fn catches_signal(status: &str, signal: i32) -> Option<bool> {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    if field("State:")?.starts_with('Z') {
+        return None;
+    }
+    let caught = u64::from_str_radix(field("SigCgt:")?, 16).ok()?;
+    let bit = u32::try_from(signal).ok()?.checked_sub(1)?;
+    Some(caught.checked_shr(bit).is_some_and(|m| m & 1 == 1))
+}
+
 /// Paths in the `server` section that will not work where the process runs: relative ones in a daemon (it works
 /// in `/`), and, under systemd with `RuntimeDirectory=` (`runtime_dir`, systemd's `$RUNTIME_DIRECTORY`), a pid
 /// file or upgrade socket outside it (`PrivateTmp` hides `/tmp` from other units, and the unit's `PIDFile=` is in
@@ -195,6 +279,32 @@ pub fn path_warnings(conf: &ServerConf, daemon: bool, runtime_dir: Option<&str>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_parent_catches_sigusr1_when_its_sigcgt_mask_says_so() {
+        let status = |state: &str, caught: &str| {
+            format!(
+                "Name:\tinfergate\nState:\t{state}\nSigBlk:\t0000000000000000\nSigCgt:\t{caught}\n"
+            )
+        };
+        assert_eq!(
+            catches_signal(&status("S (sleeping)", "0000000000000200"), libc::SIGUSR1),
+            Some(true)
+        );
+        // Rust's SIGSEGV and SIGBUS handlers (installed before the fork), not yet SIGUSR1.
+        assert_eq!(
+            catches_signal(&status("R (running)", "0000000000000440"), libc::SIGUSR1),
+            Some(false)
+        );
+        assert_eq!(
+            catches_signal(&status("Z (zombie)", "0000000000000200"), libc::SIGUSR1),
+            None
+        );
+        assert_eq!(catches_signal("Name:\tx\n", libc::SIGUSR1), None);
+        assert_eq!(catches_signal(&status("S", "zz"), libc::SIGUSR1), None);
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert!(catches_signal(&own, libc::SIGUSR1).is_some());
+    }
 
     #[test]
     fn paths_that_cannot_work_under_a_daemon_or_systemd_are_named() {

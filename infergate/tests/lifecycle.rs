@@ -1,7 +1,8 @@
 //! The real binary's life as systemd drives it (conf/infergate.service): `-d` with `daemon_wait_for_ready`
 //! returns once the daemon serves; SIGHUP after a relative `-c` re-reads the file and names what it could not
 //! apply; the unit's reload (`-t`, `-u -d`, then SIGQUIT to the old instance) under steady keep-alive load fails
-//! no request and logs no error; SIGTERM lets a stream in flight finish.
+//! no request and logs no error; SIGTERM lets a stream in flight finish; a parent slow after the fork is still
+//! released, not killed.
 //!
 //! Engines run in this process; routers are separate processes on loopback ports, their logs in files.
 
@@ -140,6 +141,48 @@ async fn health(listen: u16) -> Option<u16> {
 /// Log lines at ERROR level.
 fn errors(log: &str) -> Vec<&str> {
     log.lines().filter(|l| l.contains(" ERROR ")).collect()
+}
+
+/// Pingora's parent installs its SIGUSR1 handler after the fork, and SIGUSR1's default action ends a process: a
+/// daemon ready before that killed its parent (exit 138) on a loaded machine. strace (Debian `strace`, installed
+/// by `scripts/ensure-test-tools.sh`) holds the parent for 1.5 s where the fork returns to it, so that the daemon is
+/// ready first every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_slow_after_the_fork_is_not_killed_by_the_daemon_ready_before_it() {
+    let Some(strace) = common::tool("strace") else {
+        return;
+    };
+    let e = engines(1, time_scaled(0.05)).await;
+    let (listen, metrics) = (free_port(), free_port());
+    let mut s = Scratch::new("slow-parent");
+    let text = router_conf(&s.dir, listen, metrics, &common::urls(&e), "");
+    std::fs::write(s.path("infergate.yaml"), text).unwrap();
+    let conf = s.path("infergate.yaml");
+    let log = File::create(s.path("router.log")).unwrap();
+    let start = Instant::now();
+    // Only the parent is traced (no -f); its one wait4 is for the first child of the double fork.
+    let status = Command::new(strace)
+        .args(["-o", "/dev/null", "-e", "trace=wait4", "-e"])
+        .arg("inject=wait4:delay_exit=1500000")
+        .args([BIN, "-d", "-c"])
+        .arg(&conf)
+        .current_dir(&s.dir)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .status()
+        .expect("strace runs");
+    let took = start.elapsed();
+    let pid = s.daemon_pid();
+    assert!(status.success(), "{status:?}\n{}", s.log("router.log"));
+    assert!(
+        took >= Duration::from_millis(1500),
+        "the parent was not held: {took:?}"
+    );
+    assert!(alive(pid), "{}", s.log("router.log"));
+    assert_eq!(health(listen).await, Some(200), "{}", s.log("router.log"));
+    let log = s.log("router.log");
+    assert!(log.contains("Daemon signaled readiness"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,7 +367,7 @@ async fn graceful_upgrade_under_keep_alive_load_fails_no_request_and_logs_no_err
 
     // ExecStart.
     let (status, _) = run_binary(&s.dir, &["-d", "-c", conf], &s.path("old.log"));
-    assert!(status.success(), "{}", s.log("old.log"));
+    assert!(status.success(), "{status:?}\n{}", s.log("old.log"));
     let old = s.daemon_pid();
 
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -334,9 +377,9 @@ async fn graceful_upgrade_under_keep_alive_load_fails_no_request_and_logs_no_err
 
     // ExecReload, as the unit runs it: validate, start the new instance, then SIGQUIT to the old one.
     let (status, _) = run_binary(&s.dir, &["-t", "-c", conf], &s.path("new.log"));
-    assert!(status.success());
+    assert!(status.success(), "{status:?}\n{}", s.log("new.log"));
     let (status, took) = run_binary(&s.dir, &["-u", "-d", "-c", conf], &s.path("new.log"));
-    assert!(status.success(), "{}", s.log("new.log"));
+    assert!(status.success(), "{status:?}\n{}", s.log("new.log"));
     let new = s.daemon_pid();
     assert_ne!(old, new);
     signal(old, "QUIT");

@@ -34,7 +34,7 @@ pub fn tool(name: &str) -> Option<PathBuf> {
     find().or_else(|| {
         panic!(
             "{name} is missing and {} could not install it ({status:?}); install it (Debian packages \
-             prometheus, chromium) or set INFERGATE_SKIP_TOOL_TESTS=1",
+             prometheus, chromium, redis-server, strace) or set INFERGATE_SKIP_TOOL_TESTS=1",
             script.display()
         )
     })
