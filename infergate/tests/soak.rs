@@ -23,6 +23,16 @@ struct Tally {
     failed: AtomicU64,
     bad_gateway: AtomicU64,
     aborted: AtomicU64,
+    /// What each failure was: `status NNN`, `cut` (a 200 whose body broke off) or the client's error kind.
+    failures: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl Tally {
+    fn fail(&self, what: String) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        *f.entry(what).or_default() += 1;
+    }
 }
 
 /// One request: streaming session turns and non-streaming headerless chats; every 15th stream is abandoned
@@ -38,7 +48,7 @@ async fn one(url: &str, worker: usize, turn: usize, tally: &Tally) {
         req = req.header(SESSION_HEADER, format!("w{worker}"));
     }
     tally.sent.fetch_add(1, Ordering::Relaxed);
-    let ok = match req.send().await {
+    match req.send().await {
         Ok(resp) => {
             let status = resp.status().as_u16();
             if status == 502 {
@@ -58,12 +68,15 @@ async fn one(url: &str, worker: usize, turn: usize, tally: &Tally) {
                     return;
                 }
             }
-            status == 200 && complete
+            if status != 200 {
+                tally.fail(format!("status {status}"));
+            } else if !complete {
+                tally.fail("cut".to_string());
+            }
         }
-        Err(_) => false,
-    };
-    if !ok {
-        tally.failed.fetch_add(1, Ordering::Relaxed);
+        Err(e) if e.is_timeout() => tally.fail("timeout".to_string()),
+        Err(e) if e.is_connect() => tally.fail("connect".to_string()),
+        Err(_) => tally.fail("other error".to_string()),
     }
 }
 
@@ -122,14 +135,16 @@ async fn faults_under_mixed_traffic_fail_at_most_one_percent() {
     let sent = tally.sent.load(Ordering::Relaxed);
     let failed = tally.failed.load(Ordering::Relaxed);
     let share = failed as f64 / sent as f64;
+    let failures = format!("{:?}", tally.failures.lock().unwrap());
     eprintln!(
-        "soak: {sent} requests, {failed} failed ({:.2}%), {} abandoned by clients, {} went to the 503 engine",
+        "soak: {sent} requests, {failed} failed ({:.2}%: {failures}), {} abandoned by clients, {} went to the 503 \
+         engine",
         share * 100.0,
         tally.aborted.load(Ordering::Relaxed),
         eng[0].stats().rejected
     );
     assert!(sent >= 300, "the soak ran ({sent} requests)");
-    assert!(share <= 0.01, "{failed} of {sent} failed");
+    assert!(share <= 0.01, "{failed} of {sent} failed: {failures}");
     // A 502 can only come from a fresh connection reset before any byte: the refusing engine's listener closes
     // with connects still in its accept queue, and such a reset is not resent (the engine might have started).
     // Stale pooled connections never give one (faults.rs pins that with every idle connection poisoned at once).
