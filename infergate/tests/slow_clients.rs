@@ -296,7 +296,8 @@ async fn wait_open(router: &TestRouter, n: f64) {
 /// accepted in one burst, and past a cap of 3 one of them may be refused.
 async fn cap_counters(router: &TestRouter) -> (f64, f64) {
     let text = router.metrics_text().await;
-    let read = |name| metric_value(&text, name, &[]).unwrap_or(0.0);
+    let read =
+        |name| metric_value(&text, name, &[]).unwrap_or_else(|| panic!("no {name} series: {text}"));
     (
         read("infergate_client_connections_refused_total"),
         read("infergate_client_connections_evicted_total"),
