@@ -66,6 +66,7 @@ pub struct EndpointSample {
     pub requests_in_flight: u64,
     pub prefill_tokens: u64,
     pub healthy: bool,
+    pub health_counts: crate::pool::HealthCounts,
     /// Ejected by outlier detection.
     pub ejected: bool,
     /// Engine stats state name (fresh, stale, missing, down, off).
@@ -614,6 +615,8 @@ struct LiveCollector {
     ttft_overhead: GaugeVec,
     ttft_throughput: GaugeVec,
     foreign: IntGaugeVec,
+    failed_checks: IntCounterVec,
+    health_changes: IntCounterVec,
 }
 
 impl LiveCollector {
@@ -680,6 +683,24 @@ impl LiveCollector {
             &["pool", "endpoint"],
         )
         .expect("static metric definition");
+        // Counters kept by each endpoint's health tracker, read at scrape time like the gauges: a flapping
+        // endpoint shows between two scrapes of `infergate_endpoint_healthy`.
+        let failed_checks = IntCounterVec::new(
+            Opts::new(
+                "infergate_endpoint_health_check_failures_total",
+                "Health checks the endpoint failed (an error status, a refused connect or a timeout).",
+            ),
+            &["pool", "endpoint"],
+        )
+        .expect("static metric definition");
+        let health_changes = IntCounterVec::new(
+            Opts::new(
+                "infergate_endpoint_health_changes_total",
+                "Changes of the endpoint's health state, by the state entered (healthy, unhealthy); the first result after the start counts.",
+            ),
+            &["pool", "endpoint", "to"],
+        )
+        .expect("static metric definition");
         let descs = [
             &prefill,
             &requests,
@@ -696,6 +717,11 @@ impl LiveCollector {
                 .into_iter()
                 .flat_map(|g| g.desc().into_iter().cloned()),
         )
+        .chain(
+            [&failed_checks, &health_changes]
+                .into_iter()
+                .flat_map(|c| c.desc().into_iter().cloned()),
+        )
         .collect();
         LiveCollector {
             lock: parking_lot::Mutex::new(()),
@@ -711,6 +737,8 @@ impl LiveCollector {
             ttft_overhead,
             ttft_throughput,
             foreign,
+            failed_checks,
+            health_changes,
         }
     }
 }
@@ -740,6 +768,8 @@ impl Collector for LiveCollector {
         ] {
             g.reset();
         }
+        self.failed_checks.reset();
+        self.health_changes.reset();
         if let Some(src) = self.source.upgrade() {
             for s in src.endpoint_samples() {
                 let l = [s.pool.as_str(), s.endpoint.as_str()];
@@ -750,6 +780,18 @@ impl Collector for LiveCollector {
                     .with_label_values(&l)
                     .set(s.requests_in_flight as i64);
                 self.healthy.with_label_values(&l).set(i64::from(s.healthy));
+                let h = s.health_counts;
+                self.failed_checks
+                    .with_label_values(&l)
+                    .inc_by(h.failed_checks);
+                for (to, n) in [
+                    ("healthy", h.became_healthy),
+                    ("unhealthy", h.became_unhealthy),
+                ] {
+                    self.health_changes
+                        .with_label_values(&[l[0], l[1], to])
+                        .inc_by(n);
+                }
                 self.ejected.with_label_values(&l).set(i64::from(s.ejected));
                 self.prefill_speed
                     .with_label_values(&l)
@@ -796,6 +838,11 @@ impl Collector for LiveCollector {
             ]
             .into_iter()
             .flat_map(|g| g.collect()),
+        )
+        .chain(
+            [&self.failed_checks, &self.health_changes]
+                .into_iter()
+                .flat_map(|c| c.collect()),
         )
         .collect()
     }

@@ -39,6 +39,16 @@ pub struct HealthTracker {
     state: AtomicU8,
     /// (consecutive successes, consecutive failures)
     streak: Mutex<(usize, usize)>,
+    /// Checks failed, and changes to healthy and to unhealthy (the first result included), since the start.
+    counts: [AtomicU64; 3],
+}
+
+/// What [`HealthTracker::counts`] reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HealthCounts {
+    pub failed_checks: u64,
+    pub became_healthy: u64,
+    pub became_unhealthy: u64,
 }
 
 impl HealthTracker {
@@ -64,6 +74,7 @@ impl HealthTracker {
         } else {
             streak.1 += 1;
             streak.0 = 0;
+            self.counts[0].fetch_add(1, Ordering::Relaxed);
         }
         let current = self.get();
         let next = match current {
@@ -78,7 +89,18 @@ impl HealthTracker {
         };
         let next = next.filter(|n| *n != current)?;
         self.state.store(next as u8, Ordering::Relaxed);
+        let change = if next == Health::Healthy { 1 } else { 2 };
+        self.counts[change].fetch_add(1, Ordering::Relaxed);
         Some(next)
+    }
+
+    pub fn counts(&self) -> HealthCounts {
+        let read = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        HealthCounts {
+            failed_checks: read(0),
+            became_healthy: read(1),
+            became_unhealthy: read(2),
+        }
     }
 }
 
@@ -701,6 +723,7 @@ impl LiveSource for Pools {
                 requests_in_flight: e.load.requests(),
                 prefill_tokens: e.load.prefill_tokens(),
                 healthy: e.health.is_healthy(),
+                health_counts: e.health.counts(),
                 ejected: e.outlier.is_ejected(),
                 stats_state: e.stats.state(now).as_str(),
                 prefill_tokens_per_sec: e.prefill_speed.tokens_per_sec().unwrap_or(0.0),
@@ -739,6 +762,29 @@ mod tests {
             .expect("valid")
             .pools[0]
             .clone()
+    }
+
+    #[test]
+    fn health_counts_every_failed_check_and_every_change_of_state() {
+        let h = HealthTracker::default();
+        let record = |results: &[bool]| {
+            for &ok in results {
+                h.record(ok, 2, 3);
+            }
+        };
+        // Down at the start (the first result decides), two passes to come back, three failures to leave.
+        record(&[
+            false, true, true, false, false, true, false, false, false, true,
+        ]);
+        assert_eq!(
+            h.counts(),
+            HealthCounts {
+                failed_checks: 6,
+                became_healthy: 1,
+                became_unhealthy: 2,
+            }
+        );
+        assert_eq!(h.get(), Health::Unhealthy);
     }
 
     /// Twin engines (30 ms overhead, 100k tokens/s) fed the same mix of 2k and 100k prompts through `observe`;

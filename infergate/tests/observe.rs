@@ -63,8 +63,17 @@ async fn every_series_exists_at_zero_from_start_and_leaves_with_its_endpoint() {
             "infergate_endpoint_requests_in_flight",
             "infergate_endpoint_ejected",
             "infergate_endpoint_prefill_tokens_per_second",
+            "infergate_endpoint_health_check_failures_total",
         ] {
             assert_eq!(metric_value(&m, name, &[&e]), Some(0.0), "{name} {ep}");
+        }
+        for (to, n) in [("unhealthy", 0.0), ("healthy", 1.0)] {
+            let t = format!("to=\"{to}\"");
+            assert_eq!(
+                metric_value(&m, "infergate_endpoint_health_changes_total", &[&e, &t]),
+                Some(n),
+                "health changes to {to} {ep}"
+            );
         }
         assert_eq!(
             metric_value(&m, "infergate_endpoint_healthy", &[&e]),

@@ -528,6 +528,26 @@ async fn api_key_is_sent_upstream_and_health_gates_traffic() {
         router.metric_sum("infergate_endpoint_healthy", &[]).await,
         2.0
     );
+    // What happened, between any two scrapes: the second endpoint failed checks, entered unhealthy at its first
+    // check and healthy once back; the first passed every check.
+    let m = router.metrics_text().await;
+    let of = |name: &str, ep: &sim::EngineHandle, to: Option<&str>| {
+        let e = format!("endpoint=\"{}\"", ep.addr);
+        let to = to.map(|t| format!("to=\"{t}\""));
+        let labels: Vec<&str> = [Some(e.as_str()), to.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        metric_value(&m, name, &labels).unwrap_or_else(|| panic!("no {name} {labels:?}:\n{m}"))
+    };
+    let failures = "infergate_endpoint_health_check_failures_total";
+    let changes = "infergate_endpoint_health_changes_total";
+    assert!(of(failures, &eng[1], None) >= 1.0);
+    assert_eq!(of(changes, &eng[1], Some("unhealthy")), 1.0);
+    assert_eq!(of(changes, &eng[1], Some("healthy")), 1.0);
+    assert_eq!(of(failures, &eng[0], None), 0.0);
+    assert_eq!(of(changes, &eng[0], Some("unhealthy")), 0.0);
+    assert_eq!(of(changes, &eng[0], Some("healthy")), 1.0);
     let _ = std::fs::remove_file(key_file);
 }
 
