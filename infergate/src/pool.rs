@@ -39,8 +39,10 @@ pub struct HealthTracker {
     state: AtomicU8,
     /// (consecutive successes, consecutive failures)
     streak: Mutex<(usize, usize)>,
-    /// Checks failed, and changes to healthy and to unhealthy (the first result included), since the start.
-    counts: [AtomicU64; 3],
+    /// Since the start: checks failed, and changes to each state (the first result included).
+    failed_checks: AtomicU64,
+    became_healthy: AtomicU64,
+    became_unhealthy: AtomicU64,
 }
 
 /// What [`HealthTracker::counts`] reports.
@@ -74,7 +76,7 @@ impl HealthTracker {
         } else {
             streak.1 += 1;
             streak.0 = 0;
-            self.counts[0].fetch_add(1, Ordering::Relaxed);
+            self.failed_checks.fetch_add(1, Ordering::Relaxed);
         }
         let current = self.get();
         let next = match current {
@@ -89,17 +91,21 @@ impl HealthTracker {
         };
         let next = next.filter(|n| *n != current)?;
         self.state.store(next as u8, Ordering::Relaxed);
-        let change = if next == Health::Healthy { 1 } else { 2 };
-        self.counts[change].fetch_add(1, Ordering::Relaxed);
+        let change = if next == Health::Healthy {
+            &self.became_healthy
+        } else {
+            &self.became_unhealthy
+        };
+        change.fetch_add(1, Ordering::Relaxed);
         Some(next)
     }
 
     pub fn counts(&self) -> HealthCounts {
-        let read = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        let read = |n: &AtomicU64| n.load(Ordering::Relaxed);
         HealthCounts {
-            failed_checks: read(0),
-            became_healthy: read(1),
-            became_unhealthy: read(2),
+            failed_checks: read(&self.failed_checks),
+            became_healthy: read(&self.became_healthy),
+            became_unhealthy: read(&self.became_unhealthy),
         }
     }
 }
