@@ -80,11 +80,20 @@ pub struct EndpointSample {
     pub foreign_requests: Option<u64>,
 }
 
+/// One pool's live values for the scrape-time collector.
+#[derive(Debug, Clone)]
+pub struct PoolSample {
+    pub pool: String,
+    /// Session bindings held (0 without sessions).
+    pub sessions: u64,
+    /// Every endpoint fails its health check and the pool places across them.
+    pub health_panic: bool,
+}
+
 /// Live state the collector reads at scrape time.
 pub trait LiveSource: Send + Sync {
     fn endpoint_samples(&self) -> Vec<EndpointSample>;
-    /// (pool, sessions bound)
-    fn session_counts(&self) -> Vec<(String, u64)>;
+    fn pool_samples(&self) -> Vec<PoolSample>;
 }
 
 /// All engine-stats states, so every endpoint exports one series per state (1 for its current state).
@@ -611,6 +620,7 @@ struct LiveCollector {
     ejected: IntGaugeVec,
     stats_state: IntGaugeVec,
     sessions: IntGaugeVec,
+    health_panic: IntGaugeVec,
     prefill_speed: GaugeVec,
     ttft_overhead: GaugeVec,
     ttft_throughput: GaugeVec,
@@ -657,6 +667,11 @@ impl LiveCollector {
         let sessions = gauge(
             "infergate_sessions",
             "Session bindings held (0 for a pool without sessions).",
+            &["pool"],
+        );
+        let health_panic = gauge(
+            "infergate_pool_health_panic",
+            "1 while every endpoint of the pool fails its health check and the pool places across them (health_check.route_when_all_unhealthy).",
             &["pool"],
         );
         let prefill_speed = GaugeVec::new(
@@ -708,6 +723,7 @@ impl LiveCollector {
             &ejected,
             &stats_state,
             &sessions,
+            &health_panic,
             &foreign,
         ]
         .iter()
@@ -733,6 +749,7 @@ impl LiveCollector {
             ejected,
             stats_state,
             sessions,
+            health_panic,
             prefill_speed,
             ttft_overhead,
             ttft_throughput,
@@ -757,6 +774,7 @@ impl Collector for LiveCollector {
             &self.ejected,
             &self.stats_state,
             &self.sessions,
+            &self.health_panic,
             &self.foreign,
         ] {
             g.reset();
@@ -813,10 +831,12 @@ impl Collector for LiveCollector {
                         .set(i64::from(state == s.stats_state));
                 }
             }
-            for (pool, n) in src.session_counts() {
-                self.sessions
-                    .with_label_values(&[pool.as_str()])
-                    .set(n as i64);
+            for p in src.pool_samples() {
+                let l = [p.pool.as_str()];
+                self.sessions.with_label_values(&l).set(p.sessions as i64);
+                self.health_panic
+                    .with_label_values(&l)
+                    .set(i64::from(p.health_panic));
             }
         }
         [
@@ -826,6 +846,7 @@ impl Collector for LiveCollector {
             &self.ejected,
             &self.stats_state,
             &self.sessions,
+            &self.health_panic,
             &self.foreign,
         ]
         .iter()

@@ -17,7 +17,7 @@ use pingora_load_balancing::{Backend, Backends, LoadBalancer};
 use crate::config::{Config, EndpointConfig, HealthCheckConfig, PoolConfig};
 use crate::engine_stats::StatsCell;
 use crate::ledger::EndpointLoad;
-use crate::metrics::{EndpointSample, LiveSource, Metrics};
+use crate::metrics::{EndpointSample, LiveSource, Metrics, PoolSample};
 use crate::outlier::Outlier;
 use crate::placement::policy::{self, PlacementPolicy};
 use crate::placement::throughput::{Fitted, ThroughputFit};
@@ -224,10 +224,37 @@ impl Endpoint {
         self.target.store(Arc::new(Target::new(cfg, hc)));
         true
     }
+}
 
-    /// Eligible for placement now: healthy and not ejected.
-    pub fn available(&self) -> bool {
-        self.health.is_healthy() && !self.outlier.is_ejected()
+/// Which of a pool's endpoints their health lets take work: the healthy ones; when every one fails its check,
+/// all of them (`health_check.route_when_all_unhealthy`, the pool's "health panic"). A request that then reaches
+/// a dead engine fails its connect and is answered 503 as without it; one that reaches an engine whose check only
+/// timed out under load is served. Until every endpoint was checked (start-up, an endpoint added) there is none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthGate {
+    pub panic: bool,
+}
+
+impl HealthGate {
+    fn of<'a>(enabled: bool, endpoints: impl Iterator<Item = &'a Endpoint>) -> HealthGate {
+        let mut endpoints = endpoints.peekable();
+        let panic = enabled
+            && endpoints.peek().is_some()
+            && endpoints.all(|e| e.health.get() == Health::Unhealthy);
+        HealthGate { panic }
+    }
+
+    pub fn admits(&self, e: &Endpoint) -> bool {
+        match e.health.get() {
+            Health::Healthy => true,
+            Health::Unhealthy => self.panic,
+            Health::Unknown => false,
+        }
+    }
+
+    /// Admitted and not ejected: may take work now.
+    pub fn available(&self, e: &Endpoint) -> bool {
+        self.admits(e) && !e.outlier.is_ejected()
     }
 }
 
@@ -319,6 +346,31 @@ impl ServiceDiscovery for Membership {
 struct EndpointHealthCheck {
     cfg: HealthCheckConfig,
     membership: Arc<Membership>,
+    /// The pool's health panic as last logged, so that entering and leaving it are logged once each.
+    panic_logged: AtomicBool,
+}
+
+impl EndpointHealthCheck {
+    /// After an endpoint's health changed: log the pool entering or leaving its health panic.
+    fn log_panic_change(&self, pool: &str) {
+        let members: Vec<Arc<Endpoint>> =
+            self.membership.by_addr.read().values().cloned().collect();
+        let gate = HealthGate::of(
+            self.cfg.route_when_all_unhealthy,
+            members.iter().map(|e| &**e),
+        );
+        if self.panic_logged.swap(gate.panic, Ordering::Relaxed) == gate.panic {
+            return;
+        }
+        if gate.panic {
+            log::warn!(
+                "pool {pool}: every endpoint fails its health check; placing across them until one passes \
+                 (health_check.route_when_all_unhealthy)"
+            );
+        } else {
+            log::info!("pool {pool}: an endpoint passes its health check again; placing on healthy ones only");
+        }
+    }
 }
 
 #[async_trait]
@@ -359,6 +411,7 @@ impl HealthCheck for EndpointHealthCheck {
                     log::info!("pool {} endpoint {} is now {:?}", ep.pool, ep.label, new)
                 }
             }
+            self.log_panic_change(&ep.pool);
         }
         result
     }
@@ -408,6 +461,7 @@ impl Pool {
         lb.set_health_check(Box::new(EndpointHealthCheck {
             cfg: cfg.health_check.clone(),
             membership: membership.clone(),
+            panic_logged: AtomicBool::new(false),
         }));
         lb.health_check_frequency = Some(cfg.health_check.interval);
         lb.parallel_health_check = true;
@@ -527,7 +581,15 @@ impl Pool {
         policy::reasons(&self.cfg().policy)
     }
 
-    /// Snapshot for placement. Ineligible: unhealthy, `excluded` (already tried by this request), ejected unless
+    /// Which of `endpoints` (this pool's) their health lets take work now.
+    pub fn health_gate(&self, endpoints: &[Arc<Endpoint>]) -> HealthGate {
+        HealthGate::of(
+            self.cfg().health_check.route_when_all_unhealthy,
+            endpoints.iter().map(|e| &**e),
+        )
+    }
+
+    /// Snapshot for placement. Ineligible: unhealthy (see `HealthGate`), `excluded` (already tried by this request), ejected unless
     /// nothing else is left (Envoy's panic mode: a possibly bad endpoint beats none), and saturated (it refused
     /// work a moment ago) while any other endpoint can take the work.
     pub fn candidates(
@@ -538,13 +600,14 @@ impl Pool {
     ) -> Vec<Candidate> {
         let max_in_flight = self.cfg().max_in_flight_per_endpoint;
         let lines = ttft_lines(endpoints);
+        let gate = self.health_gate(endpoints);
         let mut cands: Vec<Candidate> = endpoints
             .iter()
             .zip(lines)
             .map(|(e, line)| {
                 let (peer_requests, peer_prefill_tokens) = e.peers.get();
                 Candidate {
-                    eligible: e.health.is_healthy() && !excluded.contains(&e.id),
+                    eligible: gate.admits(e) && !excluded.contains(&e.id),
                     requests: e.load.requests(),
                     prefill_tokens: e.load.prefill_tokens(),
                     peer_requests,
@@ -590,9 +653,11 @@ impl Pool {
 
     /// Another endpoint than `excluded` could take a request now.
     pub fn has_alternative(&self, excluded: &[u64], now: Instant) -> bool {
-        self.endpoints()
+        let endpoints = self.endpoints();
+        let gate = self.health_gate(&endpoints);
+        endpoints
             .iter()
-            .any(|e| e.available() && !excluded.contains(&e.id) && !e.outlier.is_saturated(now))
+            .any(|e| gate.available(e) && !excluded.contains(&e.id) && !e.outlier.is_saturated(now))
     }
 
     pub fn any_healthy(&self) -> bool {
@@ -742,12 +807,13 @@ impl LiveSource for Pools {
             .collect()
     }
 
-    fn session_counts(&self) -> Vec<(String, u64)> {
+    fn pool_samples(&self) -> Vec<PoolSample> {
         self.pools
             .iter()
-            .map(|p| {
-                let n = p.policy.session_count().unwrap_or(0);
-                (p.name.to_string(), n as u64)
+            .map(|p| PoolSample {
+                pool: p.name.to_string(),
+                sessions: p.policy.session_count().unwrap_or(0) as u64,
+                health_panic: p.health_gate(&p.endpoints()).panic,
             })
             .collect()
     }
@@ -791,6 +857,43 @@ mod tests {
             }
         );
         assert_eq!(h.get(), Health::Unhealthy);
+    }
+
+    #[test]
+    fn the_health_gate_admits_failing_endpoints_only_when_none_passes() {
+        let cfg = pool_cfg("");
+        let endpoints: Vec<Endpoint> = (0..3)
+            .map(|_| Endpoint::new(Arc::from("a"), &cfg.endpoints[0], &cfg.health_check))
+            .collect();
+        let set = |states: [Option<bool>; 3]| {
+            for (e, s) in endpoints.iter().zip(states) {
+                *e.health.streak.lock() = (0, 0);
+                e.health
+                    .state
+                    .store(Health::Unknown as u8, Ordering::Relaxed);
+                if let Some(ok) = s {
+                    e.health.record(ok, 1, 1);
+                }
+            }
+        };
+        let gate = |enabled| HealthGate::of(enabled, endpoints.iter());
+        let admitted = |g: HealthGate| endpoints.iter().map(|e| g.admits(e)).collect::<Vec<_>>();
+        // One healthy: only it.
+        set([Some(true), Some(false), None]);
+        assert_eq!(gate(true), HealthGate { panic: false });
+        assert_eq!(admitted(gate(true)), [true, false, false]);
+        // Every one failing: all of them, unless turned off.
+        set([Some(false), Some(false), Some(false)]);
+        assert_eq!(admitted(gate(true)), [true, true, true]);
+        assert_eq!(admitted(gate(false)), [false, false, false]);
+        // Two failing, one not checked yet (start-up, an endpoint just added): no panic until it is.
+        set([Some(false), Some(false), None]);
+        assert_eq!(gate(true), HealthGate { panic: false });
+        assert_eq!(admitted(gate(true)), [false, false, false]);
+        assert_eq!(
+            HealthGate::of(true, std::iter::empty()),
+            HealthGate { panic: false }
+        );
     }
 
     /// Twin engines (30 ms overhead, 100k tokens/s) fed the same mix of 2k and 100k prompts through `observe`;

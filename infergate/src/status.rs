@@ -105,6 +105,9 @@ pub struct PoolStatus {
     /// Requests waiting in the pool's wait queue; null where the router has no wait queue.
     pub queue_length: Option<u64>,
     pub max_in_flight_per_endpoint: Option<u64>,
+    /// Every endpoint fails its health check and the pool places across them
+    /// (`health_check.route_when_all_unhealthy`).
+    pub health_panic: bool,
     pub endpoints: Vec<EndpointStatus>,
     /// Placements by reason over the last minute: every reason the pool's policy can give, then any other seen.
     pub placements_last_minute: Vec<ReasonCount>,
@@ -119,7 +122,7 @@ pub struct EndpointStatus {
     pub health: &'static str,
     /// Kept out of placement by outlier detection.
     pub ejected: bool,
-    /// Healthy and not ejected.
+    /// May take work: healthy (or failing during the pool's health panic) and not ejected.
     pub available: bool,
     pub engine_stats: EngineStatsStatus,
     pub requests_in_flight: u64,
@@ -172,6 +175,7 @@ fn policy_name(p: &PolicyConfig) -> &'static str {
 
 fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStatus {
     let endpoints = pool.endpoints();
+    let gate = pool.health_gate(&endpoints);
     let eps = endpoints
         .iter()
         .map(|e| {
@@ -186,7 +190,7 @@ fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStat
                     Health::Unknown => "unknown",
                 },
                 ejected: e.outlier.is_ejected(),
-                available: e.available(),
+                available: gate.available(e),
                 engine_stats: EngineStatsStatus {
                     state: state.as_str(),
                     age_seconds: age,
@@ -237,6 +241,7 @@ fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStat
         sessions: pool.policy.session_count().map(|n| n as u64),
         queue_length,
         max_in_flight_per_endpoint: pool.cfg().max_in_flight_per_endpoint,
+        health_panic: gate.panic,
         endpoints: eps,
         placements_last_minute,
         recent_placements,

@@ -551,6 +551,88 @@ async fn api_key_is_sent_upstream_and_health_gates_traffic() {
     let _ = std::fs::remove_file(key_file);
 }
 
+/// Every engine of the pool fails its health check (a check that times out under load, a wrong `path`) while
+/// it still serves: the pool places across the failing ones (its "health panic") instead of refusing everything,
+/// shows it in a gauge and on the status page, and leaves it when one passes again. Off, the pool answers 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_every_health_check_fails_still_serves_through_its_engines() {
+    let eng = engines(2, SimConfig::default()).await;
+    for e in &eng {
+        e.control.set_health_status(503);
+    }
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    router
+        .wait_for("both endpoints unhealthy", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.health.get() == infergate::pool::Health::Unhealthy)
+        })
+        .await;
+    for _ in 0..8 {
+        assert_eq!(
+            post_chat(&router.url(), chat_body(1000, false, 1)).await,
+            200
+        );
+    }
+    assert!(
+        eng.iter().all(|e| generate_requests(e) > 0),
+        "placed across both failing endpoints: {:?}",
+        eng.iter().map(generate_requests).collect::<Vec<_>>()
+    );
+    let panic = "infergate_pool_health_panic";
+    assert_eq!(router.metric_sum(panic, &["pool=\"default\""]).await, 1.0);
+    let status = get_json(&format!("http://{}", router.metrics_addr), "/status.json").await;
+    assert_eq!(status["pools"][0]["health_panic"], true);
+    assert_eq!(status["pools"][0]["endpoints"][0]["available"], true);
+
+    // One passes again: the panic ends and the failing one gets nothing more.
+    eng[0].control.set_health_status(200);
+    router
+        .wait_for("endpoint 0 healthy again", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0].endpoints()[0].health.is_healthy()
+        })
+        .await;
+    let before = generate_requests(&eng[1]);
+    for _ in 0..6 {
+        assert_eq!(
+            post_chat(&router.url(), chat_body(1000, false, 1)).await,
+            200
+        );
+    }
+    assert_eq!(
+        generate_requests(&eng[1]),
+        before,
+        "no panic, no traffic to the failing one"
+    );
+    assert_eq!(router.metric_sum(panic, &[]).await, 0.0);
+
+    // Turned off: a pool without a healthy endpoint refuses, as before.
+    let off = pool_yaml("load_aware", &urls(&eng), "").replace(
+        "unhealthy_after: 1 }",
+        "unhealthy_after: 1, route_when_all_unhealthy: false }",
+    );
+    for e in &eng {
+        e.control.set_health_status(503);
+    }
+    let strict = start_router(&off).await;
+    strict
+        .wait_for("both endpoints unhealthy", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.health.get() == infergate::pool::Health::Unhealthy)
+        })
+        .await;
+    let served = eng.iter().map(generate_requests).sum::<usize>();
+    let r = send_chat(&strict.url(), chat_body(1000, false, 1)).await;
+    assert_eq!(r.status(), 503);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_healthy_endpoint");
+    assert_eq!(eng.iter().map(generate_requests).sum::<usize>(), served);
+    assert_eq!(strict.metric_sum(panic, &[]).await, 0.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn departed_endpoint_series_are_deleted() {
     let eng = engines(2, SimConfig::default()).await;

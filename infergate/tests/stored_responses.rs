@@ -208,7 +208,7 @@ async fn a_response_whose_engine_is_down_gets_a_503_not_another_engines_404() {
             r.state.pools.pools[0]
                 .endpoints()
                 .iter()
-                .any(|e| !e.available())
+                .any(|e| !e.health.is_healthy())
         })
         .await;
     let other = &eng[1 - holder];

@@ -3,8 +3,6 @@
 
 use std::path::PathBuf;
 
-use serde_norway::Value;
-
 use super::walk::{Field, Node};
 use super::ConfigError;
 
@@ -98,11 +96,7 @@ pub(super) fn file_path(f: &Field<'_>, text: &str) -> Result<PathBuf, ConfigErro
 
 /// `endpoint_header`: true (default) names the serving endpoint (`host:port`) in `x-infergate-endpoint`.
 pub(super) fn endpoint_header(f: &Field<'_>) -> Result<bool, ConfigError> {
-    match f.value() {
-        None => Ok(true),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(f.type_err("true or false", other)),
-    }
+    f.bool_or(true)
 }
 
 #[cfg(test)]

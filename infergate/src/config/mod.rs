@@ -374,6 +374,7 @@ mod tests {
                 timeout: Duration::from_secs(1),
                 healthy_after: 2,
                 unhealthy_after: 2,
+                route_when_all_unhealthy: true,
             }
         );
         assert_eq!(
@@ -438,7 +439,7 @@ pools:
         api_key_file: {key_file}
       - "http://[::1]:8103"
       - url: http://127.0.0.1
-    health_check: {{ path: /ready, interval: 3s, timeout: 250ms, healthy_after: 1, unhealthy_after: 3 }}
+    health_check: {{ path: /ready, interval: 3s, timeout: 250ms, healthy_after: 1, unhealthy_after: 3, route_when_all_unhealthy: false }}
     prefill: {{ bytes_per_token: 3.5, max_tokens: 8192, tokens_per_image: 256 }}
     sessions: {{ header: X-Conversation, ttl: 10m, max_sessions: 5 }}
     engine_stats: {{ kind: sglang, interval: 500ms }}
@@ -496,6 +497,7 @@ pools:
         assert_eq!(p.health_check.timeout, Duration::from_millis(250));
         assert_eq!(p.health_check.healthy_after, 1);
         assert_eq!(p.health_check.unhealthy_after, 3);
+        assert!(!p.health_check.route_when_all_unhealthy);
         assert_eq!(
             p.prefill,
             PrefillConfig {

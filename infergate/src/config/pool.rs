@@ -313,6 +313,10 @@ pub struct HealthCheckConfig {
     pub timeout: Duration,
     pub healthy_after: usize,
     pub unhealthy_after: usize,
+    /// When every endpoint of the pool fails its check, place across them rather than refuse
+    /// (Envoy's panic mode, nginx's reset of failed servers): a check that times out under load, or a wrong
+    /// `path`, must not stop a pool whose engines still serve.
+    pub route_when_all_unhealthy: bool,
 }
 
 impl Default for HealthCheckConfig {
@@ -323,19 +327,22 @@ impl Default for HealthCheckConfig {
             timeout: Duration::from_secs(1),
             healthy_after: 2,
             unhealthy_after: 2,
+            route_when_all_unhealthy: true,
         }
     }
 }
 
 impl HealthCheckConfig {
     pub(super) fn read(n: Node<'_>) -> Result<HealthCheckConfig, ConfigError> {
-        let [path, interval, timeout, healthy_after, unhealthy_after] = n.keys([
-            "path",
-            "interval",
-            "timeout",
-            "healthy_after",
-            "unhealthy_after",
-        ])?;
+        let [path, interval, timeout, healthy_after, unhealthy_after, route_when_all_unhealthy] = n
+            .keys([
+                "path",
+                "interval",
+                "timeout",
+                "healthy_after",
+                "unhealthy_after",
+                "route_when_all_unhealthy",
+            ])?;
         let d = HealthCheckConfig::default();
         Ok(HealthCheckConfig {
             path: path.url_path_or(&d.path)?,
@@ -343,6 +350,8 @@ impl HealthCheckConfig {
             timeout: timeout.duration_or(d.timeout)?,
             healthy_after: to_usize(healthy_after.positive_or(d.healthy_after as u64)?),
             unhealthy_after: to_usize(unhealthy_after.positive_or(d.unhealthy_after as u64)?),
+            route_when_all_unhealthy: route_when_all_unhealthy
+                .bool_or(d.route_when_all_unhealthy)?,
         })
     }
 }
@@ -592,6 +601,11 @@ mod tests {
             &pool_with("    health_check: { healthy_after: 0 }\n"),
             "pools[0].health_check.healthy_after",
             &["at least 1"],
+        );
+        assert_err(
+            &pool_with("    health_check: { route_when_all_unhealthy: \"no\" }\n"),
+            "pools[0].health_check.route_when_all_unhealthy",
+            &["true or false"],
         );
         assert_err(
             &pool_with("    health_check: { unhealthy_after: 0 }\n"),

@@ -43,6 +43,15 @@ impl Field<'_> {
         Ok(to_usize(n))
     }
 
+    /// `true` or `false`; `default` when absent.
+    pub(super) fn bool_or(&self, default: bool) -> Result<bool, ConfigError> {
+        match self.value() {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(self.type_err("true or false", other)),
+        }
+    }
+
     /// An HTTP request path that must start with "/"; `default` when absent.
     pub(super) fn url_path_or(&self, default: &str) -> Result<String, ConfigError> {
         if self.value().is_none() {

@@ -134,8 +134,15 @@ impl Router {
         };
         let candidates = pools
             .iter()
-            .flat_map(|p| p.endpoints().iter().cloned().collect::<Vec<_>>())
-            .filter(|e| e.available())
+            .flat_map(|p| {
+                let endpoints = p.endpoints();
+                let gate = p.health_gate(&endpoints);
+                endpoints
+                    .iter()
+                    .filter(|e| gate.available(e))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
             .map(|e| stored_responses::Candidate {
                 api_key: e.api_key(),
                 holder: Holder {
@@ -308,7 +315,7 @@ impl Router {
             // Only this endpoint has the stored response: there or nowhere (the caller answers 503).
             let i = endpoints.iter().position(|e| e.label == pin.endpoint)?;
             let ep = &endpoints[i];
-            if !ep.available() || ctx.tried.contains(&ep.id) {
+            if !pool.health_gate(&endpoints).available(ep) || ctx.tried.contains(&ep.id) {
                 return None;
             }
             let placement = Placement::whole(i, Reason::StoredResponse, &req);
@@ -344,9 +351,11 @@ impl Router {
 
     /// The same endpoint again for a fresh-connection retry, if it can still take work.
     pub(super) fn same_endpoint(&self, pool: &Pool, id: u64) -> Option<Arc<Endpoint>> {
-        pool.endpoints()
+        let endpoints = pool.endpoints();
+        let gate = pool.health_gate(&endpoints);
+        endpoints
             .iter()
-            .find(|e| e.id == id && e.available())
+            .find(|e| e.id == id && gate.available(e))
             .cloned()
     }
 
