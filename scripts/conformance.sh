@@ -124,7 +124,9 @@ pools:
     # The shipped configurations' policy; m1 keeps the default (load_aware), so the SDK drives both.
     policy: predicted_ttft
     endpoints: ["http://127.0.0.1:$E3", "http://127.0.0.1:$E4"]
-    health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }
+    # m2 refuses while it has no healthy endpoint (the suites' SDK retry of the router's 503); m1 keeps the
+    # default health panic, placing across its engines when every one fails its check.
+    health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1, route_when_all_unhealthy: false }
     sessions: {}
 EOF
 cp "$TMP/infergate.yaml" "$LOGS/infergate.yaml"

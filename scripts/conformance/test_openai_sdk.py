@@ -8,7 +8,8 @@ polling and cancel), a four-turn session staying on one engine and reusing its p
 predicted_ttft), models.list(), 100 KiB and 1 MiB prompts for both models reaching one engine of the right pool
 byte-complete, an unknown model raising openai.NotFoundError, a wrong key raising openai.AuthenticationError with
 nothing reaching an engine (the right one goes as `Authorization: Bearer` on every call), the router's own 503 +
-Retry-After retried by the SDK until the pool is healthy again, and a client that closes a stream after its first
+Retry-After retried by the SDK until the pool is healthy again (a pool with its health panic off), a pool whose
+every health check fails served at once (its health panic), and a client that closes a stream after its first
 chunk (the router's gauges return to 0 and the engine aborts).
 Through curl: a 1 MiB body with `Expect: 100-continue` served without the client's 1 s wait for `100 Continue`,
 and a 200 KiB chunked upload with `model` last routed to the right pool.
@@ -283,6 +284,18 @@ def test_router_503_is_retried_by_the_sdk(client):
     assert resp.choices[0].message.content
     assert metric("infergate_router_responses_total", code="503") > answered_503, "no 503 was answered"
     print(f"served after the router's 503 in {elapsed:.2f} s")
+
+
+def test_a_pool_failing_every_health_check_still_serves(client):
+    """Every engine of pool m1 fails its health check but serves (a check timing out under load, a wrong path):
+    the pool places across them (its health panic, the default) and the SDK is answered at once, without a 503."""
+    answered_503 = metric("infergate_router_responses_total", code="503")
+    with pool_unhealthy_for("m1", 5.0):
+        rid, resp = chat(client, "m1", "hello")
+        assert metric("infergate_pool_health_panic", pool="m1") == 1
+    assert resp.choices[0].message.content
+    assert len(received(rid)) == 1
+    assert metric("infergate_router_responses_total", code="503") == answered_503, "a 503 was answered"
 
 
 def test_client_disconnect_mid_stream_releases_gauges(client):
