@@ -111,14 +111,15 @@ server:
 timeouts: { connect: 2s, response_header: 30s, stream_idle: 30s }
 max_retries: 2
 auth: { keys_env: INFERGATE_CONFORMANCE_KEYS }
-# Sessions by the default headers: x-session-id (the openai suite) or Claude Code's own (the anthropic suite).
+# Sessions by the default headers: x-session-id (the openai suite) or Claude Code's own (the anthropic suite), or,
+# without one, by the body's prompt_cache_key (the openai SDK's own parameter).
 pools:
   - name: m1
     models: [m1]
     policy: load_aware
     endpoints: ["http://127.0.0.1:$E1", "http://127.0.0.1:$E2"]
     health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }
-    sessions: {}
+    sessions: { prompt_cache_key: true }
   - name: m2
     models: [m2]
     # The shipped configurations' policy; m1 keeps the default (load_aware), so the SDK drives both.
@@ -127,7 +128,7 @@ pools:
     # m2 refuses while it has no healthy endpoint (the suites' SDK retry of the router's 503); m1 keeps the
     # default health panic, placing across its engines when every one fails its check.
     health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1, route_when_all_unhealthy: false }
-    sessions: {}
+    sessions: { prompt_cache_key: true }
 EOF
 cp "$TMP/infergate.yaml" "$LOGS/infergate.yaml"
 

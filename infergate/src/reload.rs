@@ -545,6 +545,12 @@ fn sessions_settings(
                 &mut s1.move_margin,
                 IN_PLACE,
             );
+            d.setting(
+                "sessions.prompt_cache_key",
+                &s0.prompt_cache_key,
+                &mut s1.prompt_cache_key,
+                IN_PLACE,
+            );
         }
         (s0, s1) => {
             let on = |s: &Option<_>| if s.is_some() { "on" } else { "off" };
@@ -772,7 +778,7 @@ mod tests {
         let p = plan(
             &pred("    sessions: { ttl: 1h }\n"),
             &pred(
-                "    sessions: { ttl: 5m, max_sessions: 10, header: x-conv, move_margin: 0.5 }\n",
+                "    sessions: { ttl: 5m, max_sessions: 10, header: x-conv, move_margin: 0.5, prompt_cache_key: true }\n",
             ),
         );
         assert_eq!(p.not_applied, vec![]);
@@ -784,6 +790,7 @@ mod tests {
                 "applied sessions.ttl of pool `a` (3600s → 300s)",
                 "applied sessions.max_sessions of pool `a` (100000 → 10)",
                 "applied sessions.move_margin of pool `a` (0.1 → 0.5)",
+                "applied sessions.prompt_cache_key of pool `a` (false → true)",
             ]
         );
         // Its prefix index is hashed with the settings it started with: those are kept, the sessions' still

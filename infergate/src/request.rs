@@ -67,6 +67,9 @@ pub struct BodyScan {
     pub previous_response_id: Option<String>,
     /// Top-level `"background"` (Responses API): answered at once, generated afterwards.
     pub background: Option<bool>,
+    /// Top-level `"prompt_cache_key"` (OpenAI's routing hint: requests with one key share a prompt cache; agents
+    /// set it to their session or thread id).
+    pub prompt_cache_key: Option<String>,
     /// The scan reached the end of a complete top-level object.
     pub complete: bool,
 }
@@ -110,6 +113,7 @@ enum Role {
     Store,
     Background,
     PreviousResponseId,
+    PromptCacheKey,
     /// A string here is prompt text; an array holds more prompt parts.
     PromptText,
     /// The system prompt: prompt text that goes first.
@@ -166,6 +170,7 @@ impl<'a> Scanner<'a> {
                         Role::PreviousResponseId => {
                             self.out.previous_response_id = Some(unescape(raw))
                         }
+                        Role::PromptCacheKey => self.out.prompt_cache_key = Some(unescape(raw)),
                         Role::PromptText => self.push_prompt(raw),
                         Role::SystemText if !is_billing_header(raw) => self.push_system(raw),
                         _ => {}
@@ -238,6 +243,7 @@ impl<'a> Scanner<'a> {
                 (Role::Root, b"store") => Role::Store,
                 (Role::Root, b"background") => Role::Background,
                 (Role::Root, b"previous_response_id") => Role::PreviousResponseId,
+                (Role::Root, b"prompt_cache_key") => Role::PromptCacheKey,
                 (Role::Root, b"messages") => Role::Messages,
                 (Role::Root, b"system" | b"instructions") => Role::SystemText,
                 (Role::Root, b"prompt" | b"input") => Role::PromptText,
@@ -471,6 +477,22 @@ mod tests {
         assert_eq!(s.previous_response_id.as_deref(), Some("resp_1a"));
         assert_eq!((s.store, s.background), (Some(false), None));
         assert_eq!(scan(br#"{"background":true}"#, 10).background, Some(true));
+    }
+
+    #[test]
+    fn reads_the_prompt_cache_key_wherever_it_sits_at_the_top() {
+        let last = scan(
+            br#"{"messages":[{"role":"user","content":"hi","prompt_cache_key":"nested"}],
+                "metadata":{"prompt_cache_key":"meta"},"model":"m","prompt_cache_key":"thread-\u0031"}"#,
+            100,
+        );
+        assert_eq!(last.prompt_cache_key.as_deref(), Some("thread-1"));
+        let first = scan(br#"{"prompt_cache_key":"k","input":"hi"}"#, 100);
+        assert_eq!(first.prompt_cache_key.as_deref(), Some("k"));
+        assert_eq!(
+            scan(br#"{"prompt_cache_key":7}"#, 10).prompt_cache_key,
+            None
+        );
         // Retrieval and cancel by id hold no prefill.
         assert_eq!(classify("GET", "/v1/responses/resp_1a"), CallKind::Passive);
         assert_eq!(

@@ -177,6 +177,70 @@ async fn the_first_listed_session_header_a_request_carries_names_its_session() {
     );
 }
 
+/// `conversation(turns)` with a top-level `prompt_cache_key`, first or last in the body.
+fn keyed_conversation(turns: usize, key: &str, key_first: bool) -> String {
+    let body = conversation(turns);
+    let key = serde_json::to_string(key).unwrap();
+    if key_first {
+        body.replacen('{', &format!("{{\"prompt_cache_key\":{key},"), 1)
+    } else {
+        format!("{},\"prompt_cache_key\":{key}}}", &body[..body.len() - 1])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_cache_key_names_the_session_of_a_request_without_a_session_header() {
+    let eng = engines(3, time_scaled(0.1)).await;
+    let on = "    sessions: { prompt_cache_key: true }\n";
+    let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), on)).await;
+    router.all_healthy().await;
+    let send = |body: String, header: Option<&'static str>| {
+        let mut req = post_json(&client(), &router.url(), CHAT).body(body);
+        if let Some(h) = header {
+            req = req.header(SESSION_HEADER, h);
+        }
+        async move { finish(req.send().await.expect("response")).await }
+    };
+
+    // Five turns of one conversation keyed in the body (the key before and after `messages`): one engine.
+    for turn in 1..=5 {
+        let body = keyed_conversation(turn, "thread-7", turn % 2 == 0);
+        assert_eq!(send(body, None).await, 200);
+    }
+    let counts: Vec<usize> = eng.iter().map(chat_requests).collect();
+    assert!(counts.contains(&5), "not one engine: {counts:?}");
+    // A session header wins over the body's key: a second session.
+    assert_eq!(
+        send(keyed_conversation(1, "thread-7", false), Some("sdk-9")).await,
+        200
+    );
+    // An empty key names nothing.
+    assert_eq!(send(keyed_conversation(1, "", false), None).await, 200);
+    router.wait_idle().await;
+    let m = router.metrics_text().await;
+    assert_eq!(metric_value(&m, "infergate_sessions", &[]), Some(2.0));
+    let reason = |r: &str| {
+        let label = format!("reason=\"{r}\"");
+        metric_sum(&m, "infergate_placements_total", &[&label])
+    };
+    assert_eq!(reason("new_session"), 2.0);
+    assert_eq!(reason("headerless"), 1.0);
+
+    // Off (the default): the key is not a session.
+    let off = start_router(&pool_yaml(
+        "predicted_ttft",
+        &urls(&eng),
+        &sessions_yaml(100),
+    ))
+    .await;
+    off.all_healthy().await;
+    let req = post_json(&client(), &off.url(), CHAT).body(keyed_conversation(1, "thread-8", true));
+    assert_eq!(finish(req.send().await.expect("response")).await, 200);
+    off.wait_idle().await;
+    let m = off.metrics_text().await;
+    assert_eq!(metric_value(&m, "infergate_sessions", &[]), Some(0.0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claude_code_turn_counts_its_growth_although_its_attribution_block_changes() {
     let eng = engines(2, time_scaled(0.1)).await;

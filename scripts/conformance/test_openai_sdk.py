@@ -5,7 +5,7 @@ router in front of engine-sim.
 Covers, through the SDK: chat completions with and without streaming, text completions, the Responses API with and
 without streaming, stored responses (a chain by previous_response_id on one engine, retrieve, cancel, background
 polling and cancel), a four-turn session staying on one engine and reusing its prefix cache (load_aware and
-predicted_ttft), models.list(), 100 KiB and 1 MiB prompts for both models reaching one engine of the right pool
+predicted_ttft; named by a header or by the SDK's prompt_cache_key), models.list(), 100 KiB and 1 MiB prompts for both models reaching one engine of the right pool
 byte-complete, an unknown model raising openai.NotFoundError, a wrong key raising openai.AuthenticationError with
 nothing reaching an engine (the right one goes as `Authorization: Bearer` on every call), the router's own 503 +
 Retry-After retried by the SDK until the pool is healthy again (a pool with its health panic off), a pool whose
@@ -209,11 +209,13 @@ def stream_long(client, model):
         pass
 
 
+@pytest.mark.parametrize("named_by", ["header", "prompt_cache_key"])
 @MODELS
-def test_a_conversation_stays_on_its_engine_and_reuses_its_cache(client, model):
+def test_a_conversation_stays_on_its_engine_and_reuses_its_cache(client, model, named_by):
     """Four turns of one session, as an agent sends them through the SDK (the whole history each time, the session
-    id in `extra_headers`): every turn reaches the engine of the first, and every later turn is served mostly from
-    that engine's prefix cache. Pool m1 runs load_aware, m2 predicted_ttft (the shipped policy)."""
+    id in `extra_headers`, or as the SDK's own `prompt_cache_key` with no header): every turn reaches the engine of
+    the first, and every later turn is served mostly from that engine's prefix cache. Pool m1 runs load_aware, m2
+    predicted_ttft (the shipped policy)."""
     if model == "m2":
         learn_both_throughputs(model, lambda: stream_long(client, model))
     session = uuid.uuid4().hex
@@ -223,12 +225,12 @@ def test_a_conversation_stays_on_its_engine_and_reuses_its_cache(client, model):
     for turn in range(4):
         messages.append({"role": "user", "content": f"turn {turn}: " + text(2 * KIB)})
         rid = uuid.uuid4().hex
-        resp = client.chat.completions.create(
-            model=model,
-            messages=messages,
-            max_tokens=4,
-            extra_headers={ID_HEADER: rid, "x-session-id": session},
+        named = (
+            {"extra_headers": {ID_HEADER: rid, "x-session-id": session}}
+            if named_by == "header"
+            else {"extra_headers": {ID_HEADER: rid}, "prompt_cache_key": session}
         )
+        resp = client.chat.completions.create(model=model, messages=messages, max_tokens=4, **named)
         messages.append({"role": "assistant", "content": resp.choices[0].message.content})
         engines += [url for url, _ in received(rid)]
         if turn > 0:

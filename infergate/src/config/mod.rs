@@ -513,6 +513,7 @@ pools:
                 ttl: Duration::from_secs(600),
                 max_sessions: 5,
                 move_margin: 0.1,
+                prompt_cache_key: false,
             })
         );
         assert_eq!(

@@ -124,6 +124,9 @@ pub struct SessionsConfig {
     /// predicted_ttft: a session moves only when the move's predicted cost is lower than staying's by more than
     /// this share of staying's (0..=1; 1 never moves a session off a healthy endpoint below its limit).
     pub move_margin: f64,
+    /// Without a session header, a request's top-level `prompt_cache_key` names its session (agents set it to
+    /// their session or thread id). Off by default: one key shared by unrelated traffic would be one session.
+    pub prompt_cache_key: bool,
 }
 
 /// The SDK clients' conventional header first, then those coding agents send on every request unasked: Claude
@@ -143,6 +146,7 @@ impl Default for SessionsConfig {
             ttl: Duration::from_secs(2 * 3600),
             max_sessions: 100_000,
             move_margin: DEFAULT_MOVE_MARGIN,
+            prompt_cache_key: false,
         }
     }
 }
@@ -150,8 +154,13 @@ impl Default for SessionsConfig {
 impl SessionsConfig {
     /// A pool's `sessions`, allowed with policies load_aware and predicted_ttft only.
     pub(super) fn read(n: Node<'_>, policy: Policy) -> Result<SessionsConfig, ConfigError> {
-        let [header, ttl, max_sessions, move_margin] =
-            n.keys(["header", "ttl", "max_sessions", "move_margin"])?;
+        let [header, ttl, max_sessions, move_margin, prompt_cache_key] = n.keys([
+            "header",
+            "ttl",
+            "max_sessions",
+            "move_margin",
+            "prompt_cache_key",
+        ])?;
         if !matches!(policy, Policy::LoadAware | Policy::PredictedTtft) {
             return Err(n.err(format!(
                 "sessions require policy load_aware or predicted_ttft (this pool's policy is {}); remove `sessions` or change the policy",
@@ -187,6 +196,7 @@ impl SessionsConfig {
             ttl: ttl.duration_or(d.ttl)?,
             max_sessions: to_usize(max_sessions.positive_or(d.max_sessions as u64)?),
             move_margin,
+            prompt_cache_key: prompt_cache_key.bool_or(d.prompt_cache_key)?,
         })
     }
 }
@@ -484,6 +494,19 @@ mod tests {
             &sessions("load_aware", "0.5"),
             f,
             &["is read by policy predicted_ttft only (load_aware moves a session on pressure); remove it"],
+        );
+    }
+
+    #[test]
+    fn prompt_cache_key_sessions_are_off_unless_asked_for() {
+        let with = |v: &str| pool_with(&format!("    sessions: {{ prompt_cache_key: {v} }}\n"));
+        let on = |c: crate::config::Config| c.pools[0].policy.sessions().unwrap().prompt_cache_key;
+        assert!(!on(parse(&pool_with("    sessions: {}\n")).unwrap()));
+        assert!(on(parse(&with("true")).unwrap()));
+        assert_err(
+            &with("yes please"),
+            "pools[0].sessions.prompt_cache_key",
+            &["true or false"],
         );
     }
 }

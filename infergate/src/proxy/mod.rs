@@ -310,12 +310,17 @@ impl ProxyHttp for Router {
         self.pin_continued_response(ctx, &pool).await;
         if let Some(s) = pool.cfg().policy.sessions() {
             let headers = &session.req_header().headers;
+            let body_key = || {
+                let key = ctx.scan.prompt_cache_key.as_deref()?;
+                (s.prompt_cache_key && !key.is_empty()).then_some(key.as_bytes())
+            };
             ctx.session_key = s
                 .headers
                 .iter()
                 .filter_map(|h| headers.get(h.as_str()))
                 .map(|v| v.as_bytes())
                 .find(|v| !v.is_empty())
+                .or_else(body_key)
                 .map(<[u8]>::to_vec);
         }
         if let (Some(cluster), Some(key)) = (&self.cluster, &ctx.session_key) {

@@ -18,6 +18,7 @@ fn sessions(move_margin: f64) -> SessionsConfig {
         ttl: Duration::from_secs(3600),
         max_sessions: 100,
         move_margin,
+        ..SessionsConfig::default()
     }
 }
 
