@@ -86,7 +86,7 @@ pub struct PoolSample {
     pub pool: String,
     /// Session bindings held (0 without sessions).
     pub sessions: u64,
-    /// Every endpoint fails its health check and the pool places across them.
+    /// Every endpoint fails its health check and the pool places across those whose engine answers it.
     pub health_panic: bool,
 }
 
@@ -671,7 +671,7 @@ impl LiveCollector {
         );
         let health_panic = gauge(
             "infergate_pool_health_panic",
-            "1 while every endpoint of the pool fails its health check and the pool places across them (health_check.route_when_all_unhealthy).",
+            "1 while every endpoint of the pool fails its health check and the pool places across those whose engine answers it (health_check.route_when_all_unhealthy).",
             &["pool"],
         );
         let prefill_speed = GaugeVec::new(

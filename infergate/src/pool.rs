@@ -43,6 +43,8 @@ pub struct HealthTracker {
     failed_checks: AtomicU64,
     became_healthy: AtomicU64,
     became_unhealthy: AtomicU64,
+    /// The last check reached the engine: it answered, wrongly or too slowly, rather than refuse the connect.
+    last_check_reached: AtomicBool,
 }
 
 /// What [`HealthTracker::counts`] reports.
@@ -98,6 +100,16 @@ impl HealthTracker {
         };
         change.fetch_add(1, Ordering::Relaxed);
         Some(next)
+    }
+
+    /// Note whether the latest check reached the engine (before `record`ing it).
+    pub fn note_reach(&self, reached: bool) {
+        self.last_check_reached.store(reached, Ordering::Relaxed);
+    }
+
+    /// The engine answers its checks, if wrongly: a failing one is a candidate in the pool's health panic.
+    pub fn engine_answers(&self) -> bool {
+        self.last_check_reached.load(Ordering::Relaxed)
     }
 
     pub fn counts(&self) -> HealthCounts {
@@ -227,27 +239,30 @@ impl Endpoint {
 }
 
 /// Which of a pool's endpoints their health lets take work: the healthy ones; when every one fails its check,
-/// all of them (`health_check.route_when_all_unhealthy`, the pool's "health panic"). A request that then reaches
-/// a dead engine fails its connect and is answered 503 as without it; one that reaches an engine whose check only
-/// timed out under load is served. Until every endpoint was checked (start-up, an endpoint added) there is none.
+/// those whose engine still answers it, wrongly or too slowly (`health_check.route_when_all_unhealthy`, the pool's
+/// "health panic"): a check that times out under load, or a wrong `path`, must not stop a pool that serves. An
+/// engine whose check cannot connect (down, restarting, unreachable) is never a candidate, so a pool of dead
+/// engines answers 503 at once as without it. Until every endpoint was checked (start-up, an endpoint added)
+/// there is no panic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HealthGate {
     pub panic: bool,
 }
 
 impl HealthGate {
-    fn of<'a>(enabled: bool, endpoints: impl Iterator<Item = &'a Endpoint>) -> HealthGate {
-        let mut endpoints = endpoints.peekable();
+    fn of(enabled: bool, endpoints: &[Arc<Endpoint>]) -> HealthGate {
         let panic = enabled
-            && endpoints.peek().is_some()
-            && endpoints.all(|e| e.health.get() == Health::Unhealthy);
+            && endpoints
+                .iter()
+                .all(|e| e.health.get() == Health::Unhealthy)
+            && endpoints.iter().any(|e| e.health.engine_answers());
         HealthGate { panic }
     }
 
     pub fn admits(&self, e: &Endpoint) -> bool {
         match e.health.get() {
             Health::Healthy => true,
-            Health::Unhealthy => self.panic,
+            Health::Unhealthy => self.panic && e.health.engine_answers(),
             Health::Unknown => false,
         }
     }
@@ -342,6 +357,27 @@ impl ServiceDiscovery for Membership {
     }
 }
 
+/// How much longer a health check may take than its `timeout`: enough for the checker's connect timeout (the
+/// same `timeout`) to fire first when the connect hangs.
+const CONNECT_VERDICT_SLACK: Duration = Duration::from_millis(50);
+
+/// The check never reached the engine: its connect failed (refused, timed out, no route).
+fn is_connect_failure(e: &pingora_error::ErrorType) -> bool {
+    use pingora_error::ErrorType::*;
+    matches!(
+        e,
+        ConnectTimedout
+            | ConnectRefused
+            | ConnectNoRoute
+            | ConnectError
+            | ConnectProxyFailure
+            | BindError
+            | SocketError
+            | TLSHandshakeFailure
+            | TLSHandshakeTimedout
+    )
+}
+
 /// Runs each endpoint's own HTTP check (its path, Host and API key) and keeps infergate's health state.
 struct EndpointHealthCheck {
     cfg: HealthCheckConfig,
@@ -355,17 +391,14 @@ impl EndpointHealthCheck {
     fn log_panic_change(&self, pool: &str) {
         let members: Vec<Arc<Endpoint>> =
             self.membership.by_addr.read().values().cloned().collect();
-        let gate = HealthGate::of(
-            self.cfg.route_when_all_unhealthy,
-            members.iter().map(|e| &**e),
-        );
+        let gate = HealthGate::of(self.cfg.route_when_all_unhealthy, &members);
         if self.panic_logged.swap(gate.panic, Ordering::Relaxed) == gate.panic {
             return;
         }
         if gate.panic {
             log::warn!(
-                "pool {pool}: every endpoint fails its health check; placing across them until one passes \
-                 (health_check.route_when_all_unhealthy)"
+                "pool {pool}: every endpoint fails its health check; placing across those that answer it until \
+                 one passes (health_check.route_when_all_unhealthy)"
             );
         } else {
             log::info!("pool {pool}: an endpoint passes its health check again; placing on healthy ones only");
@@ -383,14 +416,22 @@ impl HealthCheck for EndpointHealthCheck {
             );
         };
         let current = ep.target();
-        let result =
-            match tokio::time::timeout(self.cfg.timeout, current.checker.check(target)).await {
-                Ok(r) => r,
-                Err(_) => pingora_error::Error::e_explain(
-                    pingora_error::ErrorType::ReadTimedout,
-                    "health check timed out",
-                ),
-            };
+        // A little past the checker's own connect timeout (`timeout`), so that a connect that hangs is reported
+        // as one, not as a slow answer.
+        let limit = self.cfg.timeout + CONNECT_VERDICT_SLACK;
+        let result = match tokio::time::timeout(limit, current.checker.check(target)).await {
+            Ok(r) => r,
+            Err(_) => pingora_error::Error::e_explain(
+                pingora_error::ErrorType::ReadTimedout,
+                "health check timed out",
+            ),
+        };
+        ep.health.note_reach(
+            result
+                .as_ref()
+                .err()
+                .is_none_or(|e| !is_connect_failure(e.etype())),
+        );
         if result.is_ok() {
             ep.outlier.health_check_passed(Instant::now());
         }
@@ -583,10 +624,7 @@ impl Pool {
 
     /// Which of `endpoints` (this pool's) their health lets take work now.
     pub fn health_gate(&self, endpoints: &[Arc<Endpoint>]) -> HealthGate {
-        HealthGate::of(
-            self.cfg().health_check.route_when_all_unhealthy,
-            endpoints.iter().map(|e| &**e),
-        )
+        HealthGate::of(self.cfg().health_check.route_when_all_unhealthy, endpoints)
     }
 
     /// Snapshot for placement. Ineligible: unhealthy (see `HealthGate`), `excluded` (already tried by this request), ejected unless
@@ -862,38 +900,60 @@ mod tests {
     #[test]
     fn the_health_gate_admits_failing_endpoints_only_when_none_passes() {
         let cfg = pool_cfg("");
-        let endpoints: Vec<Endpoint> = (0..3)
-            .map(|_| Endpoint::new(Arc::from("a"), &cfg.endpoints[0], &cfg.health_check))
+        let endpoints: Vec<Arc<Endpoint>> = (0..3)
+            .map(|_| {
+                Arc::new(Endpoint::new(
+                    Arc::from("a"),
+                    &cfg.endpoints[0],
+                    &cfg.health_check,
+                ))
+            })
             .collect();
-        let set = |states: [Option<bool>; 3]| {
+        // Each endpoint's last check.
+        #[derive(Clone, Copy)]
+        enum Last {
+            Unchecked,
+            Passed,
+            Answered,
+            Unreachable,
+        }
+        use Last::*;
+        let set = |states: [Last; 3]| {
             for (e, s) in endpoints.iter().zip(states) {
                 *e.health.streak.lock() = (0, 0);
                 e.health
                     .state
                     .store(Health::Unknown as u8, Ordering::Relaxed);
-                if let Some(ok) = s {
-                    e.health.record(ok, 1, 1);
-                }
+                let (ok, reached) = match s {
+                    Unchecked => continue,
+                    Passed => (true, true),
+                    Answered => (false, true),
+                    Unreachable => (false, false),
+                };
+                e.health.note_reach(reached);
+                e.health.record(ok, 1, 1);
             }
         };
-        let gate = |enabled| HealthGate::of(enabled, endpoints.iter());
+        let gate = |enabled| HealthGate::of(enabled, &endpoints);
         let admitted = |g: HealthGate| endpoints.iter().map(|e| g.admits(e)).collect::<Vec<_>>();
         // One healthy: only it.
-        set([Some(true), Some(false), None]);
+        set([Passed, Answered, Unchecked]);
         assert_eq!(gate(true), HealthGate { panic: false });
         assert_eq!(admitted(gate(true)), [true, false, false]);
-        // Every one failing: all of them, unless turned off.
-        set([Some(false), Some(false), Some(false)]);
-        assert_eq!(admitted(gate(true)), [true, true, true]);
+        // Every one failing: those whose engine answers, unless turned off.
+        set([Answered, Unreachable, Answered]);
+        assert_eq!(gate(true), HealthGate { panic: true });
+        assert_eq!(admitted(gate(true)), [true, false, true]);
         assert_eq!(admitted(gate(false)), [false, false, false]);
-        // Two failing, one not checked yet (start-up, an endpoint just added): no panic until it is.
-        set([Some(false), Some(false), None]);
+        // None answers (all down): no panic, nothing admitted.
+        set([Unreachable, Unreachable, Unreachable]);
         assert_eq!(gate(true), HealthGate { panic: false });
         assert_eq!(admitted(gate(true)), [false, false, false]);
-        assert_eq!(
-            HealthGate::of(true, std::iter::empty()),
-            HealthGate { panic: false }
-        );
+        // Two failing, one not checked yet (start-up, an endpoint just added): no panic until it is.
+        set([Answered, Answered, Unchecked]);
+        assert_eq!(gate(true), HealthGate { panic: false });
+        assert_eq!(admitted(gate(true)), [false, false, false]);
+        assert_eq!(HealthGate::of(true, &[]), HealthGate { panic: false });
     }
 
     /// Twin engines (30 ms overhead, 100k tokens/s) fed the same mix of 2k and 100k prompts through `observe`;

@@ -105,7 +105,7 @@ pub struct PoolStatus {
     /// Requests waiting in the pool's wait queue; null where the router has no wait queue.
     pub queue_length: Option<u64>,
     pub max_in_flight_per_endpoint: Option<u64>,
-    /// Every endpoint fails its health check and the pool places across them
+    /// Every endpoint fails its health check and the pool places across those whose engine answers it
     /// (`health_check.route_when_all_unhealthy`).
     pub health_panic: bool,
     pub endpoints: Vec<EndpointStatus>,

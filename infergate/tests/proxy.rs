@@ -552,22 +552,31 @@ async fn api_key_is_sent_upstream_and_health_gates_traffic() {
 }
 
 /// Every engine of the pool fails its health check (a check that times out under load, a wrong `path`) while
-/// it still serves: the pool places across the failing ones (its "health panic") instead of refusing everything,
-/// shows it in a gauge and on the status page, and leaves it when one passes again. Off, the pool answers 503.
+/// it still serves: the pool places across those that answer it (its "health panic") instead of refusing
+/// everything, never on one whose check cannot connect; shows it in a gauge and on the status page, and leaves it
+/// when one passes again. Off, the pool answers 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_whose_every_health_check_fails_still_serves_through_its_engines() {
     let eng = engines(2, SimConfig::default()).await;
     for e in &eng {
         e.control.set_health_status(503);
     }
-    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    // A third endpoint nothing listens on: its checks (and requests) are refused.
+    let mut all = urls(&eng);
+    all.push(format!("http://127.0.0.1:{}", free_port()));
+    let router = start_router(&pool_yaml("load_aware", &all, "")).await;
+    let all_unhealthy = |r: &TestRouter| {
+        r.state.pools.pools[0]
+            .endpoints()
+            .iter()
+            .all(|e| e.health.get() == infergate::pool::Health::Unhealthy)
+    };
     router
-        .wait_for("both endpoints unhealthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.health.get() == infergate::pool::Health::Unhealthy)
-        })
+        .wait_for(
+            "every endpoint unhealthy",
+            Duration::from_secs(10),
+            all_unhealthy,
+        )
         .await;
     for _ in 0..8 {
         assert_eq!(
@@ -577,14 +586,22 @@ async fn a_pool_whose_every_health_check_fails_still_serves_through_its_engines(
     }
     assert!(
         eng.iter().all(|e| generate_requests(e) > 0),
-        "placed across both failing endpoints: {:?}",
+        "placed across both answering endpoints: {:?}",
         eng.iter().map(generate_requests).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        router.metric_sum("infergate_retries_total", &[]).await,
+        0.0,
+        "nothing placed on the endpoint whose check cannot connect"
     );
     let panic = "infergate_pool_health_panic";
     assert_eq!(router.metric_sum(panic, &["pool=\"default\""]).await, 1.0);
     let status = get_json(&format!("http://{}", router.metrics_addr), "/status.json").await;
     assert_eq!(status["pools"][0]["health_panic"], true);
-    assert_eq!(status["pools"][0]["endpoints"][0]["available"], true);
+    let available: Vec<bool> = (0..3)
+        .map(|i| status["pools"][0]["endpoints"][i]["available"] == true)
+        .collect();
+    assert_eq!(available, [true, true, false]);
 
     // One passes again: the panic ends and the failing one gets nothing more.
     eng[0].control.set_health_status(200);
@@ -608,21 +625,18 @@ async fn a_pool_whose_every_health_check_fails_still_serves_through_its_engines(
     assert_eq!(router.metric_sum(panic, &[]).await, 0.0);
 
     // Turned off: a pool without a healthy endpoint refuses, as before.
-    let off = pool_yaml("load_aware", &urls(&eng), "").replace(
+    let off = pool_yaml("load_aware", &all, "").replace(
         "unhealthy_after: 1 }",
         "unhealthy_after: 1, route_when_all_unhealthy: false }",
     );
-    for e in &eng {
-        e.control.set_health_status(503);
-    }
+    eng[0].control.set_health_status(503);
     let strict = start_router(&off).await;
     strict
-        .wait_for("both endpoints unhealthy", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.health.get() == infergate::pool::Health::Unhealthy)
-        })
+        .wait_for(
+            "every endpoint unhealthy",
+            Duration::from_secs(10),
+            all_unhealthy,
+        )
         .await;
     let served = eng.iter().map(generate_requests).sum::<usize>();
     let r = send_chat(&strict.url(), chat_body(1000, false, 1)).await;
@@ -631,6 +645,33 @@ async fn a_pool_whose_every_health_check_fails_still_serves_through_its_engines(
     assert_eq!(v["error"]["code"], "no_healthy_endpoint");
     assert_eq!(eng.iter().map(generate_requests).sum::<usize>(), served);
     assert_eq!(strict.metric_sum(panic, &[]).await, 0.0);
+}
+
+/// A pool of engines that are all down (their checks cannot connect) has no health panic: 503 at once, no
+/// connect attempted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_dead_engines_answers_503_without_trying_them() {
+    let dead: Vec<String> = (0..2)
+        .map(|_| format!("http://127.0.0.1:{}", free_port()))
+        .collect();
+    let router = start_router(&pool_yaml("load_aware", &dead, "")).await;
+    router
+        .wait_for("every endpoint unhealthy", Duration::from_secs(10), |r| {
+            r.state.pools.pools[0]
+                .endpoints()
+                .iter()
+                .all(|e| e.health.get() == infergate::pool::Health::Unhealthy)
+        })
+        .await;
+    let r = send_chat(&router.url(), chat_body(1000, false, 1)).await;
+    assert_eq!(r.status(), 503);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_healthy_endpoint");
+    assert_eq!(router.metric_sum("infergate_retries_total", &[]).await, 0.0);
+    assert_eq!(
+        router.metric_sum("infergate_pool_health_panic", &[]).await,
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -313,9 +313,9 @@ pub struct HealthCheckConfig {
     pub timeout: Duration,
     pub healthy_after: usize,
     pub unhealthy_after: usize,
-    /// When every endpoint of the pool fails its check, place across them rather than refuse
-    /// (Envoy's panic mode, nginx's reset of failed servers): a check that times out under load, or a wrong
-    /// `path`, must not stop a pool whose engines still serve.
+    /// When every endpoint of the pool fails its check, place across those whose engine answers it rather than
+    /// refuse (Envoy's panic mode, nginx's reset of failed servers): a check that times out under load, or a
+    /// wrong `path`, must not stop a pool whose engines still serve.
     pub route_when_all_unhealthy: bool,
 }
 
