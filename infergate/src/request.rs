@@ -477,6 +477,12 @@ mod tests {
         assert_eq!(s.previous_response_id.as_deref(), Some("resp_1a"));
         assert_eq!((s.store, s.background), (Some(false), None));
         assert_eq!(scan(br#"{"background":true}"#, 10).background, Some(true));
+        // Retrieval and cancel by id hold no prefill.
+        assert_eq!(classify("GET", "/v1/responses/resp_1a"), CallKind::Passive);
+        assert_eq!(
+            classify("POST", "/v1/responses/resp_1a/cancel"),
+            CallKind::Passive
+        );
     }
 
     #[test]
@@ -492,12 +498,6 @@ mod tests {
         assert_eq!(
             scan(br#"{"prompt_cache_key":7}"#, 10).prompt_cache_key,
             None
-        );
-        // Retrieval and cancel by id hold no prefill.
-        assert_eq!(classify("GET", "/v1/responses/resp_1a"), CallKind::Passive);
-        assert_eq!(
-            classify("POST", "/v1/responses/resp_1a/cancel"),
-            CallKind::Passive
         );
     }
 
