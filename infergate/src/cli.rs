@@ -50,8 +50,9 @@ Pingora's server options (pingora_core's Opt), with what they mean for infergate
                     command returns), and it drains and exits
 
 Signals:
-  SIGHUP            Re-read the configuration file: endpoints (URLs, API keys, addresses) change in place; every
-                    other change is logged, per setting, as needing a restart or an upgrade
+  SIGHUP            Re-read the configuration file; apply in place what needs no restart: endpoints,
+                    client keys and limits, timeouts, retries, health checks, policy parameters (README, 'What
+                    SIGHUP applies'); every other change is logged, per setting, as needing a graceful upgrade
   SIGQUIT           Hand the listening sockets to a new instance started with -u, drain, exit
   SIGTERM           Stop accepting; in-flight requests get `server.grace_period_seconds` to finish; exit
   SIGINT            Exit at once

@@ -127,6 +127,8 @@ pub struct Target {
     pub addr: std::net::SocketAddr,
     pub api_key: Option<String>,
     checker: HttpHealthCheck,
+    /// The `health_check` path and timeout the checker was built with.
+    checked_as: (String, Duration),
 }
 
 impl Target {
@@ -149,6 +151,7 @@ impl Target {
             addr: cfg.addr,
             api_key: cfg.api_key.clone(),
             checker,
+            checked_as: (hc.path.clone(), hc.timeout),
         }
     }
 
@@ -227,14 +230,15 @@ impl Endpoint {
         self.target.load().api_key.clone()
     }
 
-    /// Apply a reloaded key or address; true if anything changed.
+    /// Apply a reloaded key, address or health-check path and timeout; true if the key or address changed.
     fn retarget(&self, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> bool {
         let cur = self.target.load();
-        if cur.addr == cfg.addr && cur.api_key == cfg.api_key {
-            return false;
+        let moved = cur.addr != cfg.addr || cur.api_key != cfg.api_key;
+        let (path, timeout) = &cur.checked_as;
+        if moved || *path != hc.path || *timeout != hc.timeout {
+            self.target.store(Arc::new(Target::new(cfg, hc)));
         }
-        self.target.store(Arc::new(Target::new(cfg, hc)));
-        true
+        moved
     }
 }
 
@@ -380,7 +384,8 @@ fn is_connect_failure(e: &pingora_error::ErrorType) -> bool {
 
 /// Runs each endpoint's own HTTP check (its path, Host and API key) and keeps infergate's health state.
 struct EndpointHealthCheck {
-    cfg: HealthCheckConfig,
+    /// The pool's settings, shared with it: a reload's `health_check` keys apply from the next check.
+    pool_cfg: Arc<ArcSwap<PoolConfig>>,
     membership: Arc<Membership>,
     /// The pool's health panic as last logged, so that entering and leaving it are logged once each.
     panic_logged: AtomicBool,
@@ -391,7 +396,8 @@ impl EndpointHealthCheck {
     fn log_panic_change(&self, pool: &str) {
         let members: Vec<Arc<Endpoint>> =
             self.membership.by_addr.read().values().cloned().collect();
-        let gate = HealthGate::of(self.cfg.route_when_all_unhealthy, &members);
+        let enabled = self.pool_cfg.load().health_check.route_when_all_unhealthy;
+        let gate = HealthGate::of(enabled, &members);
         if self.panic_logged.swap(gate.panic, Ordering::Relaxed) == gate.panic {
             return;
         }
@@ -416,9 +422,11 @@ impl HealthCheck for EndpointHealthCheck {
             );
         };
         let current = ep.target();
+        let hc = self.pool_cfg.load_full();
+        let hc = &hc.health_check;
         // A little past the checker's own connect timeout (`timeout`), so that a connect that hangs is reported
         // as one, not as a slow answer.
-        let limit = self.cfg.timeout + CONNECT_VERDICT_SLACK;
+        let limit = hc.timeout + CONNECT_VERDICT_SLACK;
         let result = match tokio::time::timeout(limit, current.checker.check(target)).await {
             Ok(r) => r,
             Err(_) => pingora_error::Error::e_explain(
@@ -435,11 +443,10 @@ impl HealthCheck for EndpointHealthCheck {
         if result.is_ok() {
             ep.outlier.health_check_passed(Instant::now());
         }
-        if let Some(new) = ep.health.record(
-            result.is_ok(),
-            self.cfg.healthy_after,
-            self.cfg.unhealthy_after,
-        ) {
+        if let Some(new) = ep
+            .health
+            .record(result.is_ok(), hc.healthy_after, hc.unhealthy_after)
+        {
             match (&result, new) {
                 (Err(e), _) => log::warn!(
                     "pool {} endpoint {} is now {:?}: {}",
@@ -466,8 +473,9 @@ impl HealthCheck for EndpointHealthCheck {
 /// One configured pool at run time.
 pub struct Pool {
     pub name: Arc<str>,
-    /// The settings in effect, read per request; a reload swaps in new ones (`reconfigure`).
-    cfg: ArcSwap<PoolConfig>,
+    /// The settings in effect, read per request and by the health checks; a reload swaps in new ones
+    /// (`reconfigure`).
+    cfg: Arc<ArcSwap<PoolConfig>>,
     /// The current endpoints: readers take a snapshot without a lock; a reload swaps in a new list.
     endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     membership: Arc<Membership>,
@@ -497,10 +505,11 @@ impl ServiceDiscovery for SharedMembership {
 impl Pool {
     pub fn new(cfg: &PoolConfig) -> Arc<Pool> {
         let membership = Arc::new(Membership::default());
+        let shared_cfg = Arc::new(ArcSwap::from_pointee(cfg.clone()));
         let backends = Backends::new(Box::new(SharedMembership(membership.clone())));
         let mut lb = LoadBalancer::<RoundRobin>::from_backends(backends);
         lb.set_health_check(Box::new(EndpointHealthCheck {
-            cfg: cfg.health_check.clone(),
+            pool_cfg: shared_cfg.clone(),
             membership: membership.clone(),
             panic_logged: AtomicBool::new(false),
         }));
@@ -508,7 +517,7 @@ impl Pool {
         lb.parallel_health_check = true;
         let pool = Arc::new(Pool {
             name: Arc::from(cfg.name.as_str()),
-            cfg: ArcSwap::from_pointee(cfg.clone()),
+            cfg: shared_cfg,
             endpoints: ArcSwap::from_pointee(Vec::new()),
             membership,
             lb: Arc::new(lb),

@@ -21,7 +21,9 @@
 use std::fmt::Debug;
 use std::time::Instant;
 
-use crate::config::{Config, PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig};
+use crate::config::{
+    Config, HealthCheckConfig, PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig,
+};
 use crate::server::RouterState;
 
 /// What a reload must tell the operator to do for a setting it could not apply.
@@ -103,7 +105,7 @@ const WHY_POLICY: &str = "the pool's placement reasons (and their metric series)
 const WHY_SESSIONS: &str =
     "turning sessions on or off changes the pool's placement reasons (their metric \
                             series are fixed at start) and creates or drops the session table";
-const WHY_HEALTH: How = Err("health checks are built at start");
+const WHY_HEALTH_INTERVAL: How = Err("the health-check interval is set at start");
 const WHY_STATS: How = Err("engine-stats scraping is turned on or off at start");
 const WHY_QUEUE: &str = "a pool's wait queue is created at start";
 const WHY_CLUSTER: How =
@@ -416,12 +418,7 @@ fn pool_settings(d: &mut Diff, old: &PoolConfig, next: &mut PoolConfig) {
         &mut o1.saturation_cooldown,
         IN_PLACE,
     );
-    d.setting(
-        "health_check",
-        &old.health_check,
-        &mut next.health_check,
-        WHY_HEALTH,
-    );
+    health_settings(d, &old.health_check, &mut next.health_check);
     let per_token = match old.policy {
         PolicyConfig::PredictedTtft { .. } => Err(WHY_PREDICTED_PREFIX),
         _ => IN_PLACE,
@@ -521,6 +518,42 @@ fn policy_settings(d: &mut Diff, old: &PolicyConfig, next: &mut PolicyConfig) {
         // Round robin and least request have no parameters.
         (old, next) => d.setting("policy settings", old, next, Err(WHY_OTHER)),
     }
+}
+
+/// A pool's `health_check`: the next round of checks takes its keys (a wrong `path` fixed without losing the
+/// session bindings), except the interval, which pingora-load-balancing's check loop is built with.
+fn health_settings(d: &mut Diff, old: &HealthCheckConfig, next: &mut HealthCheckConfig) {
+    d.setting("health_check.path", &old.path, &mut next.path, IN_PLACE);
+    d.setting(
+        "health_check.interval",
+        &old.interval,
+        &mut next.interval,
+        WHY_HEALTH_INTERVAL,
+    );
+    d.setting(
+        "health_check.timeout",
+        &old.timeout,
+        &mut next.timeout,
+        IN_PLACE,
+    );
+    d.setting(
+        "health_check.healthy_after",
+        &old.healthy_after,
+        &mut next.healthy_after,
+        IN_PLACE,
+    );
+    d.setting(
+        "health_check.unhealthy_after",
+        &old.unhealthy_after,
+        &mut next.unhealthy_after,
+        IN_PLACE,
+    );
+    d.setting(
+        "health_check.route_when_all_unhealthy",
+        &old.route_when_all_unhealthy,
+        &mut next.route_when_all_unhealthy,
+        IN_PLACE,
+    );
 }
 
 /// A pool's `sessions`: its keys change in place; turning sessions on or off cannot.
@@ -773,6 +806,36 @@ mod tests {
     }
 
     #[test]
+    fn health_check_keys_apply_in_place_but_the_interval() {
+        let p = plan(
+            &conf("", ""),
+            &conf(
+                "",
+                "    health_check: { path: /ready, interval: 5s, timeout: 3s, healthy_after: 1, \
+                 unhealthy_after: 4, route_when_all_unhealthy: false }\n",
+            ),
+        );
+        let applied: Vec<&str> = p.applied.iter().map(|a| a.key.as_str()).collect();
+        assert_eq!(
+            applied,
+            [
+                "health_check.path",
+                "health_check.timeout",
+                "health_check.healthy_after",
+                "health_check.unhealthy_after",
+                "health_check.route_when_all_unhealthy"
+            ]
+        );
+        let not: Vec<&str> = p.not_applied.iter().map(|n| n.key.as_str()).collect();
+        assert_eq!(not, ["health_check.interval"]);
+        assert_eq!(
+            p.effective.pools[0].health_check.interval,
+            std::time::Duration::from_secs(2)
+        );
+        assert_eq!(p.effective.pools[0].health_check.path, "/ready");
+    }
+
+    #[test]
     fn predicted_ttfts_sessions_apply_in_place_and_its_prefix_is_kept() {
         let pred = |extra: &str| conf("", &format!("    policy: predicted_ttft\n{extra}"));
         let p = plan(
@@ -890,7 +953,7 @@ mod tests {
                 "max_client_connections",
                 "expose_paths",
                 "models",
-                "health_check",
+                "health_check.interval",
                 "engine_stats",
                 "expose_paths",
                 "queue"

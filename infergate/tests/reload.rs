@@ -411,6 +411,55 @@ async fn sighup_applies_predicted_ttfts_session_settings() {
     b.stop();
 }
 
+/// A wrong health-check path (every check answered 404: the pool serves in its health panic) fixed by SIGHUP: the
+/// next round of checks uses the new path, the endpoints turn healthy and the session bindings stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_fixes_a_wrong_health_check_path_in_place() {
+    let eng = engines(2, SimConfig::default()).await;
+    let eps = urls(&eng);
+    let good = keyed_conf(&eps, "", "    sessions: {}\n");
+    let wrong = good.replace(
+        "health_check: { interval",
+        "health_check: { path: /helth, interval",
+    );
+    let b = Binary::start("health-path", &wrong, &format!("bob:{BOB}\n")).await;
+    b.wait_log("every endpoint fails its health check", 1).await;
+    assert_eq!(
+        b.chat(BOB, Some("s1"), chat_body(200, false, 1)).await.0,
+        200
+    );
+    let m = b.metrics().await;
+    assert_eq!(metric_sum(&m, "infergate_endpoint_healthy", &[]), 0.0);
+    assert_eq!(metric_value(&m, "infergate_sessions", &[]), Some(1.0));
+
+    b.write(&good);
+    b.hup();
+    b.wait_log(
+        "applied health_check.path of pool `default` (\"/helth\" → \"/health\")",
+        1,
+    )
+    .await;
+    let start = Instant::now();
+    while metric_sum(&b.metrics().await, "infergate_endpoint_healthy", &[]) < 2.0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "{}", b.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = b.metrics().await;
+    assert_eq!(metric_sum(&m, "infergate_pool_health_panic", &[]), 0.0);
+    assert_eq!(
+        metric_value(&m, "infergate_sessions", &[]),
+        Some(1.0),
+        "bindings kept"
+    );
+    let log = b.log();
+    assert!(
+        log.contains("an endpoint passes its health check again"),
+        "{log}"
+    );
+    assert!(!log.contains("not applied"), "{log}");
+    b.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_applies_outlier_detection_and_names_what_needs_an_upgrade() {
     let eng = engines(2, SimConfig::default()).await;
