@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::paths::is_valid_response_id;
+
 /// Response ids remembered; past this the oldest is forgotten (its follow-ups are placed as any request, and
 /// the engine answers them 404 if it is not the holder). ~100 bytes each.
 pub const CAPACITY: usize = 100_000;
@@ -20,9 +22,6 @@ pub const CAPACITY: usize = 100_000;
 /// Bytes of an answer's start searched for its id: the response object opens with it (vLLM's field order), in
 /// the first event of a stream.
 const ID_SCAN_BYTES: usize = 8 * 1024;
-
-/// Longest id accepted (vLLM's are `resp_` and 32 hex digits).
-const MAX_ID_LEN: usize = 128;
 
 /// The engine holding a stored response: its pool and endpoint (`host:port`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,16 +110,6 @@ pub async fn probe(id: &str, candidates: Vec<Candidate>, timeout: Duration) -> O
     None
 }
 
-/// Whether `id` can name a stored response: 1 to 128 letters, digits, `_`, `-` or `.` (what is echoed in an
-/// error message or kept in the map is never anything else).
-pub fn is_valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_ID_LEN
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-}
-
 /// Finds the response id at the start of an answer fed chunk by chunk.
 #[derive(Debug, Default)]
 pub struct IdCapture {
@@ -177,7 +166,7 @@ pub fn response_id(head: &[u8]) -> Option<&str> {
         let start = i + 1;
         let end = start + memchr::memchr(b'"', head.get(start..)?)?;
         let id = std::str::from_utf8(&head[start..end]).ok()?;
-        if id.starts_with("resp") && is_valid_id(id) {
+        if id.starts_with("resp") && is_valid_response_id(id) {
             return Some(id);
         }
     }
@@ -240,11 +229,11 @@ mod tests {
 
     #[test]
     fn valid_ids() {
-        assert!(is_valid_id(
+        assert!(is_valid_response_id(
             "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b"
         ));
         for bad in ["", "resp/1", "resp 1", "resp'1", &"r".repeat(129)] {
-            assert!(!is_valid_id(bad), "{bad:?}");
+            assert!(!is_valid_response_id(bad), "{bad:?}");
         }
     }
 }

@@ -17,8 +17,8 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 
 use crate::config::{AuthConfig, Config};
+use crate::errors::ApiError;
 use crate::metrics::Metrics;
-use crate::proxy::ApiError;
 use keys::Presented;
 use limits::{Denied, KeyLimiter, Limit};
 use queue::{PoolQueue, QueueMetrics};

@@ -4,7 +4,7 @@ use serde_norway::Value;
 
 use super::walk::Field;
 use super::ConfigError;
-use crate::exposure::check_exposable;
+use crate::paths::check_exposable;
 
 /// A list of plain paths, normalised; absent or empty = nothing beyond the inference API.
 pub(super) fn expose_paths(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {

@@ -7,7 +7,6 @@ use pingora_proxy::Session;
 
 use super::{Ctx, Router};
 use crate::access_log::Line;
-use crate::exposure;
 use crate::placement::sessions::session_hash;
 use crate::request::CallKind;
 use crate::request_id;
@@ -51,7 +50,7 @@ impl Router {
         let req = session.req_header();
         let path = match &ctx.target {
             Some(s) => s.target.path.clone(),
-            None => exposure::normalize(req.raw_path())
+            None => crate::paths::normalize(req.raw_path())
                 .map_or_else(|_| "(invalid path)".to_string(), |t| t.path),
         };
         let endpoint = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());

@@ -14,7 +14,7 @@ use pingora_error::ErrorType;
 use pingora_proxy::Session;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::errors::ApiError;
+use crate::errors::ApiError;
 
 /// Budget accounting unit: permits are KiB so that a 1 GiB budget fits a semaphore comfortably.
 const UNIT: u64 = 1024;

@@ -44,7 +44,6 @@
 mod access;
 mod admit;
 mod body;
-mod errors;
 mod first_output;
 mod router;
 
@@ -59,8 +58,8 @@ use pingora_error::{Error, ErrorSource, ErrorType, Result, RetryType};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
+pub use crate::errors::ApiError;
 pub use body::{BodyBudget, BodyLimits};
-pub use errors::ApiError;
 
 use crate::exposure::{self, Exposure, Screened};
 use crate::forwarded;

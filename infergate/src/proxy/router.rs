@@ -12,9 +12,9 @@ use pingora_proxy::Session;
 
 use super::access;
 use super::body::{self, BodyError, BodyLimits};
-use super::errors::ApiError;
 use super::Pinned;
 use super::{Ctx, Router, UPSTREAM_IDLE_TIMEOUT};
+use crate::errors::ApiError;
 use crate::ledger::{ReleaseCause, ReleaseHook};
 use crate::placement::policy::{PlaceRequest, Placement, Snapshot};
 use crate::placement::{self, Reason};
@@ -97,7 +97,7 @@ impl Router {
     /// The engine holding stored response `id`: this replica's record, else the one another replica shared, else
     /// the engine that says it has it when asked (in `pool`, or in any pool when the request names none).
     async fn response_holder(&self, id: &str, pool: Option<&Pool>) -> Option<Holder> {
-        if !crate::stored_responses::is_valid_id(id) {
+        if !crate::paths::is_valid_response_id(id) {
             return None;
         }
         if let Some(h) = self.stored_responses.lookup(id) {

@@ -59,7 +59,7 @@ impl ApiError {
     /// A stored response this router knows no holder of: never made through it, forgotten, or no response id. The
     /// id is echoed (as vLLM does) only when it is a well-formed one.
     pub fn response_not_found(id: &str) -> Self {
-        let message = if crate::stored_responses::is_valid_id(id) {
+        let message = if crate::paths::is_valid_response_id(id) {
             format!("Response with id '{id}' not found.")
         } else {
             "Response not found: the id is not a response id.".to_string()
