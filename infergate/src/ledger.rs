@@ -1,4 +1,5 @@
-//! The prefill ledger: per-endpoint requests and estimated prefill tokens in flight, the RAII hold, and the janitor.
+//! The prefill ledger: per-endpoint requests and estimated prefill tokens in flight (ours and, from the shared
+//! store, other replicas'), the RAII hold, and the janitor.
 //!
 //! A request takes a [`Hold`] on the endpoint it is dispatched to. The hold adds one request and its estimated
 //! prefill tokens to the endpoint's counters; the tokens go back at the first response body byte (or on any
@@ -71,6 +72,30 @@ impl PeakWindow {
             .map(|p| p & u64::from(u32::MAX))
             .max()
             .unwrap_or(0)
+    }
+}
+
+/// Other router replicas' requests and prefill tokens in flight to one endpoint, as last read from the shared
+/// store.
+#[derive(Debug, Default)]
+pub struct PeerLoad {
+    requests: AtomicU64,
+    prefill_tokens: AtomicU64,
+}
+
+impl PeerLoad {
+    /// (requests, prefill tokens); 0 without `cluster`.
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.requests.load(Ordering::Relaxed),
+            self.prefill_tokens.load(Ordering::Relaxed),
+        )
+    }
+
+    /// What the store holds of the other replicas now (`cluster`).
+    pub fn set(&self, requests: u64, prefill_tokens: u64) {
+        self.requests.store(requests, Ordering::Relaxed);
+        self.prefill_tokens.store(prefill_tokens, Ordering::Relaxed);
     }
 }
 

@@ -20,7 +20,6 @@ use prometheus::{
 };
 
 use crate::placement::Reason;
-use crate::pool::Endpoint;
 
 /// The crate version, `infergate_build_info{version}`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -58,6 +57,22 @@ const PREDICTION_ERROR_BUCKETS: [f64; 19] = [
     4.0, 8.0, 30.0,
 ];
 
+/// What an endpoint's health tracker reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HealthCounts {
+    pub failed_checks: u64,
+    pub became_healthy: u64,
+    pub became_unhealthy: u64,
+}
+
+/// The labels of one endpoint's series and the flag its pool sets when it leaves (its series are then deleted).
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointSeries<'a> {
+    pub pool: &'a str,
+    pub endpoint: &'a str,
+    pub removed: &'a AtomicBool,
+}
+
 /// One endpoint's live values for the scrape-time collector.
 #[derive(Debug, Clone)]
 pub struct EndpointSample {
@@ -66,7 +81,7 @@ pub struct EndpointSample {
     pub requests_in_flight: u64,
     pub prefill_tokens: u64,
     pub healthy: bool,
-    pub health_counts: crate::pool::HealthCounts,
+    pub health_counts: HealthCounts,
     /// Ejected by outlier detection.
     pub ejected: bool,
     /// Engine stats state name (fresh, stale, missing, down, off).
@@ -495,20 +510,20 @@ impl Metrics {
     }
 
     /// Time to first byte of a successful answer from `ep` (not for a departed endpoint: its series are gone).
-    pub fn observe_ttfb(&self, ep: &Endpoint, elapsed: Duration) {
-        self.unless_removed(&ep.removed, || {
+    pub fn observe_ttfb(&self, ep: EndpointSeries, elapsed: Duration) {
+        self.unless_removed(ep.removed, || {
             self.time_to_first_byte
-                .with_label_values(&[&*ep.pool, &ep.label])
+                .with_label_values(&[ep.pool, ep.endpoint])
                 .observe(elapsed.as_secs_f64());
         });
     }
 
     /// A prediction of the time to first byte against the measured one (not for a departed endpoint).
-    pub fn observe_ttft_prediction(&self, ep: &Endpoint, predicted: f64, measured: Duration) {
+    pub fn observe_ttft_prediction(&self, ep: EndpointSeries, predicted: f64, measured: Duration) {
         if predicted.is_finite() {
-            self.unless_removed(&ep.removed, || {
+            self.unless_removed(ep.removed, || {
                 self.ttft_prediction_error
-                    .with_label_values(&[&*ep.pool, &ep.label])
+                    .with_label_values(&[ep.pool, ep.endpoint])
                     .observe(predicted - measured.as_secs_f64());
             });
         }
@@ -516,13 +531,13 @@ impl Metrics {
 
     /// Count a finished request of `ep` by its final status `code` and observe its duration since `started`.
     /// Not for a departed endpoint: a stream that outlived its endpoint must not bring the deleted series back.
-    pub fn request_done(&self, ep: &Endpoint, code: u16, started: Instant) {
-        self.unless_removed(&ep.removed, || {
+    pub fn request_done(&self, ep: EndpointSeries, code: u16, started: Instant) {
+        self.unless_removed(ep.removed, || {
             self.requests_total
-                .with_label_values(&[&*ep.pool, &ep.label, code.to_string().as_str()])
+                .with_label_values(&[ep.pool, ep.endpoint, code.to_string().as_str()])
                 .inc();
             self.request_duration
-                .with_label_values(&[&*ep.pool, &ep.label])
+                .with_label_values(&[ep.pool, ep.endpoint])
                 .observe(started.elapsed().as_secs_f64());
         });
     }

@@ -2,7 +2,7 @@
 //!
 //! * **Load**: every `publish_interval` a background task writes this replica's requests and prefill tokens in
 //!   flight per endpoint URL under a key of its own that expires after [`PEER_TTL_INTERVALS`] intervals, then reads
-//!   the other replicas' keys and stores their sums in each endpoint's [`PeerLoad`]. The pool's placement snapshot
+//!   the other replicas' keys and stores their sums in each endpoint's `ledger::PeerLoad`. The pool's placement snapshot
 //!   adds those to its own live figures (placement stays pure: it gets numbers). A replica that stops publishing
 //!   drops out when its key expires; while the store cannot be read, the last figures stay for one key lifetime
 //!   (a fresh peer never reads as zero), then this replica places on its own figures alone.
@@ -20,7 +20,7 @@
 mod metrics;
 pub mod wire;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -58,29 +58,6 @@ const WRITE_QUEUE: usize = 8192;
 
 /// Replica names older than this are pruned from the replica set (their load keys expired long ago).
 const REPLICA_FORGET_MS: u64 = 600_000;
-
-/// Other replicas' requests and prefill tokens in flight to one endpoint, as last read from the store.
-#[derive(Debug, Default)]
-pub struct PeerLoad {
-    requests: AtomicU64,
-    prefill_tokens: AtomicU64,
-}
-
-impl PeerLoad {
-    /// (requests, prefill tokens); 0 without `cluster`.
-    pub fn get(&self) -> (u64, u64) {
-        (
-            self.requests.load(Ordering::Relaxed),
-            self.prefill_tokens.load(Ordering::Relaxed),
-        )
-    }
-
-    fn set(&self, f: Figures) {
-        self.requests.store(f.requests, Ordering::Relaxed);
-        self.prefill_tokens
-            .store(f.prefill_tokens, Ordering::Relaxed);
-    }
-}
 
 /// One binding write for the background writer.
 struct Write {
@@ -327,7 +304,7 @@ impl Cluster {
                     .get(&crate::state_file::endpoint_url(e))
                     .copied()
                     .unwrap_or_default();
-                e.peers.set(f);
+                e.peers.set(f.requests, f.prefill_tokens);
             }
         }
         self.metrics.peers.set(peers as i64);

@@ -576,7 +576,7 @@ impl ProxyHttp for Router {
         if !ctx.first_byte_seen {
             ctx.first_byte_seen = true;
             if let (Some(t0), Some(ep), true) = (ctx.dispatched_at, &ctx.endpoint, success) {
-                self.metrics.observe_ttfb(ep, t0.elapsed());
+                self.metrics.observe_ttfb(ep.series(), t0.elapsed());
             }
         }
         if success && ctx.stores_response {
@@ -599,7 +599,8 @@ impl ProxyHttp for Router {
                         ep.prefill_speed
                             .observe_throughput(ahead.saturating_add(h.estimate()), h.age());
                         if let Some(p) = predicted {
-                            self.metrics.observe_ttft_prediction(ep, p, h.age());
+                            self.metrics
+                                .observe_ttft_prediction(ep.series(), p, h.age());
                         }
                     }
                 }
@@ -713,7 +714,7 @@ impl ProxyHttp for Router {
         }
         let ep = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());
         if let (Some(_), Some(ep)) = (&ctx.pool, ep) {
-            self.metrics.request_done(ep, code, ctx.log.start);
+            self.metrics.request_done(ep.series(), code, ctx.log.start);
         }
         self.log_request(session, e, ctx);
         match (ctx.background_until, ctx.hold.take()) {

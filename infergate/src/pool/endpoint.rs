@@ -1,0 +1,147 @@
+//! One engine endpoint: its identity, where it resolves to and its key, and the live state it carries.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use pingora_load_balancing::health_check::HttpHealthCheck;
+use pingora_load_balancing::Backend;
+
+use super::{HealthTracker, PrefillSpeed};
+use crate::config::{EndpointConfig, HealthCheckConfig};
+use crate::engine_stats::StatsCell;
+use crate::ledger::{EndpointLoad, PeerLoad};
+use crate::metrics::EndpointSeries;
+use crate::outlier::Outlier;
+
+static NEXT_ENDPOINT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What a reload may change about an endpoint without changing its identity: where it resolves to and its key.
+pub struct Target {
+    pub addr: std::net::SocketAddr,
+    pub api_key: Option<String>,
+    pub(super) checker: HttpHealthCheck,
+    /// The `health_check` path and timeout the checker was built with.
+    pub(super) checked_as: (String, Duration),
+}
+
+impl Target {
+    fn new(cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Target {
+        let mut checker = HttpHealthCheck::new(&cfg.label, false);
+        // `new` builds a valid "GET /" header; set our path and headers on it.
+        if let Ok(req) = pingora_http::RequestHeader::build("GET", hc.path.as_bytes(), None) {
+            checker.req = req;
+        }
+        let _ = checker.req.insert_header("Host", cfg.label.as_str());
+        if let Some(key) = &cfg.api_key {
+            let _ = checker
+                .req
+                .insert_header("Authorization", format!("Bearer {key}"));
+        }
+        checker.peer_template.options.connection_timeout = Some(hc.timeout);
+        checker.peer_template.options.read_timeout = Some(hc.timeout);
+        checker.peer_template.options.write_timeout = Some(hc.timeout);
+        Target {
+            addr: cfg.addr,
+            api_key: cfg.api_key.clone(),
+            checker,
+            checked_as: (hc.path.clone(), hc.timeout),
+        }
+    }
+
+    pub(super) fn backend(&self) -> Backend {
+        Backend {
+            addr: pingora_core::protocols::l4::socket::SocketAddr::Inet(self.addr),
+            weight: 1,
+            ext: http::Extensions::new(),
+        }
+    }
+}
+
+/// One engine endpoint of one pool. Its identity is its URL: a reload that changes only its key or resolved
+/// address keeps its health, load, sessions, prefix entries and metric series.
+pub struct Endpoint {
+    /// Stable identity across reloads (session bindings and prefix entries refer to it).
+    pub id: u64,
+    pub pool: Arc<str>,
+    /// "host:port", the `endpoint` metric label.
+    pub label: String,
+    pub host: String,
+    target: ArcSwap<Target>,
+    pub load: Arc<EndpointLoad>,
+    /// Other router replicas' load on this endpoint (`cluster`), as last read from the shared store.
+    pub peers: PeerLoad,
+    pub health: HealthTracker,
+    pub outlier: Outlier,
+    pub stats: StatsCell,
+    /// Set when the endpoint left its pool; holds still release into it harmlessly.
+    pub removed: AtomicBool,
+    /// Observed prefill speed, for releasing non-streaming requests' tokens at their estimated prefill end.
+    pub prefill_speed: PrefillSpeed,
+    /// The metrics callback every hold on this endpoint shares (built once, on first use).
+    pub release_hook: std::sync::OnceLock<crate::ledger::ReleaseHook>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the API key.
+        f.debug_struct("Endpoint")
+            .field("pool", &self.pool)
+            .field("label", &self.label)
+            .finish()
+    }
+}
+
+impl Endpoint {
+    pub(super) fn new(pool: Arc<str>, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Endpoint {
+        Endpoint {
+            id: NEXT_ENDPOINT_ID.fetch_add(1, Ordering::Relaxed),
+            pool,
+            label: cfg.label.clone(),
+            host: cfg.host.clone(),
+            target: ArcSwap::from_pointee(Target::new(cfg, hc)),
+            load: Arc::new(EndpointLoad::default()),
+            peers: PeerLoad::default(),
+            health: HealthTracker::default(),
+            outlier: Outlier::default(),
+            stats: StatsCell::default(),
+            removed: AtomicBool::new(false),
+            prefill_speed: PrefillSpeed::default(),
+            release_hook: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Its metric labels and removal flag.
+    pub fn series(&self) -> EndpointSeries<'_> {
+        EndpointSeries {
+            pool: &self.pool,
+            endpoint: &self.label,
+            removed: &self.removed,
+        }
+    }
+
+    /// Where the endpoint is now and its key (a reload may swap both).
+    pub fn target(&self) -> Arc<Target> {
+        self.target.load_full()
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.target.load().addr
+    }
+
+    pub fn api_key(&self) -> Option<String> {
+        self.target.load().api_key.clone()
+    }
+
+    /// Apply a reloaded key, address or health-check path and timeout; true if the key or address changed.
+    pub(super) fn retarget(&self, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> bool {
+        let cur = self.target.load();
+        let moved = cur.addr != cfg.addr || cur.api_key != cfg.api_key;
+        let (path, timeout) = &cur.checked_as;
+        if moved || *path != hc.path || *timeout != hc.timeout {
+            self.target.store(Arc::new(Target::new(cfg, hc)));
+        }
+        moved
+    }
+}

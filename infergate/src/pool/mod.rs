@@ -1,0 +1,422 @@
+//! Pools and their endpoints: membership (pingora-load-balancing discovery), health checks, API keys, endpoint
+//! identity and labels. A pool turns its live endpoints into placement candidates.
+
+mod endpoint;
+mod health;
+mod membership;
+mod recent;
+mod speed;
+#[cfg(test)]
+mod tests;
+
+pub use endpoint::{Endpoint, Target};
+pub use health::{Health, HealthGate, HealthTracker};
+pub use recent::RecentPlacements;
+pub use speed::PrefillSpeed;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use parking_lot::{Mutex, RwLock};
+use pingora_load_balancing::selection::RoundRobin;
+use pingora_load_balancing::{Backend, Backends, LoadBalancer};
+
+use crate::config::{Config, EndpointConfig, PoolConfig};
+use crate::metrics::{EndpointSample, LiveSource, Metrics, PoolSample};
+use crate::placement::policy::{self, PlacementPolicy};
+use crate::placement::throughput::{Fitted, ThroughputFit};
+use crate::placement::Candidate;
+use health::EndpointHealthCheck;
+use membership::{Membership, SharedMembership};
+
+/// One configured pool at run time.
+pub struct Pool {
+    pub name: Arc<str>,
+    /// The settings in effect, read per request and by the health checks; a reload swaps in new ones
+    /// (`reconfigure`).
+    cfg: Arc<ArcSwap<PoolConfig>>,
+    /// The current endpoints: readers take a snapshot without a lock; a reload swaps in a new list.
+    endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
+    membership: Arc<Membership>,
+    /// Drives discovery and health checks (pingora-load-balancing); infergate scores placement itself.
+    pub lb: Arc<LoadBalancer<RoundRobin>>,
+    /// The pool's placement policy and its state (session table, prefix index, ...).
+    pub policy: Box<dyn PlacementPolicy>,
+    /// Models the engines of a `"*"` pool report on `GET /v1/models` (refreshed by housekeeping).
+    discovered_models: RwLock<Vec<String>>,
+    /// The latest placements and the reasons of the last minute, for the status page.
+    pub recent: RecentPlacements,
+    /// Held from a placement's snapshot of the candidates until its hold is in the ledger, so that requests
+    /// placed at the same moment on different worker threads see each other (a burst splits as planned).
+    pub placing: Mutex<()>,
+}
+
+impl Pool {
+    pub fn new(cfg: &PoolConfig) -> Arc<Pool> {
+        let membership = Arc::new(Membership::default());
+        let shared_cfg = Arc::new(ArcSwap::from_pointee(cfg.clone()));
+        let backends = Backends::new(Box::new(SharedMembership(membership.clone())));
+        let mut lb = LoadBalancer::<RoundRobin>::from_backends(backends);
+        lb.set_health_check(Box::new(EndpointHealthCheck {
+            pool_cfg: shared_cfg.clone(),
+            membership: membership.clone(),
+            panic_logged: AtomicBool::new(false),
+        }));
+        lb.health_check_frequency = Some(cfg.health_check.interval);
+        lb.parallel_health_check = true;
+        let pool = Arc::new(Pool {
+            name: Arc::from(cfg.name.as_str()),
+            cfg: shared_cfg,
+            endpoints: ArcSwap::from_pointee(Vec::new()),
+            membership,
+            lb: Arc::new(lb),
+            policy: policy::build(cfg),
+            discovered_models: RwLock::new(Vec::new()),
+            recent: RecentPlacements::default(),
+            placing: Mutex::new(()),
+        });
+        pool.set_endpoints(&cfg.endpoints, None);
+        pool
+    }
+
+    /// The pool's settings in effect (cheap: no lock, no clone). Read them per request: a reload may swap them.
+    pub fn cfg(&self) -> arc_swap::Guard<Arc<PoolConfig>> {
+        self.cfg.load()
+    }
+
+    /// Take reloaded settings (`reload` decided which of them may change in place; the rest are the running
+    /// values): the policy updates its parameters, keeping its state. Returns what the policy reports (evictions)
+    /// or why it could not take them; then the pool keeps the policy settings it had, so what it reports stays
+    /// what the policy runs with.
+    pub fn reconfigure(
+        &self,
+        new: &PoolConfig,
+        now: Instant,
+    ) -> Result<Option<String>, &'static str> {
+        let old = self.cfg.load_full();
+        let mut next = new.clone();
+        let policy = if old.policy != new.policy
+            || old.prefill.bytes_per_token != new.prefill.bytes_per_token
+        {
+            self.policy.reconfigure(new, now)
+        } else {
+            Ok(None)
+        };
+        if policy.is_err() {
+            next.policy = old.policy.clone();
+        }
+        self.cfg.store(Arc::new(next));
+        policy
+    }
+
+    /// The current endpoints (cheap: an Arc clone).
+    pub fn endpoints(&self) -> Arc<Vec<Arc<Endpoint>>> {
+        self.endpoints.load_full()
+    }
+
+    /// Replace the pool's endpoints (start and config reload): endpoints whose URL, address and key are unchanged
+    /// keep their state; new ones get their metric series at 0; departing ones are marked removed and their metric
+    /// series deleted. Returns the removed.
+    pub fn set_endpoints(
+        &self,
+        wanted: &[EndpointConfig],
+        metrics: Option<&Metrics>,
+    ) -> Vec<Arc<Endpoint>> {
+        let current = self.endpoints();
+        let cfg = self.cfg();
+        let mut next = Vec::with_capacity(wanted.len());
+        for w in wanted {
+            match current.iter().find(|e| e.label == w.label) {
+                Some(e) => {
+                    if e.retarget(w, &cfg.health_check) {
+                        log::info!(
+                            "pool {}: endpoint {} now {} (key or address changed; state kept)",
+                            self.name,
+                            e.label,
+                            w.addr
+                        );
+                    }
+                    next.push(e.clone())
+                }
+                None => {
+                    if let Some(m) = metrics {
+                        m.add_endpoint(&self.name, &w.label, self.reasons());
+                    }
+                    next.push(Arc::new(Endpoint::new(
+                        self.name.clone(),
+                        w,
+                        &cfg.health_check,
+                    )))
+                }
+            }
+        }
+        let removed: Vec<Arc<Endpoint>> = current
+            .iter()
+            .filter(|e| !next.iter().any(|n| Arc::ptr_eq(n, e)))
+            .cloned()
+            .collect();
+        if let Some(stats) = &cfg.engine_stats {
+            for e in &next {
+                e.stats.enable(stats.interval);
+            }
+        }
+        let backends: BTreeSet<Backend> = next.iter().map(|e| e.target().backend()).collect();
+        *self.membership.backends.write() = backends;
+        *self.membership.by_addr.write() = next.iter().map(|e| (e.addr(), e.clone())).collect();
+        self.endpoints.store(Arc::new(next));
+        for e in &removed {
+            e.removed.store(true, Ordering::Release);
+            self.policy.endpoint_removed(e.id);
+            if let Some(m) = metrics {
+                m.remove_endpoint(&self.name, &e.label);
+            }
+            log::info!("pool {}: endpoint {} removed", self.name, e.label);
+        }
+        removed
+    }
+
+    /// The placement reasons this pool's policy can give.
+    pub fn reasons(&self) -> &'static [crate::placement::Reason] {
+        policy::reasons(&self.cfg().policy)
+    }
+
+    /// Which of `endpoints` (this pool's) their health lets take work now.
+    pub fn health_gate(&self, endpoints: &[Arc<Endpoint>]) -> HealthGate {
+        HealthGate::of(self.cfg().health_check.route_when_all_unhealthy, endpoints)
+    }
+
+    /// Snapshot for placement. Ineligible: unhealthy (see `HealthGate`), `excluded` (already tried by this request), ejected unless
+    /// nothing else is left (Envoy's panic mode: a possibly bad endpoint beats none), and saturated (it refused
+    /// work a moment ago) while any other endpoint can take the work.
+    pub fn candidates(
+        &self,
+        endpoints: &[Arc<Endpoint>],
+        excluded: &[u64],
+        now: Instant,
+    ) -> Vec<Candidate> {
+        let max_in_flight = self.cfg().max_in_flight_per_endpoint;
+        let lines = ttft_lines(endpoints);
+        let gate = self.health_gate(endpoints);
+        let mut cands: Vec<Candidate> = endpoints
+            .iter()
+            .zip(lines)
+            .map(|(e, line)| {
+                let (peer_requests, peer_prefill_tokens) = e.peers.get();
+                Candidate {
+                    eligible: gate.admits(e) && !excluded.contains(&e.id),
+                    requests: e.load.requests(),
+                    prefill_tokens: e.load.prefill_tokens(),
+                    peer_requests,
+                    peer_prefill_tokens,
+                    engine: e.stats.fresh(now),
+                    max_in_flight,
+                    prefill_speed: line,
+                }
+            })
+            .collect();
+        // Per endpoint: ejected, saturated. Each filter applies only if something eligible survives it.
+        let state: Vec<(bool, bool)> = endpoints
+            .iter()
+            .map(|e| (e.outlier.is_ejected(), e.outlier.is_saturated(now)))
+            .collect();
+        for out in [|s: &(bool, bool)| s.0, |s: &(bool, bool)| s.1] {
+            if cands.iter().zip(&state).any(|(c, s)| c.eligible && !out(s)) {
+                for (c, s) in cands.iter_mut().zip(&state) {
+                    c.eligible &= !out(s);
+                }
+            }
+        }
+        cands
+    }
+
+    /// Record a failure of `ep` (5xx answer, failed connect); ejects it when its streak is long enough and the
+    /// pool's cap leaves room. Returns the ejection time if it was ejected now.
+    pub fn record_failure(&self, ep: &Endpoint, now: Instant) -> Option<Duration> {
+        let endpoints = self.endpoints();
+        let ejected = endpoints.iter().filter(|e| e.outlier.is_ejected()).count();
+        let cfg = self.cfg();
+        let may_eject = ejected < cfg.outlier.max_ejected(endpoints.len());
+        let d = ep.outlier.record_failure(&cfg.outlier, now, may_eject)?;
+        log::warn!(
+            "pool {} endpoint {}: ejected for {:?} after {} consecutive failures",
+            self.name,
+            ep.label,
+            d,
+            cfg.outlier.consecutive_failures
+        );
+        Some(d)
+    }
+
+    /// Another endpoint than `excluded` could take a request now.
+    pub fn has_alternative(&self, excluded: &[u64], now: Instant) -> bool {
+        let endpoints = self.endpoints();
+        let gate = self.health_gate(&endpoints);
+        endpoints
+            .iter()
+            .any(|e| gate.available(e) && !excluded.contains(&e.id) && !e.outlier.is_saturated(now))
+    }
+
+    pub fn any_healthy(&self) -> bool {
+        self.endpoints().iter().any(|e| e.health.is_healthy())
+    }
+
+    pub fn serves_any_model(&self) -> bool {
+        self.cfg().models.iter().any(|m| m == "*")
+    }
+
+    /// Ask one healthy endpoint of a `"*"` pool which models it serves, for the router's `GET /v1/models`.
+    pub async fn refresh_models(&self, client: &reqwest::Client, timeout: Duration) {
+        let Some(ep) = self
+            .endpoints()
+            .iter()
+            .find(|e| e.health.is_healthy())
+            .cloned()
+        else {
+            return;
+        };
+        let mut req = client
+            .get(format!("http://{}/v1/models", ep.label))
+            .timeout(timeout);
+        if let Some(key) = &ep.api_key() {
+            req = req.bearer_auth(key);
+        }
+        let names = async {
+            let v: serde_json::Value = req
+                .send()
+                .await
+                .ok()?
+                .error_for_status()
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let names: Vec<String> = v["data"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                .collect();
+            Some(names)
+        };
+        if let Some(names) = names.await {
+            *self.discovered_models.write() = names;
+        }
+    }
+}
+
+/// Every pool of the router.
+pub struct Pools {
+    pub pools: Vec<Arc<Pool>>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Pools {
+    pub fn new(cfg: &Config, metrics: Arc<Metrics>) -> Arc<Pools> {
+        let pools = Arc::new(Pools {
+            pools: cfg.pools.iter().map(Pool::new).collect(),
+            metrics: metrics.clone(),
+        });
+        for p in &pools.pools {
+            metrics.add_pool(&p.name);
+            for e in p.endpoints().iter() {
+                metrics.add_endpoint(&p.name, &e.label, p.reasons());
+            }
+        }
+        let weak: std::sync::Weak<dyn LiveSource> =
+            Arc::downgrade(&(pools.clone() as Arc<dyn LiveSource>));
+        metrics.register_live(weak);
+        pools
+    }
+
+    pub fn any_healthy(&self) -> bool {
+        self.pools.iter().any(|p| p.any_healthy())
+    }
+
+    /// Model names the router serves: the pools' explicit names plus what the engines of a `"*"` pool report.
+    pub fn model_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .pools
+            .iter()
+            .flat_map(|p| p.cfg().models.clone())
+            .filter(|m| m.as_str() != "*")
+            .collect();
+        for p in &self.pools {
+            names.extend(p.discovered_models.read().iter().cloned());
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Run discovery and one round of health checks on every pool now (start-up, tests).
+    pub async fn refresh_now(&self) {
+        for p in &self.pools {
+            if let Err(e) = p.lb.update().await {
+                log::warn!("pool {}: discovery failed: {e}", p.name);
+            }
+            p.lb.backends().run_health_check(true).await;
+            if p.serves_any_model() {
+                p.refresh_models(
+                    crate::engine_stats::shared_client(),
+                    p.cfg().health_check.timeout,
+                )
+                .await;
+            }
+        }
+    }
+}
+
+/// The queue-inclusive lines of one pool's endpoints, as placement reads them (`throughput::fleet_lines`).
+fn ttft_lines(endpoints: &[Arc<Endpoint>]) -> Vec<Option<Fitted>> {
+    let fits: Vec<ThroughputFit> = endpoints
+        .iter()
+        .map(|e| e.prefill_speed.throughput_fit())
+        .collect();
+    crate::placement::throughput::fleet_lines(&fits)
+}
+
+impl LiveSource for Pools {
+    fn endpoint_samples(&self) -> Vec<EndpointSample> {
+        let now = Instant::now();
+        self.pools
+            .iter()
+            .flat_map(|p| {
+                let endpoints = p.endpoints();
+                let lines = ttft_lines(&endpoints);
+                endpoints.iter().cloned().zip(lines).collect::<Vec<_>>()
+            })
+            .map(|(e, ttft_line)| EndpointSample {
+                pool: e.pool.to_string(),
+                endpoint: e.label.clone(),
+                requests_in_flight: e.load.requests(),
+                prefill_tokens: e.load.prefill_tokens(),
+                healthy: e.health.is_healthy(),
+                health_counts: e.health.counts(),
+                ejected: e.outlier.is_ejected(),
+                stats_state: e.stats.state(now).as_str(),
+                prefill_tokens_per_sec: e.prefill_speed.tokens_per_sec().unwrap_or(0.0),
+                ttft_line,
+                foreign_requests: e
+                    .stats
+                    .fresh(now)
+                    .map(|l| l.foreign_beyond(e.peers.get().0)),
+            })
+            .collect()
+    }
+
+    fn pool_samples(&self) -> Vec<PoolSample> {
+        self.pools
+            .iter()
+            .map(|p| PoolSample {
+                pool: p.name.to_string(),
+                sessions: p.policy.session_count().unwrap_or(0) as u64,
+                health_panic: p.health_gate(&p.endpoints()).panic,
+            })
+            .collect()
+    }
+}
+
+/// How often the janitor looks for overdue holds.
+pub const JANITOR_PERIOD: Duration = Duration::from_secs(1);
