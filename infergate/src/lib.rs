@@ -25,6 +25,7 @@ pub mod reload;
 pub mod request;
 pub mod request_id;
 pub mod server;
+pub mod state;
 pub mod state_file;
 pub mod status;
 pub mod stored_responses;

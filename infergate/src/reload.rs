@@ -24,7 +24,7 @@ use std::time::Instant;
 use crate::config::{
     Config, HealthCheckConfig, PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig,
 };
-use crate::server::RouterState;
+use crate::state::RouterState;
 
 /// What a reload must tell the operator to do for a setting it could not apply.
 const REMEDY: &str = "needs a restart or `systemctl reload` (graceful upgrade)";
@@ -700,6 +700,59 @@ pub fn apply(state: &RouterState, new: &Config) {
             "reload {path}: {} setting(s) not applied; the router keeps running with their old values",
             not_applied.len()
         );
+    }
+}
+
+/// The reload entry points on the router's state: SIGHUP re-reads the file; tests apply parts directly.
+impl RouterState {
+    /// Apply a re-read configuration's endpoint lists (SIGHUP): pools are matched by name; departing endpoints
+    /// lose their metric series and prefix entries. Returns the names of pools present on only one side, whose
+    /// changes need a restart or graceful upgrade.
+    pub fn reload_endpoints(&self, cfg: &Config) -> Vec<String> {
+        let mut unmatched: Vec<String> = cfg
+            .pools
+            .iter()
+            .filter(|pc| !self.pools.pools.iter().any(|p| *p.name == *pc.name))
+            .map(|pc| pc.name.clone())
+            .collect();
+        for pool in &self.pools.pools {
+            let Some(pc) = cfg.pools.iter().find(|pc| *pc.name == *pool.name) else {
+                unmatched.push(pool.name.to_string());
+                continue;
+            };
+            pool.set_endpoints(&pc.endpoints, Some(&self.metrics));
+        }
+        unmatched
+    }
+
+    /// Apply a re-read configuration's client keys and their limits (SIGHUP).
+    pub fn reload_keys(&self, cfg: &Config) {
+        self.admission.reload_keys(cfg.auth.as_ref());
+    }
+
+    /// Re-read the config file and apply what can change in place (`reload`); anything invalid leaves the running
+    /// state as is.
+    pub fn reload_from_file(&self) {
+        // Log rotation: the access log file is opened again whatever the new file says (its settings need an
+        // upgrade; the running one is the start configuration's).
+        if let Some(crate::config::AccessLogConfig {
+            target: crate::config::LogTarget::File(path),
+            ..
+        }) = &self.cfg.access_log
+        {
+            crate::access_log::request_reopen();
+            log::info!(
+                "access log reopened at {} (before its next line)",
+                path.display()
+            );
+        }
+        match Config::load(&self.current().source) {
+            Ok(new) => apply(self, &new),
+            Err(e) => {
+                self.metrics.count_reload("failed");
+                log::error!("reload rejected, keeping the running configuration: {e}");
+            }
+        }
     }
 }
 

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
@@ -14,114 +13,18 @@ use pingora_core::services::background::BackgroundService;
 use pingora_core::services::listening::Service;
 use pingora_core::services::ServiceReadyNotifier;
 
-use crate::admission::Admission;
 use crate::clients::{self, ClientGate};
 use crate::config::Config;
-use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::pool::{Pools, JANITOR_PERIOD};
 use crate::proxy::Router;
+pub use crate::state::RouterState;
 
 /// A `"*"` pool re-reads its engines' model list every this many health-check rounds.
 const MODELS_REFRESH_CHECKS: u32 = 15;
 
 /// How often non-streaming holds are checked against their estimated prefill end.
 const RELEASE_PERIOD: Duration = Duration::from_millis(50);
-
-/// Handles to a built router's shared state (tests and the binary read metrics and pools through it).
-#[derive(Clone)]
-pub struct RouterState {
-    /// The configuration the router was built with: listeners, server settings and everything else a reload cannot
-    /// change are read here.
-    pub cfg: Arc<Config>,
-    /// The configuration in effect: `cfg` plus what reloads applied (`reload`). Settings read per request come
-    /// from here (`current`).
-    live: Arc<ArcSwap<Config>>,
-    pub pools: Arc<Pools>,
-    pub ledger: Arc<Ledger>,
-    pub metrics: Arc<Metrics>,
-    /// Client keys, their limits and the pools' wait queues.
-    pub admission: Arc<Admission>,
-    /// The replicas' shared store (`cluster`); None = this router places on its own.
-    pub cluster: Option<Arc<crate::cluster::Cluster>>,
-}
-
-impl RouterState {
-    pub fn new(cfg: Config) -> RouterState {
-        let metrics = Metrics::new();
-        let pools = Pools::new(&cfg, metrics.clone());
-        RouterState {
-            cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),
-            pools,
-            admission: Admission::new(&cfg, metrics.clone()),
-            live: Arc::new(ArcSwap::from_pointee(cfg.clone())),
-            cfg: Arc::new(cfg),
-            ledger: Ledger::new(),
-            metrics,
-        }
-    }
-
-    /// The configuration in effect (cheap: no lock, no clone); read it per request, a reload may swap it.
-    pub fn current(&self) -> arc_swap::Guard<Arc<Config>> {
-        self.live.load()
-    }
-
-    /// Make `cfg` the configuration in effect (`reload` made it: new values where they apply, running ones where
-    /// they do not).
-    pub(crate) fn set_current(&self, cfg: Config) {
-        self.live.store(Arc::new(cfg));
-    }
-
-    /// Apply a re-read configuration's endpoint lists (SIGHUP): pools are matched by name; departing endpoints
-    /// lose their metric series and prefix entries. Returns the names of pools present on only one side, whose
-    /// changes need a restart or graceful upgrade.
-    pub fn reload_endpoints(&self, cfg: &Config) -> Vec<String> {
-        let mut unmatched: Vec<String> = cfg
-            .pools
-            .iter()
-            .filter(|pc| !self.pools.pools.iter().any(|p| *p.name == *pc.name))
-            .map(|pc| pc.name.clone())
-            .collect();
-        for pool in &self.pools.pools {
-            let Some(pc) = cfg.pools.iter().find(|pc| *pc.name == *pool.name) else {
-                unmatched.push(pool.name.to_string());
-                continue;
-            };
-            pool.set_endpoints(&pc.endpoints, Some(&self.metrics));
-        }
-        unmatched
-    }
-
-    /// Apply a re-read configuration's client keys and their limits (SIGHUP).
-    pub fn reload_keys(&self, cfg: &Config) {
-        self.admission.reload_keys(cfg.auth.as_ref());
-    }
-
-    /// Re-read the config file and apply what can change in place (`reload`); anything invalid leaves the running
-    /// state as is.
-    pub fn reload_from_file(&self) {
-        // Log rotation: the access log file is opened again whatever the new file says (its settings need an
-        // upgrade; the running one is the start configuration's).
-        if let Some(crate::config::AccessLogConfig {
-            target: crate::config::LogTarget::File(path),
-            ..
-        }) = &self.cfg.access_log
-        {
-            crate::access_log::request_reopen();
-            log::info!(
-                "access log reopened at {} (before its next line)",
-                path.display()
-            );
-        }
-        match Config::load(&self.current().source) {
-            Ok(new) => crate::reload::apply(self, &new),
-            Err(e) => {
-                self.metrics.count_reload("failed");
-                log::error!("reload rejected, keeping the running configuration: {e}");
-            }
-        }
-    }
-}
 
 /// Build the Pingora server: proxy on every `listen` address, metrics on `metrics_listen`, housekeeping in the
 /// background. The proxy starts accepting only after the first round of health checks (endpoints start unknown).
@@ -161,7 +64,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
             state: state.clone(),
         },
     );
-    crate::state_file::install(&mut server, &state);
+    crate::state_file::install(&mut server, &state.sessions());
     crate::cluster::install(&mut server, state.cluster.as_ref());
     let hk_handle = server.add_service(housekeeping);
     let proxy_handle = server.add_service(proxy);

@@ -67,7 +67,7 @@ use crate::ledger::{Hold, ReleaseCause};
 use crate::placement::policy::{Placement, Ticket};
 use crate::pool::{Endpoint, Pool};
 use crate::request::{self, CallKind};
-use crate::server::RouterState;
+use crate::state::RouterState;
 use body::HeldBody;
 use router::{non_streaming_release, remove_if_present};
 

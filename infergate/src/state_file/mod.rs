@@ -29,10 +29,11 @@ use parking_lot::Mutex;
 use pingora_core::server::{Server, ShutdownWatch};
 use pingora_core::services::background::BackgroundService;
 
+use crate::config::Config;
 use crate::config::StateFileConfig;
 use crate::placement::sessions::SavedSession;
 use crate::pool::Endpoint;
-use crate::server::RouterState;
+use crate::pool::Pools;
 use format::{Limits, PoolState, Row, StateDoc};
 
 /// How long after start a newer file written by another instance (the old one of a graceful upgrade) is adopted.
@@ -88,8 +89,15 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// What the state file saves and restores: the pools' session tables, read against the start configuration.
+#[derive(Clone)]
+pub struct Sessions {
+    pub pools: Arc<Pools>,
+    pub cfg: Arc<Config>,
+}
+
 /// The live bindings of every pool that keeps sessions, endpoints by URL.
-pub fn export(state: &RouterState, writer: u64, now: Instant, now_ms: u64) -> StateDoc {
+pub fn export(state: &Sessions, writer: u64, now: Instant, now_ms: u64) -> StateDoc {
     let mut pools = Vec::new();
     for pool in &state.pools.pools {
         let Some(saved) = pool.policy.export_sessions(now) else {
@@ -123,7 +131,7 @@ pub fn export(state: &RouterState, writer: u64, now: Instant, now_ms: u64) -> St
 }
 
 /// Hand a file's bindings to the pools: by pool name, endpoints by URL.
-pub fn import(state: &RouterState, doc: StateDoc, now: Instant, now_ms: u64) -> LoadReport {
+pub fn import(state: &Sessions, doc: StateDoc, now: Instant, now_ms: u64) -> LoadReport {
     let mut r = LoadReport::default();
     for ps in doc.pools {
         let Some(pool) = state.pools.pools.iter().find(|p| *p.name == ps.name) else {
@@ -164,7 +172,7 @@ pub fn import(state: &RouterState, doc: StateDoc, now: Instant, now_ms: u64) -> 
 }
 
 /// What a reader of this configuration accepts.
-pub fn limits(state: &RouterState) -> Limits {
+pub fn limits(state: &Sessions) -> Limits {
     let sessions: usize = state
         .cfg
         .pools
@@ -255,7 +263,7 @@ impl StateFile {
 
     /// Load the file at start and adopt every binding still meaningful. Never fails: a file that cannot be used
     /// is one warning.
-    pub fn load(&self, state: &RouterState) -> Option<LoadReport> {
+    pub fn load(&self, state: &Sessions) -> Option<LoadReport> {
         let bytes = match self.read(limits(state)) {
             Ok(Some(b)) => b,
             Ok(None) => {
@@ -274,7 +282,7 @@ impl StateFile {
     }
 
     /// During the adopt window: adopt the file if another process wrote it after the one loaded last.
-    pub fn adopt_newer(&self, state: &RouterState) -> Option<LoadReport> {
+    pub fn adopt_newer(&self, state: &Sessions) -> Option<LoadReport> {
         let (writer, at) = self.peek()?;
         if writer == self.writer || at <= *self.loaded_at_ms.lock() {
             return None;
@@ -296,7 +304,7 @@ impl StateFile {
         );
     }
 
-    fn adopt(&self, state: &RouterState, bytes: &[u8]) -> Option<LoadReport> {
+    fn adopt(&self, state: &Sessions, bytes: &[u8]) -> Option<LoadReport> {
         let doc = match format::decode(bytes, limits(state)) {
             Ok(doc) => doc,
             Err(e) => {
@@ -327,7 +335,7 @@ impl StateFile {
     }
 
     /// Write the bindings now; the number of bindings written.
-    pub fn save(&self, state: &RouterState) -> std::io::Result<usize> {
+    pub fn save(&self, state: &Sessions) -> std::io::Result<usize> {
         let doc = export(
             state,
             self.writer,
@@ -340,7 +348,7 @@ impl StateFile {
     }
 
     /// `save`, with a failure logged (at most once a minute while it keeps failing).
-    pub fn save_logged(&self, state: &RouterState) -> Option<usize> {
+    pub fn save_logged(&self, state: &Sessions) -> Option<usize> {
         match self.save(state) {
             Ok(n) => {
                 *self.last_save_warning.lock() = None;
@@ -362,7 +370,7 @@ impl StateFile {
 }
 
 /// Load the state file (when configured and some pool keeps sessions) and add the service that writes it.
-pub fn install(server: &mut Server, state: &RouterState) {
+pub fn install(server: &mut Server, state: &Sessions) {
     let Some(cfg) = &state.cfg.state_file else {
         return;
     };
@@ -391,14 +399,14 @@ pub fn install(server: &mut Server, state: &RouterState) {
 
 /// Writes the state file every interval and at a graceful shutdown; adopts a newer foreign file early on.
 pub struct StateService {
-    state: RouterState,
+    state: Sessions,
     file: Arc<StateFile>,
 }
 
 impl StateService {
     async fn blocking<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&StateFile, &RouterState) -> T + Send + 'static,
+        f: impl FnOnce(&StateFile, &Sessions) -> T + Send + 'static,
     ) -> Option<T> {
         let (file, state) = (self.file.clone(), self.state.clone());
         tokio::task::spawn_blocking(move || f(&file, &state))

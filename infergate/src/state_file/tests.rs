@@ -7,7 +7,7 @@ use super::format::{self, PoolState, Row, StateDoc};
 use super::*;
 use crate::config::{Config, StateFileConfig};
 
-fn state(endpoints: &[u16], ttl: &str) -> RouterState {
+fn state(endpoints: &[u16], ttl: &str) -> Sessions {
     let eps: String = endpoints
         .iter()
         .map(|p| format!("      - http://127.0.0.1:{p}\n"))
@@ -16,7 +16,11 @@ fn state(endpoints: &[u16], ttl: &str) -> RouterState {
         "pools:\n  - name: chat\n    sessions: {{ ttl: {ttl}, max_sessions: 10 }}\n    endpoints:\n{eps}\
          \x20 - name: plain\n    models: [other]\n    policy: round_robin\n    endpoints: [\"http://127.0.0.1:9\"]\n"
     );
-    RouterState::new(Config::parse(Path::new("t.yaml"), &text).unwrap())
+    let cfg = Config::parse(Path::new("t.yaml"), &text).unwrap();
+    Sessions {
+        pools: crate::pool::Pools::new(&cfg, crate::metrics::Metrics::new()),
+        cfg: Arc::new(cfg),
+    }
 }
 
 fn path(name: &str) -> PathBuf {
@@ -36,7 +40,7 @@ fn file(path: &Path) -> StateFile {
 }
 
 /// Endpoint id of `chat`'s endpoint on `port`.
-fn id(s: &RouterState, port: u16) -> u64 {
+fn id(s: &Sessions, port: u16) -> u64 {
     s.pools.pools[0]
         .endpoints()
         .iter()
@@ -45,7 +49,7 @@ fn id(s: &RouterState, port: u16) -> u64 {
         .id
 }
 
-fn bind(s: &RouterState, key: u64, port: u64, idle_s: u64) {
+fn bind(s: &Sessions, key: u64, port: u64, idle_s: u64) {
     let endpoint = id(s, port as u16);
     let out = s.pools.pools[0].policy.import_sessions(
         vec![SavedSession {
@@ -63,7 +67,7 @@ fn bind(s: &RouterState, key: u64, port: u64, idle_s: u64) {
 type Bound = (u64, String, Vec<(u64, u32)>);
 
 /// `chat`'s bindings.
-fn bindings(s: &RouterState) -> Vec<Bound> {
+fn bindings(s: &Sessions) -> Vec<Bound> {
     let eps = s.pools.pools[0].endpoints();
     s.pools.pools[0]
         .policy

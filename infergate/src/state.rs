@@ -1,0 +1,67 @@
+//! The router's shared state: the handles every part holds (pools, ledger, metrics, admission, cluster) and the
+//! configuration in effect.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::admission::Admission;
+use crate::config::Config;
+use crate::ledger::Ledger;
+use crate::metrics::Metrics;
+use crate::pool::Pools;
+
+/// Handles to a built router's shared state (tests and the binary read metrics and pools through it).
+#[derive(Clone)]
+pub struct RouterState {
+    /// The configuration the router was built with: listeners, server settings and everything else a reload cannot
+    /// change are read here.
+    pub cfg: Arc<Config>,
+    /// The configuration in effect: `cfg` plus what reloads applied (`reload`). Settings read per request come
+    /// from here (`current`).
+    live: Arc<ArcSwap<Config>>,
+    pub pools: Arc<Pools>,
+    pub ledger: Arc<Ledger>,
+    pub metrics: Arc<Metrics>,
+    /// Client keys, their limits and the pools' wait queues.
+    pub admission: Arc<Admission>,
+    /// The replicas' shared store (`cluster`); None = this router places on its own.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+}
+
+impl RouterState {
+    pub fn new(cfg: Config) -> RouterState {
+        let metrics = Metrics::new();
+        let pools = Pools::new(&cfg, metrics.clone());
+        RouterState {
+            cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),
+            pools,
+            admission: Admission::new(&cfg, metrics.clone()),
+            live: Arc::new(ArcSwap::from_pointee(cfg.clone())),
+            cfg: Arc::new(cfg),
+            ledger: Ledger::new(),
+            metrics,
+        }
+    }
+
+    /// The configuration in effect (cheap: no lock, no clone); read it per request, a reload may swap it.
+    pub fn current(&self) -> arc_swap::Guard<Arc<Config>> {
+        self.live.load()
+    }
+
+    /// Make `cfg` the configuration in effect (`reload` made it: new values where they apply, running ones where
+    /// they do not).
+    pub(crate) fn set_current(&self, cfg: Config) {
+        self.live.store(Arc::new(cfg));
+    }
+}
+
+impl RouterState {
+    /// What the state file saves and restores.
+    pub fn sessions(&self) -> crate::state_file::Sessions {
+        crate::state_file::Sessions {
+            pools: self.pools.clone(),
+            cfg: self.cfg.clone(),
+        }
+    }
+}
