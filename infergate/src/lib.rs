@@ -10,6 +10,8 @@ pub mod cors;
 pub mod engine_stats;
 pub mod errors;
 pub mod exposure;
+#[cfg(test)]
+mod floors;
 pub mod forwarded;
 pub mod ledger;
 pub mod lifecycle;
