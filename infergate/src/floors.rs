@@ -37,7 +37,7 @@ pub const FLOORS: &[(&str, &[&str])] = &[
     ("services", &["clients", "status", "state_file", "cluster"]),
     ("state", &["state"]),
     ("glue", &["proxy", "reload"]),
-    ("top", &["server"]),
+    ("top", &["housekeeping", "server"]),
 ];
 
 /// The floor of top-level module `module`, if it is listed.

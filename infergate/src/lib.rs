@@ -13,6 +13,7 @@ pub mod exposure;
 #[cfg(test)]
 mod floors;
 pub mod forwarded;
+pub mod housekeeping;
 pub mod ledger;
 pub mod lifecycle;
 pub mod listen;

@@ -1,0 +1,45 @@
+//! The router's background services, one per concern (as pingora-load-balancing's `background.rs`): health
+//! checks and discovery, engine-stats scrapes, the prefill janitor with session expiry, and SIGHUP reloads.
+
+mod health;
+mod janitor;
+mod reloads;
+mod scrapes;
+
+use pingora_core::server::Server;
+use pingora_core::services::background::background_service;
+use pingora_core::services::ServiceHandle;
+
+use crate::state::RouterState;
+
+/// Add the background services; the handle is the health checks', ready after their first round (the proxy
+/// waits for it: endpoints start unknown).
+pub fn install(server: &mut Server, state: &RouterState) -> ServiceHandle {
+    // SIGHUP first: its default action would terminate the process.
+    let reloads = server.add_service(background_service(
+        "infergate reloads",
+        reloads::Reloads {
+            state: state.clone(),
+        },
+    ));
+    server.add_service(background_service(
+        "infergate janitor",
+        janitor::Janitor {
+            state: state.clone(),
+        },
+    ));
+    server.add_service(background_service(
+        "infergate engine stats",
+        scrapes::Scrapes {
+            pools: state.pools.clone(),
+        },
+    ));
+    let health = server.add_service(background_service(
+        "infergate health checks",
+        health::HealthChecks {
+            state: state.clone(),
+        },
+    ));
+    health.add_dependency(&reloads);
+    health
+}
