@@ -72,3 +72,107 @@ pub(crate) fn error_body(kind: Option<ApiKind>, status: u16, msg: &str) -> Vec<u
         _ => openai_error_body(status, msg),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    fn parsed(body: Vec<u8>) -> Value {
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    #[test]
+    fn openai_error_types_follow_the_status() {
+        for (status, typ) in [
+            (400, "invalid_request_error"),
+            (413, "invalid_request_error"),
+            (431, "invalid_request_error"),
+            (401, "authentication_error"),
+            (403, "permission_error"),
+            (404, "not_found_error"),
+            (405, "method_not_allowed"),
+            (429, "rate_limit_error"),
+            (500, "server_error"),
+            (503, "server_error"),
+            (418, "error"),
+        ] {
+            assert_eq!(
+                parsed(openai_error_body(status, "m")),
+                json!({"error": {"message": "m", "type": typ, "param": null, "code": status}}),
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn anthropic_error_types_follow_the_status() {
+        for (status, typ) in [
+            (400, "invalid_request_error"),
+            (401, "authentication_error"),
+            (403, "permission_error"),
+            (404, "not_found_error"),
+            (429, "rate_limit_error"),
+            (503, "overloaded_error"),
+            (529, "overloaded_error"),
+            (500, "api_error"),
+        ] {
+            assert_eq!(
+                parsed(anthropic_error_body(status, "m")),
+                json!({"type": "error", "error": {"type": typ, "message": "m"}}),
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn vllm_error_types_are_the_reason_phrase_in_camel_case() {
+        assert_eq!(vllm_error_type(400), "BadRequestError");
+        assert_eq!(vllm_error_type(404), "NotFoundError");
+        assert_eq!(vllm_error_type(429), "TooManyRequestsError");
+        assert_eq!(vllm_error_type(500), "InternalServerError");
+        assert_eq!(vllm_error_type(503), "ServiceUnavailableError");
+        // A status without a known reason phrase.
+        assert_eq!(vllm_error_type(599), "Error");
+    }
+
+    #[test]
+    fn vllm_and_typed_bodies_carry_the_param() {
+        assert_eq!(
+            parsed(vllm_error_body(400, "too long", Some("max_tokens"))),
+            json!({"error": {"message": "too long", "type": "BadRequestError", "param": "max_tokens",
+                             "code": 400}})
+        );
+        assert_eq!(
+            parsed(vllm_error_body(503, "down", None))["error"]["param"],
+            Value::Null
+        );
+        assert_eq!(
+            parsed(typed_error_body(
+                404,
+                "invalid_request_error",
+                "gone",
+                Some("response_id")
+            )),
+            json!({"error": {"message": "gone", "type": "invalid_request_error", "param": "response_id",
+                             "code": 404}})
+        );
+    }
+
+    #[test]
+    fn only_the_messages_route_answers_in_anthropics_shape() {
+        assert_eq!(
+            error_body(Some(ApiKind::Messages), 400, "m"),
+            anthropic_error_body(400, "m")
+        );
+        for kind in [
+            None,
+            Some(ApiKind::Chat),
+            Some(ApiKind::Completion),
+            Some(ApiKind::Responses),
+        ] {
+            assert_eq!(error_body(kind, 400, "m"), openai_error_body(400, "m"));
+        }
+    }
+}

@@ -94,3 +94,93 @@ impl Reply {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::reply::testing::{reply, sse, token};
+    use super::*;
+
+    #[test]
+    fn chat_chunks_open_with_the_role_and_close_with_finish_reason_and_usage() {
+        let r = reply(ApiKind::Chat, 3, false);
+        let first = r.completions_token_events(&token(0, false));
+        assert_eq!(first.len(), 1);
+        let (name, v) = sse(&first[0]);
+        assert_eq!(name, None);
+        assert_eq!(v["object"], "chat.completion.chunk");
+        assert_eq!(
+            v["choices"][0],
+            json!({"index": 0, "delta": {"role": "assistant", "content": " The"}, "logprobs": null,
+                   "finish_reason": null})
+        );
+        assert!(v.get("usage").is_none());
+        let (_, v) = sse(&r.completions_token_events(&token(1, false))[0]);
+        assert_eq!(v["choices"][0]["delta"], json!({"content": " engine"}));
+        let (_, last) = sse(&r.completions_token_events(&token(2, true))[0]);
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            last["usage"],
+            json!({"prompt_tokens": 10, "total_tokens": 13, "completion_tokens": 3,
+                   "prompt_tokens_details": {"cached_tokens": 4}})
+        );
+        let ended = reply(ApiKind::Chat, 3, true);
+        let (_, last) = sse(&ended.completions_token_events(&token(2, true))[0]);
+        assert_eq!(last["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn completion_chunks_carry_text() {
+        let r = reply(ApiKind::Completion, 2, false);
+        let (_, v) = sse(&r.completions_token_events(&token(0, false))[0]);
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(
+            v["choices"][0],
+            json!({"index": 0, "text": " The", "logprobs": null, "finish_reason": null,
+                   "stop_reason": null})
+        );
+    }
+
+    #[test]
+    fn include_usage_moves_usage_into_its_own_chunk_before_done() {
+        let mut r = reply(ApiKind::Chat, 2, false);
+        let tail = r.completions_tail_events(4);
+        assert_eq!(tail, [b"data: [DONE]\n\n".to_vec()]);
+        r.include_usage = true;
+        let (_, last) = sse(&r.completions_token_events(&token(1, true))[0]);
+        assert!(last.get("usage").is_none());
+        let tail = r.completions_tail_events(4);
+        assert_eq!(tail.len(), 2);
+        let (_, usage) = sse(&tail[0]);
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"]["completion_tokens"], 2);
+        assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+        assert_eq!(sse(&tail[1]).1, "[DONE]");
+    }
+
+    #[test]
+    fn full_bodies_of_chat_and_completion() {
+        let chat = reply(ApiKind::Chat, 2, true).full_body(4);
+        assert_eq!(chat["object"], "chat.completion");
+        assert_eq!(
+            chat["choices"][0],
+            json!({"index": 0, "message": {"role": "assistant", "content": " The engine", "tool_calls": []},
+                   "logprobs": null, "finish_reason": "stop", "stop_reason": null})
+        );
+        assert_eq!(chat["usage"]["total_tokens"], 12);
+        let completion = reply(ApiKind::Completion, 2, false).full_body(0);
+        assert_eq!(
+            (
+                &completion["object"],
+                &completion["choices"][0]["text"],
+                &completion["choices"][0]["finish_reason"]
+            ),
+            (
+                &json!("text_completion"),
+                &json!(" The engine"),
+                &json!("length")
+            )
+        );
+    }
+}

@@ -321,3 +321,59 @@ pub(super) async fn generate(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prompt_must_leave_room_for_one_output_token() {
+        let (msg, param) = context_length_error(100, 100, None).unwrap();
+        assert_eq!(param, "input_tokens");
+        assert_eq!(
+            msg,
+            "This model's maximum context length is 100 tokens. However, your request has 100 input \
+             tokens. Please reduce the length of the input messages."
+        );
+        assert!(context_length_error(100, 99, None).is_none());
+    }
+
+    #[test]
+    fn an_explicit_max_tokens_must_fit_beside_the_prompt() {
+        assert!(context_length_error(100, 60, Some(40)).is_none());
+        let (msg, param) = context_length_error(100, 60, Some(41)).unwrap();
+        assert_eq!(param, "max_tokens");
+        assert_eq!(
+            msg,
+            "'max_tokens' or 'max_completion_tokens' is too large: 41. This model's maximum context \
+             length is 100 tokens and your request has 60 input tokens (41 > 100 - 60)."
+        );
+        // No overflow on an absurd limit.
+        assert_eq!(
+            context_length_error(100, 60, Some(usize::MAX)).map(|e| e.1),
+            Some("max_tokens")
+        );
+    }
+
+    #[test]
+    fn only_responses_bodies_reach_the_store_checks() {
+        let store = ResponseStore::new(8);
+        let body = br#"{"messages": [{"role": "user", "content": "hi"}], "background": true}"#;
+        let Ok(p) = parse_sync(&store, false, ApiKind::Chat, body, 16) else {
+            panic!("a chat body with `background` is refused");
+        };
+        assert_eq!(p.fields, StoreFields::default());
+        assert!(p.parent.is_none());
+        let body = br#"{"input": "x", "background": true}"#;
+        assert!(matches!(
+            parse_sync(&store, false, ApiKind::Responses, body, 16),
+            Err(Refused::Store(400, _, "background"))
+        ));
+        for bad in [&b"{not json"[..], b"[1, 2]"] {
+            assert!(matches!(
+                parse_sync(&store, false, ApiKind::Completion, bad, 16),
+                Err(Refused::Bad(_))
+            ));
+        }
+    }
+}

@@ -72,3 +72,20 @@ fn tokenize_kind(v: &Value) -> ApiKind {
         ApiKind::Completion
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn tokenize_reads_messages_as_chat_and_anything_else_as_a_prompt() {
+        assert_eq!(
+            tokenize_kind(&json!({"messages": [{"role": "user", "content": "hi"}]})),
+            ApiKind::Chat
+        );
+        assert_eq!(tokenize_kind(&json!({"prompt": "hi"})), ApiKind::Completion);
+        assert_eq!(tokenize_kind(&json!({})), ApiKind::Completion);
+    }
+}

@@ -94,3 +94,64 @@ impl Reply {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::reply::testing::{names, reply, sse, token};
+    use super::*;
+
+    #[test]
+    fn the_first_token_opens_the_message_and_its_text_block() {
+        let r = reply(ApiKind::Messages, 2, false);
+        let first = r.messages_token_events(&token(0, false));
+        assert_eq!(
+            names(&first),
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta"
+            ]
+        );
+        let (_, start) = sse(&first[0]);
+        assert_eq!(start["message"]["content"], json!([]));
+        assert_eq!(start["message"]["stop_reason"], Value::Null);
+        assert_eq!(
+            start["message"]["usage"],
+            json!({"input_tokens": 10, "output_tokens": 0, "cache_read_input_tokens": 4,
+                   "cache_creation_input_tokens": 0})
+        );
+        let next = r.messages_token_events(&token(1, true));
+        assert_eq!(names(&next), ["content_block_delta"]);
+        assert_eq!(
+            sse(&next[0]).1["delta"],
+            json!({"type": "text_delta", "text": " engine"})
+        );
+    }
+
+    #[test]
+    fn the_tail_and_the_full_body_name_the_stop_reason() {
+        for (ended, stop) in [(false, "max_tokens"), (true, "end_turn")] {
+            let r = reply(ApiKind::Messages, 2, ended);
+            let tail = r.messages_tail_events();
+            assert_eq!(
+                names(&tail),
+                ["content_block_stop", "message_delta", "message_stop"]
+            );
+            let (_, delta) = sse(&tail[1]);
+            assert_eq!(delta["delta"]["stop_reason"], stop);
+            assert_eq!(delta["usage"], json!({"output_tokens": 2}));
+            let full = r.full_body(4);
+            assert_eq!(
+                (&full["type"], &full["stop_reason"], &full["content"]),
+                (
+                    &json!("message"),
+                    &json!(stop),
+                    &json!([{"type": "text", "text": " The engine"}])
+                )
+            );
+            assert_eq!(full["usage"]["cache_read_input_tokens"], 4);
+        }
+    }
+}

@@ -73,3 +73,99 @@ impl Reply {
         }
     }
 }
+
+/// A reply and the SSE parsing the API families' tests share.
+#[cfg(test)]
+pub(super) mod testing {
+    use serde_json::Value;
+
+    use super::Reply;
+    use crate::scheduler::TokenEvent;
+    use crate::tokenize::ApiKind;
+
+    /// A reply of `max_tokens` tokens to a 10-token prompt.
+    pub fn reply(kind: ApiKind, max_tokens: usize, ended_itself: bool) -> Reply {
+        let id = match kind {
+            ApiKind::Responses => "resp_0001",
+            ApiKind::Messages => "msg_0001",
+            _ => "cmpl-0001",
+        };
+        Reply {
+            kind,
+            id: id.into(),
+            created: 1_700_000_000,
+            model: "m".into(),
+            prompt_tokens: 10,
+            max_tokens,
+            ended_itself,
+            include_usage: false,
+            background: false,
+        }
+    }
+
+    pub fn token(index: usize, finished: bool) -> TokenEvent {
+        TokenEvent {
+            index,
+            finished,
+            cached_tokens: 4,
+        }
+    }
+
+    /// One SSE event: its `event:` name (if any) and its data as JSON (`[DONE]` as a string).
+    pub fn sse(bytes: &[u8]) -> (Option<String>, Value) {
+        let text = std::str::from_utf8(bytes).unwrap();
+        assert!(text.ends_with("\n\n"), "{text:?}");
+        let mut name = None;
+        let mut data = Value::Null;
+        for line in text.lines() {
+            if let Some(n) = line.strip_prefix("event: ") {
+                name = Some(n.to_string());
+            } else if let Some(d) = line.strip_prefix("data: ") {
+                data = serde_json::from_str(d).unwrap_or_else(|_| Value::String(d.into()));
+            }
+        }
+        (name, data)
+    }
+
+    /// The `event:` names of a list of SSE events.
+    pub fn names(events: &[Vec<u8>]) -> Vec<String> {
+        events.iter().filter_map(|e| sse(e).0).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::testing::{reply, sse};
+    use super::*;
+
+    #[test]
+    fn sse_framing_with_and_without_an_event_name() {
+        let v = json!({"a": 1});
+        assert_eq!(Reply::data(&v), b"data: {\"a\":1}\n\n");
+        assert_eq!(Reply::event("x", &v), b"event: x\ndata: {\"a\":1}\n\n");
+        assert_eq!(sse(&Reply::event("x", &v)), (Some("x".into()), v));
+    }
+
+    #[test]
+    fn the_output_is_the_token_rule_repeated_up_to_max_tokens() {
+        let r = reply(ApiKind::Chat, 3, false);
+        assert_eq!(r.output_text(), " The engine sim");
+        assert_eq!(reply(ApiKind::Chat, 0, false).output_text(), "");
+    }
+
+    #[test]
+    fn only_the_responses_api_opens_its_stream_before_the_first_token() {
+        for kind in [ApiKind::Chat, ApiKind::Completion, ApiKind::Messages] {
+            assert!(
+                reply(kind, 2, false).preamble_events().is_empty(),
+                "{kind:?}"
+            );
+        }
+        assert_eq!(
+            reply(ApiKind::Responses, 2, false).preamble_events().len(),
+            2
+        );
+    }
+}

@@ -276,3 +276,169 @@ impl Reply {
         self.response_object(Some((&text, self.responses_usage(self.max_tokens, cached))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::reply::testing::{names, reply, sse, token};
+    use super::*;
+
+    /// The status, message and param of a store refusal; panics on anything else.
+    fn store_refusal(r: Result<Parsed, Refused>) -> (u16, String, &'static str) {
+        match r {
+            Err(Refused::Store(status, msg, param)) => (status, msg, param),
+            Err(Refused::Bad(b)) => panic!("a bad request: {}", b.0),
+            Ok(_) => panic!("parsed"),
+        }
+    }
+
+    fn parsed(r: Result<Parsed, Refused>) -> Parsed {
+        match r {
+            Ok(p) => p,
+            Err(Refused::Bad(b)) => panic!("a bad request: {}", b.0),
+            Err(Refused::Store(status, msg, _)) => panic!("{status}: {msg}"),
+        }
+    }
+
+    #[test]
+    fn stored_paths_name_one_id_and_maybe_a_cancel() {
+        assert_eq!(stored_path("/v1/responses/resp_1"), Some(("resp_1", false)));
+        assert_eq!(
+            stored_path("/v1/responses/resp_1/cancel"),
+            Some(("resp_1", true))
+        );
+        for other in [
+            "/v1/responses/",
+            "/v1/responses//cancel",
+            "/v1/responses/resp_1/input_items",
+            "/v1/responses/resp_1/cancel/now",
+        ] {
+            assert_eq!(stored_path(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn background_needs_the_store_and_neither_store_false_nor_a_stream() {
+        let store = ResponseStore::new(8);
+        let bg = json!({"input": "x", "background": true});
+        assert_eq!(
+            store_refusal(parse_sync(&store, false, &bg, 16)),
+            (400, BACKGROUND_NEEDS_STORE.to_string(), "background")
+        );
+        let unstored = json!({"input": "x", "background": true, "store": false});
+        assert_eq!(
+            store_refusal(parse_sync(&store, true, &unstored, 16)).2,
+            "store"
+        );
+        let streamed = json!({"input": "x", "background": true, "stream": true});
+        assert_eq!(
+            store_refusal(parse_sync(&store, true, &streamed, 16)).2,
+            "stream"
+        );
+        let p = parsed(parse_sync(&store, true, &bg, 16));
+        assert!(p.fields.background && p.fields.store);
+    }
+
+    #[test]
+    fn store_is_ignored_without_the_store_and_bad_fields_are_400s() {
+        let store = ResponseStore::new(8);
+        let p = parsed(parse_sync(&store, false, &json!({"input": "x"}), 16));
+        assert!(!p.fields.store);
+        assert!(p.parent.is_none());
+        let p = parsed(parse_sync(&store, true, &json!({"input": "x"}), 16));
+        assert!(p.fields.store);
+        assert!(matches!(
+            parse_sync(&store, true, &json!({"input": "x", "store": "yes"}), 16),
+            Err(Refused::Bad(_))
+        ));
+    }
+
+    #[test]
+    fn a_previous_response_is_looked_up_and_its_conversation_comes_first() {
+        let store = ResponseStore::new(8);
+        let next = json!({"input": "more", "previous_response_id": "resp_1"});
+        assert_eq!(
+            store_refusal(parse_sync(&store, true, &next, 16)),
+            (404, unknown_response("resp_1"), "response_id")
+        );
+        let first = parsed(parse_sync(&store, true, &json!({"input": "hi there"}), 16));
+        let turn = Turn::new(None, first.gen.input).answered(" The engine");
+        store.put("resp_1".into(), json!({}), turn);
+        let alone = parsed(parse_sync(&store, true, &json!({"input": "more"}), 16));
+        let continued = parsed(parse_sync(&store, true, &next, 16));
+        assert!(continued.parent.is_some());
+        assert!(
+            continued.gen.prompt.len > alone.gen.prompt.len,
+            "{} vs {}",
+            continued.gen.prompt.len,
+            alone.gen.prompt.len
+        );
+    }
+
+    #[test]
+    fn the_stream_is_numbered_from_the_announcement_to_completed() {
+        let r = reply(ApiKind::Responses, 2, false);
+        let mut events = r.responses_preamble_events();
+        events.extend(r.responses_token_events(&token(0, false)));
+        events.extend(r.responses_token_events(&token(1, true)));
+        events.extend(r.responses_tail_events(4));
+        assert_eq!(
+            names(&events),
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed"
+            ]
+        );
+        for (i, e) in events.iter().enumerate() {
+            let (name, v) = sse(e);
+            assert_eq!(v["sequence_number"], i, "{name:?}");
+            assert_eq!(Some(v["type"].as_str().unwrap().to_string()), name);
+        }
+        let (_, created) = sse(&events[0]);
+        assert_eq!(created["response"]["status"], "in_progress");
+        assert_eq!(created["response"]["output"], json!([]));
+        let (_, added) = sse(&events[2]);
+        assert_eq!(added["item"]["id"], "msg_0001");
+        assert_eq!(added["item"]["content"], json!([]));
+        let (_, done) = sse(&events[6]);
+        assert_eq!(done["text"], " The engine");
+    }
+
+    #[test]
+    fn the_final_object_is_completed_or_incomplete_and_a_background_one_starts_queued() {
+        let r = reply(ApiKind::Responses, 2, false);
+        let v = r.full_body(4);
+        assert_eq!(
+            (&v["status"], &v["incomplete_details"]),
+            (
+                &json!("incomplete"),
+                &json!({"reason": "max_output_tokens"})
+            )
+        );
+        assert_eq!(
+            v["usage"],
+            json!({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": 2,
+                   "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 12})
+        );
+        assert_eq!(v["output"][0]["content"][0]["text"], " The engine");
+        let v = reply(ApiKind::Responses, 2, true).full_body(0);
+        assert_eq!(
+            (&v["status"], &v["incomplete_details"]),
+            (&json!("completed"), &Value::Null)
+        );
+        let mut r = reply(ApiKind::Responses, 2, false);
+        r.background = true;
+        let q = r.queued_object();
+        assert_eq!(
+            (&q["status"], &q["output"], &q["usage"], &q["background"]),
+            (&json!("queued"), &json!([]), &Value::Null, &json!(true))
+        );
+    }
+}
