@@ -5,65 +5,15 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::reply::Reply;
+use super::parse::{parse, Parsed, Refused};
+use super::reply::{now_secs, Reply};
 use super::respond::{respond_error, respond_gen_error, respond_invalid, respond_json};
-use super::{now_secs, responses};
-use crate::engine::{Engine, Refusal, BIG_BODY};
+use super::responses;
+use crate::engine::{Engine, Refusal};
 use crate::http::{self, ConnIo, InBuf, Request};
 use crate::scheduler::SchedRequest;
-use crate::store::{ResponseStore, Turn};
-use crate::tokenize::{self, ApiKind, BadRequest, GenRequest, StoreFields};
-
-/// A generation request as parsed, with what the Responses API store needs of it.
-pub(super) struct Parsed {
-    pub gen: GenRequest,
-    /// `store` here is whether to store: false without `responses_store` (vLLM then ignores the field).
-    pub fields: StoreFields,
-    /// The stored conversation its `previous_response_id` continues.
-    pub parent: Option<Arc<Turn>>,
-}
-
-/// Why a generation request is answered at once instead of being parsed into one to schedule.
-pub(super) enum Refused {
-    /// A malformed request: 400 in the route's own error shape.
-    Bad(BadRequest),
-    /// vLLM's `invalid_request_error` of the Responses API store: status, message and the `param` it names.
-    Store(u16, String, &'static str),
-}
-
-/// Parses a body in vLLM's order: fields, then (Responses API) the store checks and the `previous_response_id`
-/// look-up, then the prompt.
-fn parse_sync(
-    responses: &ResponseStore,
-    store_on: bool,
-    kind: ApiKind,
-    body: &[u8],
-    bt: usize,
-) -> Result<Parsed, Refused> {
-    let v = tokenize::parse_body(body).map_err(Refused::Bad)?;
-    if kind == ApiKind::Responses {
-        return responses::parse_sync(responses, store_on, &v, bt);
-    }
-    Ok(Parsed {
-        gen: tokenize::gen_request(kind, &v, bt, &[]).map_err(Refused::Bad)?,
-        fields: StoreFields::default(),
-        parent: None,
-    })
-}
-
-async fn parse(eng: &Engine, kind: ApiKind, body: Vec<u8>) -> Result<Parsed, Refused> {
-    let bt = eng.cfg.block_tokens;
-    let store_on = eng.cfg.responses_store;
-    // A continued response re-tokenises its whole conversation, which a small body does not announce.
-    if body.len() > BIG_BODY || (store_on && kind == ApiKind::Responses) {
-        let responses = eng.responses.clone();
-        tokio::task::spawn_blocking(move || parse_sync(&responses, store_on, kind, &body, bt))
-            .await
-            .unwrap_or_else(|_| Err(Refused::Bad(BadRequest("parser failed".into()))))
-    } else {
-        parse_sync(&eng.responses, store_on, kind, &body, bt)
-    }
-}
+use crate::store::Turn;
+use crate::tokenize::{ApiKind, BadRequest};
 
 /// vLLM's length check before a request reaches the engine (`_validate_input` in its serving layer): the prompt
 /// must leave room for at least one output token, and an explicit `max_tokens` must fit beside it. Returns the
@@ -321,7 +271,6 @@ pub(super) async fn generate(
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,27 +302,5 @@ mod tests {
             context_length_error(100, 60, Some(usize::MAX)).map(|e| e.1),
             Some("max_tokens")
         );
-    }
-
-    #[test]
-    fn only_responses_bodies_reach_the_store_checks() {
-        let store = ResponseStore::new(8);
-        let body = br#"{"messages": [{"role": "user", "content": "hi"}], "background": true}"#;
-        let Ok(p) = parse_sync(&store, false, ApiKind::Chat, body, 16) else {
-            panic!("a chat body with `background` is refused");
-        };
-        assert_eq!(p.fields, StoreFields::default());
-        assert!(p.parent.is_none());
-        let body = br#"{"input": "x", "background": true}"#;
-        assert!(matches!(
-            parse_sync(&store, false, ApiKind::Responses, body, 16),
-            Err(Refused::Store(400, _, "background"))
-        ));
-        for bad in [&b"{not json"[..], b"[1, 2]"] {
-            assert!(matches!(
-                parse_sync(&store, false, ApiKind::Completion, bad, 16),
-                Err(Refused::Bad(_))
-            ));
-        }
     }
 }

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use super::now_secs;
+use super::reply::now_secs;
 use super::respond::{respond, respond_error, respond_json};
 use crate::engine::Engine;
 use crate::http::{ConnIo, InBuf, Request};

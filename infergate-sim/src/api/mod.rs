@@ -4,26 +4,19 @@ mod completions;
 mod generate;
 mod info;
 mod messages;
+mod parse;
 mod reply;
 mod respond;
 mod responses;
 mod sim;
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::engine::Engine;
 use super::http::{ConnIo, InBuf, Request};
 use super::tokenize::ApiKind;
 use generate::generate;
 use respond::{respond_error, respond_no_route};
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 /// Serves one request; returns whether the connection stays open for the next one.
 pub(crate) async fn handle(

@@ -1,9 +1,19 @@
 //! What one generation request is answered with, and which API family's shapes each part of the answer takes.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use serde_json::Value;
 
 use crate::scheduler::TokenEvent;
 use crate::tokenize::{output_token, ApiKind};
+
+/// Seconds since the epoch, for the `created` fields of answers and model lists.
+pub(super) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
 
 /// Response shapes of one generation request; each API family adds its own in its file.
 pub(super) struct Reply {

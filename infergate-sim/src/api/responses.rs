@@ -1,81 +1,18 @@
-//! OpenAI's Responses API as vLLM serves it: events and objects, store checks, background runs, retrieve/cancel.
+//! OpenAI's Responses API as vLLM serves it: stream events and objects, background runs, retrieve and cancel.
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::generate::{Parsed, Refused};
+use super::parse::unknown_response;
 use super::reply::Reply;
 use super::respond::{respond_error, respond_invalid, respond_json, respond_no_route};
 use crate::engine::Engine;
 use crate::http::{ConnIo, InBuf, Request};
 use crate::scheduler::TokenEvent;
-use crate::store::{Cancel, ResponseStore, Turn};
-use crate::tokenize::{self, output_token, ApiKind};
-
-const BACKGROUND_NEEDS_STORE: &str =
-    "This vLLM engine does not support `store=True` and therefore does not \
-    support the background mode. To enable these features, set the environment variable \
-    `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.";
-
-/// vLLM's message for an id its response store does not hold (retrieve, cancel, `previous_response_id`).
-fn unknown_response(id: &str) -> String {
-    format!("Response with id '{id}' not found.")
-}
-
-/// A Responses API body after its fields parsed: the store checks, the `previous_response_id` look-up, then the
-/// prompt (a continued response's conversation first, as if the client had resent it).
-pub(super) fn parse_sync(
-    responses: &ResponseStore,
-    store_on: bool,
-    v: &Value,
-    bt: usize,
-) -> Result<Parsed, Refused> {
-    let mut fields = tokenize::store_fields(v).map_err(Refused::Bad)?;
-    if fields.background && fields.store && !store_on {
-        return Err(Refused::Store(
-            400,
-            BACKGROUND_NEEDS_STORE.into(),
-            "background",
-        ));
-    }
-    fields.store &= store_on;
-    if fields.background {
-        // vLLM runs `store: false` in the background too, but never completes the object it keeps: refused here.
-        let why = if !fields.store {
-            Some(("background mode requires `store` to be true.", "store"))
-        } else if v.get("stream") == Some(&Value::Bool(true)) {
-            Some((
-                "background streaming is not supported by engine-sim.",
-                "stream",
-            ))
-        } else {
-            None
-        };
-        if let Some((msg, param)) = why {
-            return Err(Refused::Store(400, msg.into(), param));
-        }
-    }
-    let parent = match &fields.previous_response_id {
-        None => None,
-        Some(id) => Some(
-            responses
-                .turn(id)
-                .ok_or_else(|| Refused::Store(404, unknown_response(id), "response_id"))?,
-        ),
-    };
-    let history = parent
-        .as_deref()
-        .map(Turn::conversation)
-        .unwrap_or_default();
-    let gen = tokenize::gen_request(ApiKind::Responses, v, bt, &history).map_err(Refused::Bad)?;
-    Ok(Parsed {
-        gen,
-        fields,
-        parent,
-    })
-}
+use crate::store::{Cancel, ResponseStore};
+use crate::tokenize::output_token;
 
 /// Follows a background response's generation and keeps its stored object current: `in_progress` from the first
 /// token (its prefill done), then the final object. A cancel, or the response leaving the store, ends this task;
@@ -276,28 +213,11 @@ impl Reply {
         self.response_object(Some((&text, self.responses_usage(self.max_tokens, cached))))
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::super::reply::testing::{names, reply, sse, token};
     use super::*;
-
-    /// The status, message and param of a store refusal; panics on anything else.
-    fn store_refusal(r: Result<Parsed, Refused>) -> (u16, String, &'static str) {
-        match r {
-            Err(Refused::Store(status, msg, param)) => (status, msg, param),
-            Err(Refused::Bad(b)) => panic!("a bad request: {}", b.0),
-            Ok(_) => panic!("parsed"),
-        }
-    }
-
-    fn parsed(r: Result<Parsed, Refused>) -> Parsed {
-        match r {
-            Ok(p) => p,
-            Err(Refused::Bad(b)) => panic!("a bad request: {}", b.0),
-            Err(Refused::Store(status, msg, _)) => panic!("{status}: {msg}"),
-        }
-    }
+    use crate::tokenize::ApiKind;
 
     #[test]
     fn stored_paths_name_one_id_and_maybe_a_cancel() {
@@ -314,64 +234,6 @@ mod tests {
         ] {
             assert_eq!(stored_path(other), None, "{other}");
         }
-    }
-
-    #[test]
-    fn background_needs_the_store_and_neither_store_false_nor_a_stream() {
-        let store = ResponseStore::new(8);
-        let bg = json!({"input": "x", "background": true});
-        assert_eq!(
-            store_refusal(parse_sync(&store, false, &bg, 16)),
-            (400, BACKGROUND_NEEDS_STORE.to_string(), "background")
-        );
-        let unstored = json!({"input": "x", "background": true, "store": false});
-        assert_eq!(
-            store_refusal(parse_sync(&store, true, &unstored, 16)).2,
-            "store"
-        );
-        let streamed = json!({"input": "x", "background": true, "stream": true});
-        assert_eq!(
-            store_refusal(parse_sync(&store, true, &streamed, 16)).2,
-            "stream"
-        );
-        let p = parsed(parse_sync(&store, true, &bg, 16));
-        assert!(p.fields.background && p.fields.store);
-    }
-
-    #[test]
-    fn store_is_ignored_without_the_store_and_bad_fields_are_400s() {
-        let store = ResponseStore::new(8);
-        let p = parsed(parse_sync(&store, false, &json!({"input": "x"}), 16));
-        assert!(!p.fields.store);
-        assert!(p.parent.is_none());
-        let p = parsed(parse_sync(&store, true, &json!({"input": "x"}), 16));
-        assert!(p.fields.store);
-        assert!(matches!(
-            parse_sync(&store, true, &json!({"input": "x", "store": "yes"}), 16),
-            Err(Refused::Bad(_))
-        ));
-    }
-
-    #[test]
-    fn a_previous_response_is_looked_up_and_its_conversation_comes_first() {
-        let store = ResponseStore::new(8);
-        let next = json!({"input": "more", "previous_response_id": "resp_1"});
-        assert_eq!(
-            store_refusal(parse_sync(&store, true, &next, 16)),
-            (404, unknown_response("resp_1"), "response_id")
-        );
-        let first = parsed(parse_sync(&store, true, &json!({"input": "hi there"}), 16));
-        let turn = Turn::new(None, first.gen.input).answered(" The engine");
-        store.put("resp_1".into(), json!({}), turn);
-        let alone = parsed(parse_sync(&store, true, &json!({"input": "more"}), 16));
-        let continued = parsed(parse_sync(&store, true, &next, 16));
-        assert!(continued.parent.is_some());
-        assert!(
-            continued.gen.prompt.len > alone.gen.prompt.len,
-            "{} vs {}",
-            continued.gen.prompt.len,
-            alone.gen.prompt.len
-        );
     }
 
     #[test]
