@@ -6,14 +6,16 @@
 //! and prefix cache, a [`Control`] for failure injection, and records every request it received.
 //!
 //! Layout: `config` (knobs), `tokenize` (token rule, prompt extraction), `cache` (prefix LRU), `scheduler`
-//! (step loop), `http` (HTTP/1.1 connection layer), `control` (runtime knobs, listener, connections), `server`
-//! (accept and request loops), `api` (routes and response shapes), `store` (stored Responses API responses),
-//! `metrics` (Prometheus text).
+//! (step loop), `http` (HTTP/1.1 connection layer), `control` (runtime knobs, listener, connections), `engine`
+//! (shared engine state, records and totals), `errors` (error bodies), `server` (accept and request loops), `api`
+//! (routes and response shapes), `store` (stored Responses API responses), `metrics` (Prometheus text).
 
 mod api;
 mod cache;
 mod config;
 mod control;
+mod engine;
+mod errors;
 mod http;
 mod metrics;
 mod scheduler;
@@ -26,92 +28,20 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 pub use config::SimConfig;
 pub use control::Control;
+pub use engine::{EngineTotals, RecordedRequest};
 pub use store::MAX_STORED_RESPONSES;
 pub use tokenize::{count_tokens, fnv64};
 
 use control::Net;
+use engine::Engine;
 use scheduler::SchedShared;
-use server::Engine;
 use store::ResponseStore;
-
-/// One request as the engine received it.
-#[derive(Debug, Clone)]
-pub struct RecordedRequest {
-    pub method: String,
-    /// Path without the query string.
-    pub path: String,
-    /// Header names in lower case, in arrival order.
-    pub headers: Vec<(String, String)>,
-    pub body_len: usize,
-    /// [`fnv64`] of the (de-chunked) body.
-    pub body_fnv64: u64,
-    /// When the request head had been read.
-    pub received_at: Instant,
-    /// Arrival number on this engine (1, 2, ...; every path counts).
-    pub seq: u64,
-    /// For a generation request the engine answered with an error instead of scheduling it (injected
-    /// `fail_status`, full waiting queue, invalid or too long request): that status. None otherwise.
-    pub refused: Option<u16>,
-}
-
-impl RecordedRequest {
-    /// First value of header `name` (lower case).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Totals of one engine, as `GET /sim/stats` returns them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct EngineTotals {
-    pub model: String,
-    /// Every HTTP request received (any path).
-    pub http_requests: u64,
-    /// Generation requests received (every POST to a generation route, whatever came of it).
-    pub received: u64,
-    /// Generation requests handed to the scheduler.
-    pub requests: u64,
-    /// Generation requests answered with an error instead of being scheduled (injected failures, full waiting
-    /// queue, 400s); each is also marked in [`RecordedRequest::refused`].
-    pub rejected: u64,
-    /// Of `rejected`: answered with the injected `fail_status`.
-    pub refused_injected: u64,
-    /// Of `rejected`: answered 429 because `max_waiting` requests were already waiting.
-    pub refused_queue_full: u64,
-    pub finished: u64,
-    /// Requests aborted because the client went away.
-    pub aborted: u64,
-    /// Prompt tokens of completed prefills (= computed + cached).
-    pub prompt_tokens: u64,
-    /// Prompt tokens actually prefilled (`source="local_compute"`).
-    pub computed_prompt_tokens: u64,
-    /// Prompt tokens served from the prefix cache (`source="local_cache_hit"`).
-    pub cached_prompt_tokens: u64,
-    pub generation_tokens: u64,
-    pub prefix_cache_queries: u64,
-    pub prefix_cache_hits: u64,
-    /// Currently running (no `extra_running` added).
-    pub running: u64,
-    /// Currently waiting (no `extra_waiting` added).
-    pub waiting: u64,
-    /// KV tokens of running requests / capacity, 0..1.
-    pub kv_cache_usage: f64,
-    pub cached_blocks: u64,
-    pub steps: u64,
-    /// Simulated (scaled) time spent in steps.
-    pub busy_seconds: f64,
-}
 
 /// A running engine. Dropping it stops the engine (listener closed, connections closed, tasks aborted).
 pub struct EngineHandle {

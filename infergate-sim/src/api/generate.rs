@@ -1,0 +1,306 @@
+//! A generation call on any API: parse, length and queue checks, scheduling, then the answer whole or streamed.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::parse::{parse, Parsed, Refused};
+use super::reply::{now_secs, Reply};
+use super::respond::{respond_error, respond_gen_error, respond_invalid, respond_json};
+use super::responses;
+use crate::engine::{Engine, Refusal};
+use crate::http::{self, ConnIo, InBuf, Request};
+use crate::scheduler::SchedRequest;
+use crate::store::Turn;
+use crate::tokenize::{ApiKind, BadRequest};
+
+/// vLLM's length check before a request reaches the engine (`_validate_input` in its serving layer): the prompt
+/// must leave room for at least one output token, and an explicit `max_tokens` must fit beside it. Returns the
+/// error message and the `param` it names.
+fn context_length_error(
+    max_model_len: usize,
+    prompt: usize,
+    max_tokens: Option<usize>,
+) -> Option<(String, &'static str)> {
+    if prompt >= max_model_len {
+        return Some((
+            format!(
+                "This model's maximum context length is {max_model_len} tokens. However, your request has \
+                 {prompt} input tokens. Please reduce the length of the input messages."
+            ),
+            "input_tokens",
+        ));
+    }
+    let m = max_tokens?;
+    (prompt.saturating_add(m) > max_model_len).then(|| {
+        (
+            format!(
+                "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context \
+                 length is {max_model_len} tokens and your request has {prompt} input tokens \
+                 ({m} > {max_model_len} - {prompt})."
+            ),
+            "max_tokens",
+        )
+    })
+}
+
+/// A generation call: optional injected delay / failure, parse, length and queue checks, schedule, then stream
+/// or answer when done. Every refusal is answered at once (no simulated time), counted and marked in the
+/// request's record.
+pub(super) async fn generate(
+    eng: &Arc<Engine>,
+    kind: ApiKind,
+    mut req: Request,
+    seq: u64,
+    io: &mut ConnIo,
+    rb: &mut InBuf,
+) -> bool {
+    eng.received.fetch_add(1, Ordering::Relaxed);
+    let slow = eng.control.slow_headers();
+    if !slow.is_zero()
+        && http::watch(io, rb, tokio::time::sleep(slow))
+            .await
+            .is_none()
+    {
+        return false;
+    }
+    if let Some(status) = eng.control.fail_status() {
+        eng.refuse(seq, Refusal::Injected, status);
+        let msg = format!("simulated failure (status {status})");
+        return respond_gen_error(io, rb, &req, kind, status, &msg, None).await;
+    }
+    let body = std::mem::take(&mut req.body);
+    let Parsed {
+        gen: parsed,
+        fields,
+        parent,
+    } = match parse(eng, kind, body).await {
+        Ok(p) => p,
+        Err(Refused::Bad(BadRequest(m))) => {
+            eng.refuse(seq, Refusal::Invalid, 400);
+            return respond_error(io, rb, &req, Some(kind), 400, &m).await;
+        }
+        Err(Refused::Store(status, m, param)) => {
+            eng.refuse(seq, Refusal::Invalid, status);
+            return respond_invalid(io, rb, &req, status, &m, param).await;
+        }
+    };
+    let requested = match parsed.max_tokens {
+        None => None,
+        Some(n) if n >= 1 => Some(n as usize),
+        Some(n) => {
+            eng.refuse(seq, Refusal::Invalid, 400);
+            let msg = format!("max_tokens must be at least 1, got {n}.");
+            return respond_error(io, rb, &req, Some(kind), 400, &msg).await;
+        }
+    };
+    let prompt_tokens = parsed.prompt.len;
+    // Checked on arrival, before the scheduler sees the request: no simulated time passes.
+    if let Some((msg, param)) =
+        context_length_error(eng.cfg.max_model_len, prompt_tokens, requested)
+    {
+        eng.refuse(seq, Refusal::Invalid, 400);
+        return respond_gen_error(io, rb, &req, kind, 400, &msg, Some(param)).await;
+    }
+    // Without max_tokens vLLM generates up to the context length; the simulator stops at its default.
+    let allowed = requested.unwrap_or_else(|| {
+        eng.cfg
+            .default_max_tokens
+            .min(eng.cfg.max_model_len - prompt_tokens)
+    });
+    // A model that ends its answer on its own (end of sequence) before the request's limit.
+    let ends_itself = eng.cfg.stop_after.filter(|&n| n < allowed);
+    let max_tokens = ends_itself.unwrap_or(allowed);
+
+    if !eng.sched.try_reserve(eng.cfg.max_waiting) {
+        eng.refuse(seq, Refusal::QueueFull, 429);
+        let msg = format!(
+            "The engine's waiting queue is full ({} requests waiting). Please retry later.",
+            eng.cfg.max_waiting.unwrap_or(0)
+        );
+        return respond_gen_error(io, rb, &req, kind, 429, &msg, None).await;
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    if eng
+        .sched_tx
+        .send(SchedRequest {
+            prompt: parsed.prompt,
+            max_tokens,
+            tx,
+        })
+        .is_err()
+    {
+        eng.sched.unreserve();
+        let msg = "engine is shutting down";
+        return respond_gen_error(io, rb, &req, kind, 503, msg, None).await;
+    }
+    eng.gen_requests.fetch_add(1, Ordering::Relaxed);
+
+    let seq = eng.next_id.fetch_add(1, Ordering::Relaxed);
+    let prefix = match kind {
+        ApiKind::Chat => "chatcmpl-",
+        ApiKind::Completion => "cmpl-",
+        ApiKind::Messages => "msg_",
+        ApiKind::Responses => "resp_",
+    };
+    let reply = Reply {
+        kind,
+        id: format!("{prefix}{seq:08x}{:016x}", fastrand::u64(..)),
+        created: now_secs(),
+        model: parsed
+            .model
+            .clone()
+            .unwrap_or_else(|| eng.cfg.model.clone()),
+        prompt_tokens,
+        max_tokens,
+        ended_itself: ends_itself.is_some(),
+        include_usage: parsed.include_usage,
+        background: fields.background,
+    };
+
+    if fields.background {
+        // Answered at once; the generation runs on without the client. Stored before the answer, so a retrieval
+        // right after it finds the response.
+        let queued = reply.queued_object();
+        let turn = Turn::new(parent, parsed.input);
+        let cancel = eng
+            .responses
+            .put_background(reply.id.clone(), queued.clone(), turn);
+        tokio::spawn(responses::run_background(
+            eng.responses.clone(),
+            reply,
+            rx,
+            cancel,
+        ));
+        return respond_json(io, rb, &req, 200, &queued).await;
+    }
+    // Stored once finished, before the last bytes go out (vLLM stores the object `response.completed` carries).
+    let mut to_store = fields.store.then(|| Turn::new(parent, parsed.input));
+    let mut store_final = |cached: usize| {
+        if let Some(turn) = to_store.take() {
+            let turn = turn.answered(&reply.output_text());
+            eng.responses
+                .put(reply.id.clone(), reply.full_body(cached), turn);
+        }
+    };
+
+    if !parsed.stream {
+        let done = http::watch(io, rb, async {
+            while let Some(ev) = rx.recv().await {
+                if ev.finished {
+                    return Some(ev.cached_tokens);
+                }
+            }
+            None
+        })
+        .await;
+        return match done {
+            // Client went away: dropping `rx` aborts the request in the scheduler.
+            None => false,
+            Some(None) => respond_gen_error(io, rb, &req, kind, 503, "engine stopped", None).await,
+            Some(Some(cached)) => {
+                store_final(cached);
+                respond_json(io, rb, &req, 200, &reply.full_body(cached)).await
+            }
+        };
+    }
+
+    // Streaming: headers now, nothing more until the first token.
+    let chunked = !req.http10;
+    let keep = req.keep_alive && chunked;
+    let head = http::head(
+        200,
+        "text/event-stream; charset=utf-8",
+        None,
+        keep,
+        req.http10,
+    );
+    if io.write(head.as_bytes(), false).await.is_err() {
+        return false;
+    }
+    let close_after = eng.control.close_mid_stream_after();
+    let mut sent = 0usize;
+    let frame = |e: &[u8]| if chunked { http::chunk(e) } else { e.to_vec() };
+    if close_after == Some(0) {
+        io.0.reset();
+        return false;
+    }
+    for e in reply.preamble_events() {
+        if io.write(&frame(&e), false).await.is_err() {
+            return false;
+        }
+    }
+    loop {
+        let ev = match http::watch(io, rb, rx.recv()).await {
+            None => return false,
+            Some(None) => {
+                // The scheduler stopped (engine shutdown): end the stream abruptly.
+                io.0.reset();
+                return false;
+            }
+            Some(Some(ev)) => ev,
+        };
+        let mut events = reply.token_events(&ev);
+        if ev.finished {
+            store_final(ev.cached_tokens);
+            events.extend(reply.tail_events(ev.cached_tokens));
+        }
+        let n = events.len();
+        for (i, e) in events.into_iter().enumerate() {
+            let last = ev.finished && i + 1 == n;
+            let mut bytes = frame(&e);
+            if last && chunked {
+                bytes.extend_from_slice(b"0\r\n\r\n");
+            }
+            if io
+                .write(&bytes, last && keep && rb.is_empty())
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            sent += 1;
+            if close_after.is_some_and(|c| sent >= c) && !last {
+                io.0.reset();
+                return false;
+            }
+        }
+        if ev.finished {
+            return keep;
+        }
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prompt_must_leave_room_for_one_output_token() {
+        let (msg, param) = context_length_error(100, 100, None).unwrap();
+        assert_eq!(param, "input_tokens");
+        assert_eq!(
+            msg,
+            "This model's maximum context length is 100 tokens. However, your request has 100 input \
+             tokens. Please reduce the length of the input messages."
+        );
+        assert!(context_length_error(100, 99, None).is_none());
+    }
+
+    #[test]
+    fn an_explicit_max_tokens_must_fit_beside_the_prompt() {
+        assert!(context_length_error(100, 60, Some(40)).is_none());
+        let (msg, param) = context_length_error(100, 60, Some(41)).unwrap();
+        assert_eq!(param, "max_tokens");
+        assert_eq!(
+            msg,
+            "'max_tokens' or 'max_completion_tokens' is too large: 41. This model's maximum context \
+             length is 100 tokens and your request has 60 input tokens (41 > 100 - 60)."
+        );
+        // No overflow on an absurd limit.
+        assert_eq!(
+            context_length_error(100, 60, Some(usize::MAX)).map(|e| e.1),
+            Some("max_tokens")
+        );
+    }
+}
