@@ -226,29 +226,32 @@ pub fn estimate_tokens(bytes: u64, bytes_per_token: f64, max_tokens: u64) -> u64
     ((bytes as f64 / bytes_per_token).ceil() as u64).min(max_tokens)
 }
 
-/// Uniform pick among the eligible indices whose key is minimal (exact ties), never "first in the list".
-pub fn pick_min_by_key(
+/// Uniform pick among the eligible candidates whose key is within `slack` of the least key (`key` None: not a
+/// candidate), never "first in the list". Every random-tie minimum in placement is this function: one pass for the
+/// least key, one of reservoir sampling (one draw per tied candidate, in order), no allocation on the request path.
+pub fn pick_min<K>(
     cands: &[Candidate],
     rng: &mut fastrand::Rng,
-    key: impl Fn(&Candidate) -> u64,
-) -> Option<usize> {
-    pick_within(cands, rng, 0, key)
-}
-
-/// Uniform pick among eligible indices whose key is within `slack` of the minimum.
-pub fn pick_within(
-    cands: &[Candidate],
-    rng: &mut fastrand::Rng,
-    slack: u64,
-    key: impl Fn(&Candidate) -> u64,
-) -> Option<usize> {
-    let min = cands.iter().filter(|c| c.eligible).map(&key).min()?;
-    let limit = min.saturating_add(slack);
-    // Reservoir sampling: one pass, no allocation on the request path.
+    slack: K,
+    key: impl Fn(usize, &Candidate) -> Option<K>,
+) -> Option<usize>
+where
+    K: Copy + PartialOrd + std::ops::Add<Output = K>,
+{
+    let keyed = |i: usize, c: &Candidate| if c.eligible { key(i, c) } else { None };
+    let mut min: Option<K> = None;
+    for (i, c) in cands.iter().enumerate() {
+        if let Some(k) = keyed(i, c) {
+            if min.is_none_or(|m| k < m) {
+                min = Some(k);
+            }
+        }
+    }
+    let limit = min? + slack;
     let mut chosen = None;
     let mut seen = 0u32;
     for (i, c) in cands.iter().enumerate() {
-        if c.eligible && key(c) <= limit {
+        if keyed(i, c).is_some_and(|k| k <= limit) {
             seen += 1;
             if rng.u32(0..seen) == 0 {
                 chosen = Some(i);
@@ -256,6 +259,15 @@ pub fn pick_within(
         }
     }
     chosen
+}
+
+/// Uniform pick among the eligible candidates whose key is minimal (exact ties).
+pub fn pick_min_by_key(
+    cands: &[Candidate],
+    rng: &mut fastrand::Rng,
+    key: impl Fn(&Candidate) -> u64,
+) -> Option<usize> {
+    pick_min(cands, rng, 0, |_, c| Some(key(c)))
 }
 
 /// `least_inflight`: the fewest requests in flight counting load placed elsewhere ([`Candidate::request_load`]:
@@ -275,10 +287,9 @@ pub fn load_aware(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<usize>
     pick_min_by_key(cands, rng, Candidate::score)
 }
 
-/// `load_aware` without the prefill term (benchmark baseline): requests only, random ties.
-pub fn least_request(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<usize> {
-    pick_min_by_key(cands, rng, Candidate::request_load)
-}
+/// `least_request` (`load_aware` without the prefill term, the benchmark baseline) is `least_inflight` under the
+/// policy's name.
+pub use self::least_inflight as least_request;
 
 /// `round_robin`: the next eligible endpoint after `counter` (the caller increments it per request).
 pub fn round_robin(cands: &[Candidate], counter: usize) -> Option<usize> {

@@ -94,25 +94,19 @@ pub fn cheapest(
     allow: impl Fn(usize, &Candidate) -> bool,
 ) -> Option<(usize, Cost)> {
     let ok = |i: usize, c: &Candidate| c.eligible && i < uncached.len() && allow(i, c);
-    let mut min = f64::INFINITY;
-    for (i, c) in cands.iter().enumerate().filter(|(i, c)| ok(*i, c)) {
-        min = min.min(cost(c, uncached[i])?.total);
-    }
-    if !min.is_finite() {
+    if cands
+        .iter()
+        .enumerate()
+        .any(|(i, c)| ok(i, c) && speed(c).is_none())
+    {
         return None;
     }
-    let mut chosen = None;
-    let mut seen = 0u32;
-    for (i, c) in cands.iter().enumerate().filter(|(i, c)| ok(*i, c)) {
-        let k = cost(c, uncached[i])?;
-        if k.total <= min + TIE_SECONDS {
-            seen += 1;
-            if rng.u32(0..seen) == 0 {
-                chosen = Some((i, k));
-            }
-        }
-    }
-    chosen
+    let total = |i: usize, c: &Candidate| {
+        let k = cost(c, *uncached.get(i).filter(|_| ok(i, c))?)?;
+        Some(k.total).filter(|t| t.is_finite())
+    };
+    let i = super::pick_min(cands, rng, TIE_SECONDS, total)?;
+    Some((i, cost(&cands[i], uncached[i])?))
 }
 
 /// Whether a session bound where it would cost `stay` should move to where it would cost `best`: only when that

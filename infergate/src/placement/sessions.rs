@@ -478,30 +478,13 @@ impl SessionTable {
 }
 
 /// `load_aware` restricted to eligible candidates that also satisfy `allow`: minimum score, exact ties uniformly
-/// at random (the same rule and reservoir sampling as [`super::load_aware`]).
+/// at random.
 fn pick(
     cands: &[Candidate],
     rng: &mut fastrand::Rng,
     allow: impl Fn(usize, &Candidate) -> bool,
 ) -> Option<usize> {
-    let ok = |i: usize, c: &Candidate| c.eligible && allow(i, c);
-    let min = cands
-        .iter()
-        .enumerate()
-        .filter(|&(i, c)| ok(i, c))
-        .map(|(_, c)| c.score())
-        .min()?;
-    let mut chosen = None;
-    let mut seen = 0u32;
-    for (i, c) in cands.iter().enumerate() {
-        if ok(i, c) && c.score() == min {
-            seen += 1;
-            if rng.u32(0..seen) == 0 {
-                chosen = Some(i);
-            }
-        }
-    }
-    chosen
+    super::pick_min(cands, rng, 0, |i, c| allow(i, c).then(|| c.score()))
 }
 
 #[cfg(test)]
