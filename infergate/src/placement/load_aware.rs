@@ -55,12 +55,15 @@ impl PlacementPolicy for LoadAware {
             index: p.index,
             reason: p.reason,
             estimate_bytes: p.estimate_bytes,
-            ticket: Ticket::Session(p.commit),
+            ticket: Ticket {
+                session: Some(p.commit),
+                ..Ticket::NONE
+            },
         })
     }
 
     fn served(&self, _endpoint: u64, ticket: &Ticket, now: Instant) {
-        if let Ticket::Session(commit) = ticket {
+        if let Some(commit) = &ticket.session {
             self.sessions.commit(commit, now);
         }
     }
@@ -93,10 +96,7 @@ impl PlacementPolicy for LoadAware {
     }
 
     fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
-        match ticket {
-            Ticket::Session(commit) => self.sessions.saved(commit, now),
-            _ => None,
-        }
+        self.sessions.saved(ticket.session.as_ref()?, now)
     }
 
     fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {

@@ -34,27 +34,40 @@ pub struct Snapshot<'a> {
     pub now: Instant,
 }
 
-/// Policy state carried by one request from `place` to the lifecycle hooks.
+/// Policy state carried by one request from `place` to the lifecycle hooks and the proxy: plain optional parts that
+/// any policy fills as it needs, so the seam names no policy and an unused part costs no allocation.
 #[derive(Debug, Clone, Default)]
-pub enum Ticket {
-    #[default]
-    None,
+pub struct Ticket {
     /// What a sessions pool commits once the turn was served.
-    Session(SessionCommit),
-    /// The prompt's block hashes, inserted into the prefix index once served.
-    Prefix(Vec<u64>),
-    /// `predicted_ttft`: session commit, block hashes and the prediction.
-    Predicted(Box<super::predicted_ttft::PredictedTicket>),
+    pub session: Option<SessionCommit>,
+    /// The prompt's block hashes, inserted into the prefix index once served (empty: nothing to insert).
+    pub hashes: Vec<u64>,
+    /// What a cost-predicting policy predicted on the chosen endpoint.
+    pub predicted: Option<Prediction>,
+}
+
+/// A prediction made at placement, checked against the request's time to first byte.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prediction {
+    /// Predicted seconds to first token (None while the policy places without its cost model).
+    pub ttft: Option<f64>,
+    /// Prefill tokens ahead of this request on the chosen endpoint at placement (`predicted::tokens_ahead`): with
+    /// the request's own estimate over its time to first byte, a sample of the endpoint's prefill throughput.
+    pub tokens_ahead: u64,
 }
 
 impl Ticket {
+    /// The empty ticket (a `const`, for a static default).
+    pub const NONE: Ticket = Ticket {
+        session: None,
+        hashes: Vec::new(),
+        predicted: None,
+    };
+
     /// The predicted seconds to first token and the prefill tokens that were ahead of the request, for a
     /// placement that predicted them.
     pub fn prediction(&self) -> Option<(Option<f64>, u64)> {
-        match self {
-            Ticket::Predicted(t) => Some((t.predicted_ttft, t.tokens_ahead)),
-            _ => None,
-        }
+        self.predicted.map(|p| (p.ttft, p.tokens_ahead))
     }
 }
 
@@ -75,7 +88,7 @@ impl Placement {
             index,
             reason,
             estimate_bytes: req.body_bytes,
-            ticket: Ticket::None,
+            ticket: Ticket::NONE,
         }
     }
 }

@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
+use super::policy::{
+    Evictions, PlaceRequest, Placement, PlacementPolicy, Prediction, Snapshot, Ticket,
+};
 use super::predicted::{all_learned, cheapest, cost, should_move, tokens_ahead, Cost};
 use super::prefix::PrefixIndex;
 use super::sessions::{
@@ -17,20 +19,6 @@ use super::sessions::{
 };
 use super::Reason;
 use crate::config::{PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig, DEFAULT_MOVE_MARGIN};
-
-/// What a `predicted_ttft` placement carries to the lifecycle hooks and the proxy.
-#[derive(Debug, Clone, Default)]
-pub struct PredictedTicket {
-    /// The session commit, for a request that carries the session header.
-    pub session: Option<SessionCommit>,
-    /// The prompt's block hashes, inserted into the prefix index once served.
-    pub hashes: Vec<u64>,
-    /// Predicted seconds to first token on the chosen endpoint (None while placing as load_aware).
-    pub predicted_ttft: Option<f64>,
-    /// Prefill tokens ahead of this request on the chosen endpoint at placement (`predicted::tokens_ahead`): with
-    /// the request's own estimate over its time to first byte, a sample of the endpoint's prefill throughput.
-    pub tokens_ahead: u64,
-}
 
 pub struct PredictedTtft {
     sessions: SessionSlot,
@@ -150,21 +138,24 @@ impl PlacementPolicy for PredictedTtft {
             index: pick.index,
             reason: pick.reason,
             estimate_bytes: pick.uncached_bytes,
-            ticket: Ticket::Predicted(Box::new(PredictedTicket {
+            ticket: Ticket {
                 session,
                 hashes,
-                predicted_ttft: pick.cost.map(|c| c.ttft),
-                tokens_ahead: tokens_ahead(&cands[pick.index]),
-            })),
+                predicted: Some(Prediction {
+                    ttft: pick.cost.map(|c| c.ttft),
+                    tokens_ahead: tokens_ahead(&cands[pick.index]),
+                }),
+            },
         })
     }
 
     fn served(&self, endpoint: u64, ticket: &Ticket, now: Instant) {
-        let Ticket::Predicted(t) = ticket else { return };
-        if let Some(commit) = &t.session {
+        if let Some(commit) = &ticket.session {
             self.sessions.commit(commit, now);
         }
-        self.index.lock().insert(endpoint, &t.hashes, now);
+        if !ticket.hashes.is_empty() {
+            self.index.lock().insert(endpoint, &ticket.hashes, now);
+        }
     }
 
     fn endpoint_removed(&self, endpoint: u64) {
@@ -196,10 +187,7 @@ impl PlacementPolicy for PredictedTtft {
     }
 
     fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
-        match ticket {
-            Ticket::Predicted(t) => self.sessions.saved(t.session.as_ref()?, now),
-            _ => None,
-        }
+        self.sessions.saved(ticket.session.as_ref()?, now)
     }
 
     /// The session table's ttl and size (as in `load_aware`) and the move margin change in place; the prefix
@@ -282,13 +270,13 @@ impl PredictedTtft {
         hashes: Vec<u64>,
         rng: &mut fastrand::Rng,
     ) -> Option<Placement> {
-        let ticket = |session, index: usize| {
-            Ticket::Predicted(Box::new(PredictedTicket {
-                session,
-                hashes,
-                predicted_ttft: None,
+        let ticket = |session, index: usize| Ticket {
+            session,
+            hashes,
+            predicted: Some(Prediction {
+                ttft: None,
                 tokens_ahead: tokens_ahead(&snap.cands[index]),
-            }))
+            }),
         };
         match (self.sessions.table(), sreq) {
             (Some(table), Some(sreq)) => {

@@ -67,7 +67,10 @@ impl PlacementPolicy for PrefixAware {
             index: d.index,
             reason: d.reason,
             estimate_bytes: req.body_bytes,
-            ticket: Ticket::Prefix(hashes),
+            ticket: Ticket {
+                hashes,
+                ..Ticket::NONE
+            },
         })
     }
 
@@ -88,8 +91,8 @@ impl PlacementPolicy for PrefixAware {
     fn served(&self, endpoint: u64, ticket: &Ticket, now: Instant) {
         // Only an engine that accepted the prompt caches it: a refused or failed attempt leaves no trace. A gated
         // placement inserts too, so a hot prefix replicates.
-        if let Ticket::Prefix(hashes) = ticket {
-            self.index.lock().insert(endpoint, hashes, now);
+        if !ticket.hashes.is_empty() {
+            self.index.lock().insert(endpoint, &ticket.hashes, now);
         }
     }
 

@@ -159,7 +159,7 @@ impl Ctx {
     }
 
     fn ticket(&self) -> &Ticket {
-        static NONE: Ticket = Ticket::None;
+        static NONE: Ticket = Ticket::NONE;
         self.placement.as_ref().map_or(&NONE, |p| &p.ticket)
     }
 }
