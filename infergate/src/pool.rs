@@ -859,7 +859,7 @@ impl LiveSource for Pools {
             .iter()
             .map(|p| PoolSample {
                 pool: p.name.to_string(),
-                sessions: p.policy.session_count().unwrap_or(0) as u64,
+                sessions: p.policy.sessions().map_or(0, |s| s.session_count()) as u64,
                 health_panic: p.health_gate(&p.endpoints()).panic,
             })
             .collect()

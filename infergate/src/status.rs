@@ -238,7 +238,7 @@ fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStat
         name: pool.name.to_string(),
         policy: policy_name(&pool.cfg().policy),
         models: pool.cfg().models.clone(),
-        sessions: pool.policy.session_count().map(|n| n as u64),
+        sessions: pool.policy.sessions().map(|s| s.session_count() as u64),
         queue_length,
         max_in_flight_per_endpoint: pool.cfg().max_in_flight_per_endpoint,
         health_panic: gate.panic,

@@ -4,8 +4,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
-use super::sessions::{lineage_of, ImportOutcome, SavedSession, SessionRequest, SessionSlot};
+use super::policy::{
+    Evictions, PlaceRequest, Placement, PlacementPolicy, SessionHooks, Snapshot, Ticket,
+};
+use super::sessions::{lineage_of, SessionRequest, SessionSlot};
 use super::Reason;
 use crate::config::{PoolConfig, SessionsConfig};
 
@@ -75,31 +77,11 @@ impl PlacementPolicy for LoadAware {
         Ok(note)
     }
 
+    fn sessions(&self) -> Option<&dyn SessionHooks> {
+        self.sessions.hooks()
+    }
+
     fn expire(&self, now: Instant) -> Evictions {
         self.sessions.expire(now)
-    }
-
-    fn session_count(&self) -> Option<usize> {
-        self.sessions.count()
-    }
-
-    fn export_sessions(&self, now: Instant) -> Option<Vec<SavedSession>> {
-        self.sessions.export(now)
-    }
-
-    fn has_session(&self, key: &[u8], now: Instant) -> Option<bool> {
-        self.sessions.has(key, now)
-    }
-
-    fn import_binding(&self, saved: SavedSession, now: Instant) -> bool {
-        self.sessions.import_one(saved, now)
-    }
-
-    fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
-        self.sessions.saved(ticket.session.as_ref()?, now)
-    }
-
-    fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
-        self.sessions.import(saved, now)
     }
 }

@@ -128,30 +128,8 @@ pub trait PlacementPolicy: Send + Sync {
         (0, 0)
     }
 
-    /// Session bindings held, for policies that keep sessions.
-    fn session_count(&self) -> Option<usize> {
-        None
-    }
-
-    /// The live session bindings, least recently served first, for the next instance (`state_file`); None for
-    /// policies that keep no sessions.
-    fn export_sessions(&self, _now: Instant) -> Option<Vec<SavedSession>> {
-        None
-    }
-
-    /// Whether the session with this header value has a live binding; None for policies that keep no sessions.
-    fn has_session(&self, _key: &[u8], _now: Instant) -> Option<bool> {
-        None
-    }
-
-    /// Adopt one binding another replica wrote to the shared store (`crate::cluster`; endpoint id already mapped
-    /// to this process's). Returns whether it was taken.
-    fn import_binding(&self, _saved: SavedSession, _now: Instant) -> bool {
-        false
-    }
-
-    /// The binding a served request left in the table (after `served`), to share with the other replicas.
-    fn served_binding(&self, _ticket: &Ticket, _now: Instant) -> Option<SavedSession> {
+    /// The session hooks, for a policy that keeps sessions (None otherwise, and for a pool without `sessions`).
+    fn sessions(&self) -> Option<&dyn SessionHooks> {
         None
     }
 
@@ -165,14 +143,28 @@ pub trait PlacementPolicy: Send + Sync {
     ) -> Result<Option<String>, &'static str> {
         Err(CANNOT_RECONFIGURE)
     }
+}
+
+/// What a policy that keeps session bindings answers besides placing: counting, saving, adopting and sharing them.
+pub trait SessionHooks: Send + Sync {
+    /// Session bindings held.
+    fn session_count(&self) -> usize;
+
+    /// The live session bindings, least recently served first, for the next instance (`state_file`).
+    fn export_sessions(&self, now: Instant) -> Vec<SavedSession>;
+
+    /// Whether the session with this header value has a live binding.
+    fn has_session(&self, key: &[u8], now: Instant) -> bool;
+
+    /// Adopt one binding another replica wrote to the shared store (`crate::cluster`; endpoint id already mapped
+    /// to this process's). Returns whether it was taken.
+    fn import_binding(&self, saved: SavedSession, now: Instant) -> bool;
+
+    /// The binding a served request left in the table (after `served`), to share with the other replicas.
+    fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession>;
 
     /// Adopt bindings a previous instance saved (endpoint ids already mapped to this process's).
-    fn import_sessions(&self, saved: Vec<SavedSession>, _now: Instant) -> ImportOutcome {
-        ImportOutcome {
-            no_sessions: saved.len(),
-            ..ImportOutcome::default()
-        }
-    }
+    fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome;
 }
 
 /// The reasons a pool's policy can give for a generate request (the `reason` series of
@@ -255,6 +247,10 @@ mod tests {
         }; 2]
     }
 
+    fn session_count(p: &dyn PlacementPolicy) -> Option<usize> {
+        p.sessions().map(|s| s.session_count())
+    }
+
     /// Place `key`'s turn with `prompt` and commit it as served; returns the reason.
     fn turn(p: &dyn PlacementPolicy, key: &[u8], prompt: &[u8], now: Instant) -> Reason {
         let cands = cands();
@@ -285,7 +281,7 @@ mod tests {
         for (i, key) in [b"s1", b"s2", b"s3"].iter().enumerate() {
             turn(&*p, *key, b"hello", t0 + Duration::from_secs(i as u64));
         }
-        assert_eq!(p.session_count(), Some(3));
+        assert_eq!(session_count(&*p), Some(3));
         let now = t0 + Duration::from_secs(10);
         let note = p
             .reconfigure(&pool("    sessions: { max_sessions: 1, ttl: 1h }\n"), now)
@@ -294,7 +290,7 @@ mod tests {
             note.as_deref(),
             Some("0 session binding(s) past the new ttl dropped, 2 beyond the new max_sessions evicted")
         );
-        assert_eq!(p.session_count(), Some(1));
+        assert_eq!(session_count(&*p), Some(1));
         // Counted as capacity evictions for infergate_session_evictions_total.
         assert_eq!(p.expire(now), (0, 2));
         // The binding kept is the most recently served one, and it is still sticky.
@@ -316,7 +312,7 @@ mod tests {
             note.as_deref(),
             Some("1 session binding(s) past the new ttl dropped, 0 beyond the new max_sessions evicted")
         );
-        assert_eq!(p.session_count(), Some(1));
+        assert_eq!(session_count(&*p), Some(1));
         assert_eq!(p.expire(now), (1, 0));
         assert_eq!(turn(&*p, b"new", b"x", now), Reason::Sticky);
         // Nothing to drop: no note.
@@ -381,11 +377,11 @@ mod tests {
         for (i, key) in [b"s1", b"s2", b"s3"].iter().enumerate() {
             turn(&*p, *key, b"hello", t0 + Duration::from_secs(i as u64));
         }
-        assert_eq!(p.session_count(), Some(3));
+        assert_eq!(session_count(&*p), Some(3));
         let now = t0 + Duration::from_secs(10);
         let smaller = "    policy: predicted_ttft\n    sessions: { max_sessions: 1, ttl: 1h }\n";
         assert!(p.reconfigure(&pool(smaller), now).unwrap().is_some());
-        assert_eq!(p.session_count(), Some(1));
+        assert_eq!(session_count(&*p), Some(1));
         let rehash = format!("{smaller}    prefix: {{ block_bytes: 32 }}\n");
         assert!(p.reconfigure(&pool(&rehash), now).is_err());
         assert!(
@@ -396,7 +392,7 @@ mod tests {
         // The binding a served turn leaves is what the cluster shares.
         let key: &[u8] = b"s9";
         turn(&*p, key, b"hello", now);
-        assert_eq!(p.has_session(key, now), Some(true));
+        assert_eq!(p.sessions().map(|s| s.has_session(key, now)), Some(true));
     }
 
     #[test]

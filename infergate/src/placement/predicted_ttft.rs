@@ -10,13 +10,11 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::policy::{
-    Evictions, PlaceRequest, Placement, PlacementPolicy, Prediction, Snapshot, Ticket,
+    Evictions, PlaceRequest, Placement, PlacementPolicy, Prediction, SessionHooks, Snapshot, Ticket,
 };
 use super::predicted::{all_learned, cheapest, cost, should_move, tokens_ahead, Cost};
 use super::prefix::PrefixIndex;
-use super::sessions::{
-    lineage_of, ImportOutcome, SavedSession, SessionCommit, SessionRequest, SessionSlot,
-};
+use super::sessions::{lineage_of, SessionCommit, SessionRequest, SessionSlot};
 use super::Reason;
 use crate::config::{PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig, DEFAULT_MOVE_MARGIN};
 
@@ -162,32 +160,12 @@ impl PlacementPolicy for PredictedTtft {
         self.index.lock().remove_endpoint(endpoint);
     }
 
+    fn sessions(&self) -> Option<&dyn SessionHooks> {
+        self.sessions.hooks()
+    }
+
     fn expire(&self, now: Instant) -> Evictions {
         self.sessions.expire(now)
-    }
-
-    fn session_count(&self) -> Option<usize> {
-        self.sessions.count()
-    }
-
-    fn export_sessions(&self, now: Instant) -> Option<Vec<SavedSession>> {
-        self.sessions.export(now)
-    }
-
-    fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
-        self.sessions.import(saved, now)
-    }
-
-    fn has_session(&self, key: &[u8], now: Instant) -> Option<bool> {
-        self.sessions.has(key, now)
-    }
-
-    fn import_binding(&self, saved: SavedSession, now: Instant) -> bool {
-        self.sessions.import_one(saved, now)
-    }
-
-    fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
-        self.sessions.saved(ticket.session.as_ref()?, now)
     }
 
     /// The session table's ttl and size (as in `load_aware`) and the move margin change in place; the prefix

@@ -513,7 +513,8 @@ impl ProxyHttp for Router {
             }
             pool.policy.served(ep.id, ctx.ticket(), now);
             if let Some(cluster) = &self.cluster {
-                if let Some(saved) = pool.policy.served_binding(ctx.ticket(), now) {
+                let sessions = pool.policy.sessions();
+                if let Some(saved) = sessions.and_then(|s| s.served_binding(ctx.ticket(), now)) {
                     cluster.share_binding(&pool, &saved);
                 }
             }

@@ -92,7 +92,7 @@ fn ms(d: Duration) -> u64 {
 pub fn export(state: &RouterState, writer: u64, now: Instant, now_ms: u64) -> StateDoc {
     let mut pools = Vec::new();
     for pool in &state.pools.pools {
-        let Some(saved) = pool.policy.export_sessions(now) else {
+        let Some(saved) = pool.policy.sessions().map(|s| s.export_sessions(now)) else {
             continue;
         };
         let endpoints = pool.endpoints();
@@ -153,7 +153,10 @@ pub fn import(state: &RouterState, doc: StateDoc, now: Instant, now_ms: u64) -> 
                 None => r.gone += 1,
             }
         }
-        let out = pool.policy.import_sessions(saved, now);
+        let out = match pool.policy.sessions() {
+            Some(s) => s.import_sessions(saved, now),
+            None => crate::placement::sessions::ImportOutcome::no_sessions(saved.len()),
+        };
         r.adopted += out.adopted;
         r.expired += out.expired;
         r.older += out.older;
