@@ -19,9 +19,9 @@ use crate::engine_stats::StatsCell;
 use crate::ledger::EndpointLoad;
 use crate::metrics::{EndpointSample, LiveSource, Metrics, PoolSample};
 use crate::outlier::Outlier;
-use crate::placement::policy::{self, PlacementPolicy};
 use crate::placement::throughput::{Fitted, ThroughputFit};
 use crate::placement::Candidate;
+use crate::placement::{factory, policy::PlacementPolicy};
 
 static NEXT_ENDPOINT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -521,7 +521,7 @@ impl Pool {
             endpoints: ArcSwap::from_pointee(Vec::new()),
             membership,
             lb: Arc::new(lb),
-            policy: policy::build(cfg),
+            policy: factory::build(cfg),
             discovered_models: RwLock::new(Vec::new()),
             recent: crate::status::RecentPlacements::default(),
             placing: Mutex::new(()),
@@ -628,7 +628,7 @@ impl Pool {
 
     /// The placement reasons this pool's policy can give.
     pub fn reasons(&self) -> &'static [crate::placement::Reason] {
-        policy::reasons(&self.cfg().policy)
+        self.policy.reasons()
     }
 
     /// Which of `endpoints` (this pool's) their health lets take work now.

@@ -871,7 +871,7 @@ mod tests {
         );
         assert_eq!(p.applied.len(), 1, "{:?}", p.applied);
         let running =
-            crate::placement::policy::build(&pred("    sessions: { ttl: 1h }\n").pools[0]);
+            crate::placement::factory::build(&pred("    sessions: { ttl: 1h }\n").pools[0]);
         assert_eq!(
             running.reconfigure(&p.effective.pools[0], Instant::now()),
             Ok(None)

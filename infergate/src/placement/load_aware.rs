@@ -7,9 +7,9 @@ use std::time::Instant;
 use super::policy::{
     Evictions, PlaceRequest, Placement, PlacementPolicy, SessionHooks, Snapshot, Ticket,
 };
-use super::sessions::{lineage_of, SessionRequest, SessionSlot};
+use super::sessions::{lineage_of, SessionRequest, SessionSlot, SESSION_REASONS};
 use super::Reason;
-use crate::config::{PoolConfig, SessionsConfig};
+use crate::config::{Policy, PoolConfig, SessionsConfig};
 
 pub struct LoadAware {
     sessions: SessionSlot,
@@ -27,6 +27,18 @@ impl LoadAware {
 }
 
 impl PlacementPolicy for LoadAware {
+    fn name(&self) -> &'static str {
+        Policy::LoadAware.as_str()
+    }
+
+    fn reasons(&self) -> &'static [Reason] {
+        if self.sessions.is_on() {
+            &SESSION_REASONS
+        } else {
+            &[Reason::LoadAware]
+        }
+    }
+
     fn place(
         &self,
         req: &PlaceRequest,

@@ -1,5 +1,5 @@
-//! The placement policy seam: one trait every policy implements, the per-request ticket it hands back, and the
-//! factory that builds a pool's policy from its config.
+//! The placement policy seam: one trait every policy implements, the session hooks of those that keep sessions,
+//! and the per-request ticket a policy hands back (`factory` builds a pool's policy from its config).
 //!
 //! A policy owns its state (session table, prefix index, arrival window) and says which lifecycle hooks it needs;
 //! the hooks default to doing nothing. `place` stays pure: it sees a snapshot, the time and a random source, and
@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::sessions::{ImportOutcome, SavedSession, SessionCommit};
 use super::{Candidate, Reason};
-use crate::config::{PolicyConfig, PoolConfig};
+use crate::config::PoolConfig;
 
 /// What placement needs to know of one generate request.
 #[derive(Debug, Clone, Copy, Default)]
@@ -101,6 +101,13 @@ pub type Evictions = (u64, u64);
 
 /// One placement policy of one pool.
 pub trait PlacementPolicy: Send + Sync {
+    /// The policy's name in the config file and in logs.
+    fn name(&self) -> &'static str;
+
+    /// The reasons this policy can give for a generate request (the `reason` series of
+    /// `infergate_placements_total` created at start, and the status page's order).
+    fn reasons(&self) -> &'static [Reason];
+
     /// Choose an endpoint for a generate request; None when no candidate is eligible.
     fn place(
         &self,
@@ -167,63 +174,6 @@ pub trait SessionHooks: Send + Sync {
     fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome;
 }
 
-/// The reasons a pool's policy can give for a generate request (the `reason` series of
-/// `infergate_placements_total` created at start).
-pub fn reasons(policy: &PolicyConfig) -> &'static [Reason] {
-    match policy {
-        PolicyConfig::RoundRobin => &[Reason::RoundRobin],
-        PolicyConfig::LeastRequest => &[Reason::LeastRequest],
-        PolicyConfig::LoadAware { sessions: None } => &[Reason::LoadAware],
-        PolicyConfig::LoadAware { sessions: Some(_) } => &[
-            Reason::NewSession,
-            Reason::Sticky,
-            Reason::Migrate,
-            Reason::Spill,
-            Reason::Fallback,
-            Reason::Headerless,
-        ],
-        PolicyConfig::PrefixAware { .. } => {
-            &[Reason::PrefixHit, Reason::PrefixMiss, Reason::PrefixGated]
-        }
-        PolicyConfig::PredictedTtft { sessions: None, .. } => {
-            &[Reason::Predicted, Reason::LoadAware]
-        }
-        PolicyConfig::PredictedTtft {
-            sessions: Some(_), ..
-        } => &[
-            Reason::NewSession,
-            Reason::Sticky,
-            Reason::Migrate,
-            Reason::Spill,
-            Reason::Fallback,
-            Reason::Headerless,
-        ],
-    }
-}
-
-/// Build a pool's policy from its config: the one place that maps config to policy types.
-pub fn build(cfg: &PoolConfig) -> Box<dyn PlacementPolicy> {
-    match &cfg.policy {
-        PolicyConfig::RoundRobin => Box::new(super::round_robin::RoundRobin::default()),
-        PolicyConfig::LeastRequest => Box::new(super::least_request::LeastRequest),
-        PolicyConfig::LoadAware { sessions } => Box::new(super::load_aware::LoadAware::new(
-            sessions.as_ref(),
-            cfg.prefill.bytes_per_token,
-        )),
-        PolicyConfig::PrefixAware { prefix } => Box::new(super::prefix_aware::PrefixAware::new(
-            prefix,
-            cfg.prefill.bytes_per_token,
-        )),
-        PolicyConfig::PredictedTtft { sessions, prefix } => {
-            Box::new(super::predicted_ttft::PredictedTtft::new(
-                sessions.as_ref(),
-                prefix,
-                cfg.prefill.bytes_per_token,
-            ))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -231,6 +181,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
+    use crate::placement::factory::build;
 
     fn pool(extra: &str) -> PoolConfig {
         let text = format!("pools:\n  - name: a\n    endpoints: [\"http://127.0.0.1:9\"]\n{extra}");
@@ -404,6 +355,12 @@ mod tests {
         }
         struct Fixed;
         impl PlacementPolicy for Fixed {
+            fn name(&self) -> &'static str {
+                "fixed"
+            }
+            fn reasons(&self) -> &'static [Reason] {
+                &[]
+            }
             fn place(
                 &self,
                 _: &PlaceRequest,

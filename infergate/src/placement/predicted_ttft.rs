@@ -14,9 +14,11 @@ use super::policy::{
 };
 use super::predicted::{all_learned, cheapest, cost, should_move, tokens_ahead, Cost};
 use super::prefix::PrefixIndex;
-use super::sessions::{lineage_of, SessionCommit, SessionRequest, SessionSlot};
+use super::sessions::{lineage_of, SessionCommit, SessionRequest, SessionSlot, SESSION_REASONS};
 use super::Reason;
-use crate::config::{PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig, DEFAULT_MOVE_MARGIN};
+use crate::config::{
+    Policy, PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig, DEFAULT_MOVE_MARGIN,
+};
 
 pub struct PredictedTtft {
     sessions: SessionSlot,
@@ -69,6 +71,18 @@ struct Pick {
 }
 
 impl PlacementPolicy for PredictedTtft {
+    fn name(&self) -> &'static str {
+        Policy::PredictedTtft.as_str()
+    }
+
+    fn reasons(&self) -> &'static [Reason] {
+        if self.sessions.is_on() {
+            &SESSION_REASONS
+        } else {
+            &[Reason::Predicted, Reason::LoadAware]
+        }
+    }
+
     fn place(
         &self,
         req: &PlaceRequest,

@@ -9,7 +9,8 @@ use parking_lot::Mutex;
 
 use super::policy::{PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
 use super::prefix::PrefixIndex;
-use crate::config::{PolicyConfig, PoolConfig, PrefixConfig, PrefixFallback};
+use super::Reason;
+use crate::config::{Policy, PolicyConfig, PoolConfig, PrefixConfig, PrefixFallback};
 
 /// The window of the legacy `qps` fallback (production-stack's request-stats window).
 pub const QPS_WINDOW: Duration = Duration::from_secs(60);
@@ -42,6 +43,14 @@ impl PrefixAware {
 }
 
 impl PlacementPolicy for PrefixAware {
+    fn name(&self) -> &'static str {
+        Policy::PrefixAware.as_str()
+    }
+
+    fn reasons(&self) -> &'static [Reason] {
+        &[Reason::PrefixHit, Reason::PrefixMiss, Reason::PrefixGated]
+    }
+
     fn place(
         &self,
         req: &PlaceRequest,

@@ -49,6 +49,16 @@ mod slot;
 pub use persist::{ImportOutcome, SavedSession};
 pub use slot::SessionSlot;
 
+/// The reasons a session-keeping policy gives, in the order the metrics and the status page list them.
+pub const SESSION_REASONS: [Reason; 6] = [
+    Reason::NewSession,
+    Reason::Sticky,
+    Reason::Migrate,
+    Reason::Spill,
+    Reason::Fallback,
+    Reason::Headerless,
+];
+
 /// Prompt lineages remembered per session (LRU among them beyond this).
 pub const MAX_LINEAGES: usize = 4;
 
