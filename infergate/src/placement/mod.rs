@@ -4,6 +4,7 @@
 //! passes time and randomness in, so every rule is a plain unit test.
 
 pub mod factory;
+pub mod ladder;
 pub mod least_request;
 pub mod load_aware;
 pub mod policy;

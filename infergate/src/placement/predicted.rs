@@ -84,6 +84,12 @@ pub fn all_learned(cands: &[Candidate]) -> bool {
         .all(|c| speed(c).is_some())
 }
 
+/// The key candidates are ranked by for a request with `uncached[i]` tokens to compute on `cands[i]`: its `total`
+/// cost; None for a candidate without a learned throughput.
+pub fn total_cost(uncached: &[u64]) -> impl Fn(usize, &Candidate) -> Option<f64> + '_ {
+    |i, c| Some(cost(c, *uncached.get(i)?)?.total).filter(|t| t.is_finite())
+}
+
 /// The cheapest eligible candidate that `allow` accepts, by `total`; ties (within [`TIE_SECONDS`]) uniformly at
 /// random. `uncached[i]` is the request's uncached tokens on `cands[i]`. None when nothing qualifies or a
 /// qualifying candidate has no learned throughput.
@@ -101,11 +107,10 @@ pub fn cheapest(
     {
         return None;
     }
-    let total = |i: usize, c: &Candidate| {
-        let k = cost(c, *uncached.get(i).filter(|_| ok(i, c))?)?;
-        Some(k.total).filter(|t| t.is_finite())
-    };
-    let i = super::pick_min(cands, rng, TIE_SECONDS, total)?;
+    let total = total_cost(uncached);
+    let i = super::pick_min(cands, rng, TIE_SECONDS, |i, c| {
+        ok(i, c).then(|| total(i, c)).flatten()
+    })?;
     Some((i, cost(&cands[i], uncached[i])?))
 }
 

@@ -9,10 +9,13 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use super::ladder::{Bound, Ladder};
 use super::policy::{
     Evictions, PlaceRequest, Placement, PlacementPolicy, Prediction, SessionHooks, Snapshot, Ticket,
 };
-use super::predicted::{all_learned, cheapest, cost, should_move, tokens_ahead, Cost};
+use super::predicted::{
+    all_learned, cost, should_move, tokens_ahead, total_cost, Cost, TIE_SECONDS,
+};
 use super::prefix::PrefixIndex;
 use super::sessions::{lineage_of, SessionCommit, SessionRequest, SessionSlot, SESSION_REASONS};
 use super::Reason;
@@ -114,36 +117,30 @@ impl PlacementPolicy for PredictedTtft {
             _ => None,
         };
         // The bound endpoint holds the session up to its recorded size.
-        let bound = binding.and_then(|(id, size)| {
-            let b = ids[..n].iter().position(|&i| i == id)?;
-            if let Some(last) = size.filter(|&s| body >= s) {
+        if let Some((id, Some(last))) = binding {
+            if let Some(b) = ids[..n]
+                .iter()
+                .position(|&i| i == id)
+                .filter(|_| body >= last)
+            {
                 uncached_bytes[b] = uncached_bytes[b].min(body - last);
             }
-            Some(b)
-        });
+        }
+        let bound = Bound::of(binding.map(|(id, _)| id), &cands[..n], &ids[..n]);
 
         let pick = if all_learned(&cands[..n]) {
             let uncached: Vec<u64> = uncached_bytes.iter().map(|&b| self.tokens(b)).collect();
-            self.by_cost(
-                &cands[..n],
-                &uncached,
-                &uncached_bytes,
-                bound,
-                &sreq,
-                binding.is_some(),
-                rng,
-            )?
+            self.by_cost(&cands[..n], &uncached, &uncached_bytes, bound, &sreq, rng)?
         } else {
             return self.as_load_aware(req, snap, sreq, hashes, rng);
         };
         let session = match (&sreq, table) {
-            (Some(r), Some(_)) => {
-                let endpoint = match pick.reason {
-                    Reason::Spill => binding.map_or(ids[pick.index], |(id, _)| id),
-                    _ => ids[pick.index],
-                };
-                Some(SessionCommit::for_reason(r, endpoint, pick.reason))
-            }
+            (Some(r), Some(_)) => Some(SessionCommit::for_reason(
+                r,
+                pick.reason,
+                ids[pick.index],
+                binding.map(|(id, _)| id),
+            )),
             _ => None,
         };
         Some(Placement {
@@ -199,57 +196,48 @@ impl PlacementPolicy for PredictedTtft {
 }
 
 impl PredictedTtft {
-    /// The cost-based decision (every eligible endpoint's throughput is learned).
-    #[allow(clippy::too_many_arguments)]
+    /// The cost-based decision (every eligible endpoint's throughput is learned): the session ladder ranked by
+    /// predicted cost, where a turn spills off a bound endpoint at its limit and otherwise moves only when that
+    /// saves more than the move margin.
     fn by_cost(
         &self,
         cands: &[super::Candidate],
         uncached: &[u64],
         uncached_bytes: &[u64],
-        bound: Option<usize>,
+        bound: Bound,
         sreq: &Option<SessionRequest>,
-        has_binding: bool,
         rng: &mut fastrand::Rng,
     ) -> Option<Pick> {
-        let pick = |(index, c): (usize, Cost), reason| Pick {
+        let ladder = Ladder::new(cands, TIE_SECONDS, total_cost(uncached));
+        let sessions = self.sessions.is_on();
+        let (index, reason) = match sreq.as_ref().filter(|_| sessions) {
+            None => {
+                let reason = if sessions {
+                    Reason::Headerless
+                } else {
+                    Reason::Predicted
+                };
+                (ladder.cheapest(rng, |_, _| true)?, reason)
+            }
+            Some(_) => ladder.climb(rng, bound, |l, rng, b| {
+                if cands[b].at_limit() {
+                    if let Some(t) = l.spill_at_limit(rng, b) {
+                        return Some((t, Reason::Spill));
+                    }
+                }
+                let stay = cost(&cands[b], uncached[b])?;
+                let best = l.cheapest(rng, |i, c| i == b || !c.kv_full())?;
+                let saves = cost(&cands[best], uncached[best])?;
+                (best != b && should_move(stay, saves, self.move_margin()))
+                    .then_some((best, Reason::Migrate))
+            })?,
+        };
+        Some(Pick {
             index,
             reason,
             uncached_bytes: uncached_bytes[index],
-            cost: Some(c),
-        };
-        let sessions = self.sessions.is_on();
-        let Some(_) = sreq.as_ref().filter(|_| sessions) else {
-            let reason = if sessions {
-                Reason::Headerless
-            } else {
-                Reason::Predicted
-            };
-            return Some(pick(cheapest(cands, uncached, rng, |_, _| true)?, reason));
-        };
-        let Some(b) = bound.filter(|&b| cands[b].eligible) else {
-            let reason = if has_binding {
-                Reason::Fallback
-            } else {
-                Reason::NewSession
-            };
-            return Some(pick(cheapest(cands, uncached, rng, |_, _| true)?, reason));
-        };
-        if cands[b].at_limit() {
-            // A hard limit is a constraint, not a cost: one turn elsewhere, the binding kept.
-            let other = cheapest(cands, uncached, rng, |i, c| {
-                i != b && !c.at_limit() && !c.kv_full()
-            })
-            .or_else(|| cheapest(cands, uncached, rng, |i, c| i != b && !c.at_limit()));
-            if let Some(t) = other {
-                return Some(pick(t, Reason::Spill));
-            }
-        }
-        let stay = cost(&cands[b], uncached[b])?;
-        let best = cheapest(cands, uncached, rng, |i, c| i == b || !c.kv_full())?;
-        if best.0 != b && should_move(stay, best.1, self.move_margin()) {
-            return Some(pick(best, Reason::Migrate));
-        }
-        Some(pick((b, stay), Reason::Sticky))
+            cost: cost(&cands[index], uncached[index]),
+        })
     }
 
     /// Before every throughput is learned: `load_aware`'s decisions (the session table's rules for session
