@@ -130,67 +130,51 @@ impl Candidate {
     }
 }
 
-/// Why a request went where it went: the `reason` label of `infergate_placements_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    RoundRobin,
-    LeastRequest,
-    LoadAware,
-    NewSession,
-    Sticky,
-    Migrate,
-    Spill,
-    Fallback,
-    Headerless,
-    PrefixHit,
-    PrefixMiss,
-    PrefixGated,
-    Predicted,
+/// The one list of placement reasons: a row is a [`Reason`] variant and its `reason` label, so a new reason is
+/// one row.
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $variant:ident = $label:literal,)*) => {
+        /// Why a request went where it went: the `reason` label of `infergate_placements_total`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Reason {
+            /// Every reason, in declaration order (`index` is the position here).
+            pub const ALL: [Reason; [$(Reason::$variant),*].len()] = [$(Reason::$variant),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => $label,)*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    RoundRobin = "round_robin",
+    LeastRequest = "least_request",
+    LoadAware = "load_aware",
+    NewSession = "new_session",
+    Sticky = "sticky",
+    Migrate = "migrate",
+    Spill = "spill",
+    Fallback = "fallback",
+    Headerless = "headerless",
+    PrefixHit = "prefix_hit",
+    PrefixMiss = "prefix_miss",
+    PrefixGated = "prefix_gated",
+    Predicted = "predicted",
     /// The engine holding the stored response the request continues (`previous_response_id`): no other has it.
-    StoredResponse,
+    StoredResponse = "stored_response",
 }
 
 impl Reason {
-    /// Every reason, in declaration order (`index` is the position here).
-    pub const ALL: [Reason; 14] = [
-        Reason::RoundRobin,
-        Reason::LeastRequest,
-        Reason::LoadAware,
-        Reason::NewSession,
-        Reason::Sticky,
-        Reason::Migrate,
-        Reason::Spill,
-        Reason::Fallback,
-        Reason::Headerless,
-        Reason::PrefixHit,
-        Reason::PrefixMiss,
-        Reason::PrefixGated,
-        Reason::Predicted,
-        Reason::StoredResponse,
-    ];
-
     /// Position in `ALL`.
     pub fn index(self) -> usize {
         self as usize
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::RoundRobin => "round_robin",
-            Reason::LeastRequest => "least_request",
-            Reason::LoadAware => "load_aware",
-            Reason::NewSession => "new_session",
-            Reason::Sticky => "sticky",
-            Reason::Migrate => "migrate",
-            Reason::Spill => "spill",
-            Reason::Fallback => "fallback",
-            Reason::Headerless => "headerless",
-            Reason::PrefixHit => "prefix_hit",
-            Reason::PrefixMiss => "prefix_miss",
-            Reason::PrefixGated => "prefix_gated",
-            Reason::Predicted => "predicted",
-            Reason::StoredResponse => "stored_response",
-        }
     }
 }
 
