@@ -11,9 +11,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::config::PolicyConfig;
 use crate::ledger::PEAK_WINDOW;
 use crate::metrics::{Metrics, COMMIT, VERSION};
+use crate::placement::policy::PlacementPolicy;
 use crate::placement::Reason;
 use crate::pool::{Health, Pool, Pools};
 
@@ -33,7 +33,7 @@ pub struct Status {
 #[derive(Debug, Serialize)]
 pub struct PoolStatus {
     pub name: String,
-    pub policy: &'static str,
+    pub policy: String,
     pub models: Vec<String>,
     /// Session bindings held; null for a pool without sessions.
     pub sessions: Option<u64>,
@@ -94,17 +94,11 @@ pub struct RecentPlacement {
     pub reason: &'static str,
 }
 
-fn policy_name(p: &PolicyConfig) -> &'static str {
-    match p {
-        PolicyConfig::RoundRobin => "round_robin",
-        PolicyConfig::LeastRequest => "least_request",
-        PolicyConfig::LoadAware { sessions: None } => "load_aware",
-        PolicyConfig::LoadAware { sessions: Some(_) } => "load_aware (sessions)",
-        PolicyConfig::PrefixAware { .. } => "prefix_aware",
-        PolicyConfig::PredictedTtft { sessions: None, .. } => "predicted_ttft",
-        PolicyConfig::PredictedTtft {
-            sessions: Some(_), ..
-        } => "predicted_ttft (sessions)",
+/// The policy's name, marked when it keeps sessions.
+fn policy_name(policy: &dyn PlacementPolicy) -> String {
+    match policy.sessions() {
+        Some(_) => format!("{} (sessions)", policy.name()),
+        None => policy.name().to_string(),
     }
 }
 
@@ -171,9 +165,9 @@ fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStat
         .collect();
     PoolStatus {
         name: pool.name.to_string(),
-        policy: policy_name(&pool.cfg().policy),
+        policy: policy_name(&*pool.policy),
         models: pool.cfg().models.clone(),
-        sessions: pool.policy.session_count().map(|n| n as u64),
+        sessions: pool.policy.sessions().map(|s| s.session_count() as u64),
         queue_length,
         max_in_flight_per_endpoint: pool.cfg().max_in_flight_per_endpoint,
         health_panic: gate.panic,

@@ -195,7 +195,8 @@ async fn a_4xx_teaches_nothing() {
         ep.prefill_speed.estimate(1000).is_none(),
         "no prefill speed learned from a 400"
     );
-    assert_eq!(router.state.pools.pools[0].policy.session_count(), Some(0));
+    let sessions = router.state.pools.pools[0].policy.sessions();
+    assert_eq!(sessions.map(|s| s.session_count()), Some(0));
     assert_eq!(
         router
             .metric_sum("infergate_prefill_tokens_estimated_total", &[])

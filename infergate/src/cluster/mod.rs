@@ -150,7 +150,11 @@ impl Cluster {
     /// otherwise a replica holding an old binding sends the session back to the engine another replica moved it
     /// away from, and the two replicas flip it between engines. Never fails: the store's answer only helps.
     pub async fn lookup_binding(&self, pool: &Pool, header: &[u8]) {
-        let Some(local) = pool.policy.has_session(header, Instant::now()) else {
+        let Some(local) = pool
+            .policy
+            .sessions()
+            .map(|s| s.has_session(header, Instant::now()))
+        else {
             return;
         };
         // Where placement's binding comes from when the store adds nothing: it answered, or it did not.
@@ -177,7 +181,9 @@ impl Cluster {
         });
         // A binding to an endpoint this replica does not have is no binding here (the pool's config differs); one
         // served no later than the table's own (within a second) leaves the table's.
-        let adopted = endpoint.is_some_and(|s| pool.policy.import_binding(s, Instant::now()));
+        let adopted = endpoint
+            .zip(pool.policy.sessions())
+            .is_some_and(|(s, hooks)| hooks.import_binding(s, Instant::now()));
         self.metrics
             .lookup(&pool.name, if adopted { "store" } else { own });
     }
@@ -370,7 +376,7 @@ impl Cluster {
         let now_ms = wall_ms();
         let mut written = 0;
         for pool in &self.pools.pools {
-            let Some(saved) = pool.policy.export_sessions(now) else {
+            let Some(saved) = pool.policy.sessions().map(|s| s.export_sessions(now)) else {
                 continue;
             };
             for chunk in saved.chunks(512) {

@@ -8,36 +8,70 @@ use super::values::to_usize;
 use super::walk::{Field, Node};
 use super::ConfigError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    RoundRobin,
-    LeastRequest,
-    LoadAware,
-    PrefixAware,
-    PredictedTtft,
+/// The one list of policies: a row is a policy's variant, its name in the YAML file (also its metric label) and
+/// the settings sections it reads (`sessions`, `prefix`), which become its [`PolicyConfig`] variant. It makes
+/// [`Policy`] (`ALL`, `as_str`) and [`PolicyConfig`] (`new`, `kind`), so adding a policy here is one row.
+macro_rules! policies {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal $({ $($field:ident: $ty:ty),* })?,)*) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Policy {
+            $($variant,)*
+        }
+
+        impl Policy {
+            /// Every policy, in the order the names are listed in messages.
+            pub const ALL: [Policy; [$(Policy::$variant),*].len()] = [$(Policy::$variant),*];
+
+            /// The name used in the YAML file (and in metric labels).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Policy::$variant => $name,)*
+                }
+            }
+        }
+
+        /// A pool's policy with the settings that only it reads.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum PolicyConfig {
+            $($(#[$doc])* $variant $({ $($field: $ty),* })?,)*
+        }
+
+        impl PolicyConfig {
+            /// Combine the keys read from a pool into its policy's variant (sessions were already checked against
+            /// the policy; a `prefix` section of another policy is validated and unused).
+            pub(super) fn new(
+                kind: Policy,
+                sessions: Option<SessionsConfig>,
+                prefix: PrefixConfig,
+            ) -> PolicyConfig {
+                match kind {
+                    $(Policy::$variant => PolicyConfig::$variant $({
+                        $($field: policies!(@read $field, sessions, prefix)),*
+                    })?,)*
+                }
+            }
+
+            pub fn kind(&self) -> Policy {
+                match self {
+                    $(PolicyConfig::$variant $({ $($field: _),* })? => Policy::$variant,)*
+                }
+            }
+        }
+    };
+    (@read sessions, $sessions:ident, $prefix:ident) => { $sessions };
+    (@read prefix, $sessions:ident, $prefix:ident) => { $prefix };
+}
+
+policies! {
+    RoundRobin = "round_robin",
+    LeastRequest = "least_request",
+    LoadAware = "load_aware" { sessions: Option<SessionsConfig> },
+    PrefixAware = "prefix_aware" { prefix: PrefixConfig },
+    /// Lowest predicted time to first token; `prefix` sizes its prefix index.
+    PredictedTtft = "predicted_ttft" { sessions: Option<SessionsConfig>, prefix: PrefixConfig },
 }
 
 impl Policy {
-    /// Every policy, in the order the names are listed in messages.
-    pub const ALL: [Policy; 5] = [
-        Policy::RoundRobin,
-        Policy::LeastRequest,
-        Policy::LoadAware,
-        Policy::PrefixAware,
-        Policy::PredictedTtft,
-    ];
-
-    /// The name used in the YAML file (and in metric labels).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::RoundRobin => "round_robin",
-            Policy::LeastRequest => "least_request",
-            Policy::LoadAware => "load_aware",
-            Policy::PrefixAware => "prefix_aware",
-            Policy::PredictedTtft => "predicted_ttft",
-        }
-    }
-
     /// A pool's `policy`: load_aware when absent.
     pub(super) fn read(f: &Field<'_>) -> Result<Policy, ConfigError> {
         if f.value().is_none() {
@@ -57,51 +91,7 @@ impl Policy {
     }
 }
 
-/// A pool's policy with the settings that only it reads.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PolicyConfig {
-    RoundRobin,
-    LeastRequest,
-    LoadAware {
-        sessions: Option<SessionsConfig>,
-    },
-    PrefixAware {
-        prefix: PrefixConfig,
-    },
-    /// Lowest predicted time to first token; `prefix` sizes its prefix index.
-    PredictedTtft {
-        sessions: Option<SessionsConfig>,
-        prefix: PrefixConfig,
-    },
-}
-
 impl PolicyConfig {
-    /// Combine the keys read from a pool into its policy's variant (sessions were already checked against the
-    /// policy; a `prefix` section of another policy is validated and unused).
-    pub(super) fn new(
-        kind: Policy,
-        sessions: Option<SessionsConfig>,
-        prefix: PrefixConfig,
-    ) -> PolicyConfig {
-        match kind {
-            Policy::RoundRobin => PolicyConfig::RoundRobin,
-            Policy::LeastRequest => PolicyConfig::LeastRequest,
-            Policy::LoadAware => PolicyConfig::LoadAware { sessions },
-            Policy::PrefixAware => PolicyConfig::PrefixAware { prefix },
-            Policy::PredictedTtft => PolicyConfig::PredictedTtft { sessions, prefix },
-        }
-    }
-
-    pub fn kind(&self) -> Policy {
-        match self {
-            PolicyConfig::RoundRobin => Policy::RoundRobin,
-            PolicyConfig::LeastRequest => Policy::LeastRequest,
-            PolicyConfig::LoadAware { .. } => Policy::LoadAware,
-            PolicyConfig::PrefixAware { .. } => Policy::PrefixAware,
-            PolicyConfig::PredictedTtft { .. } => Policy::PredictedTtft,
-        }
-    }
-
     /// Session settings, when the policy keeps sessions.
     pub fn sessions(&self) -> Option<&SessionsConfig> {
         match self {

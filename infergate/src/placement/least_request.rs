@@ -2,11 +2,20 @@
 
 use super::policy::{PlaceRequest, Placement, PlacementPolicy, Snapshot};
 use super::Reason;
+use crate::config::Policy;
 
 #[derive(Debug, Default)]
 pub struct LeastRequest;
 
 impl PlacementPolicy for LeastRequest {
+    fn name(&self) -> &'static str {
+        Policy::LeastRequest.as_str()
+    }
+
+    fn reasons(&self) -> &'static [Reason] {
+        &[Reason::LeastRequest]
+    }
+
     /// No parameters of its own: a reload has nothing to change.
     fn reconfigure(
         &self,

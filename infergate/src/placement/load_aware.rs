@@ -4,10 +4,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
-use super::sessions::{lineage_of, ImportOutcome, SavedSession, SessionRequest, SessionSlot};
+use super::policy::{
+    Evictions, PlaceRequest, Placement, PlacementPolicy, SessionHooks, Snapshot, Ticket,
+};
+use super::sessions::{lineage_of, SessionRequest, SessionSlot, SESSION_REASONS};
 use super::Reason;
-use crate::config::{PoolConfig, SessionsConfig};
+use crate::config::{Policy, PoolConfig, SessionsConfig};
 
 pub struct LoadAware {
     sessions: SessionSlot,
@@ -25,6 +27,18 @@ impl LoadAware {
 }
 
 impl PlacementPolicy for LoadAware {
+    fn name(&self) -> &'static str {
+        Policy::LoadAware.as_str()
+    }
+
+    fn reasons(&self) -> &'static [Reason] {
+        if self.sessions.is_on() {
+            &SESSION_REASONS
+        } else {
+            &[Reason::LoadAware]
+        }
+    }
+
     fn place(
         &self,
         req: &PlaceRequest,
@@ -55,12 +69,15 @@ impl PlacementPolicy for LoadAware {
             index: p.index,
             reason: p.reason,
             estimate_bytes: p.estimate_bytes,
-            ticket: Ticket::Session(p.commit),
+            ticket: Ticket {
+                session: Some(p.commit),
+                ..Ticket::NONE
+            },
         })
     }
 
     fn served(&self, _endpoint: u64, ticket: &Ticket, now: Instant) {
-        if let Ticket::Session(commit) = ticket {
+        if let Some(commit) = &ticket.session {
             self.sessions.commit(commit, now);
         }
     }
@@ -72,34 +89,11 @@ impl PlacementPolicy for LoadAware {
         Ok(note)
     }
 
+    fn sessions(&self) -> Option<&dyn SessionHooks> {
+        self.sessions.hooks()
+    }
+
     fn expire(&self, now: Instant) -> Evictions {
         self.sessions.expire(now)
-    }
-
-    fn session_count(&self) -> Option<usize> {
-        self.sessions.count()
-    }
-
-    fn export_sessions(&self, now: Instant) -> Option<Vec<SavedSession>> {
-        self.sessions.export(now)
-    }
-
-    fn has_session(&self, key: &[u8], now: Instant) -> Option<bool> {
-        self.sessions.has(key, now)
-    }
-
-    fn import_binding(&self, saved: SavedSession, now: Instant) -> bool {
-        self.sessions.import_one(saved, now)
-    }
-
-    fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
-        match ticket {
-            Ticket::Session(commit) => self.sessions.saved(commit, now),
-            _ => None,
-        }
-    }
-
-    fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
-        self.sessions.import(saved, now)
     }
 }

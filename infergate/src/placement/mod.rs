@@ -3,6 +3,8 @@
 //! Nothing here does I/O, reads a clock or knows Pingora: the proxy builds the snapshot from live counters and
 //! passes time and randomness in, so every rule is a plain unit test.
 
+pub mod factory;
+pub mod ladder;
 pub mod least_request;
 pub mod load_aware;
 pub mod policy;
@@ -128,67 +130,51 @@ impl Candidate {
     }
 }
 
-/// Why a request went where it went: the `reason` label of `infergate_placements_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    RoundRobin,
-    LeastRequest,
-    LoadAware,
-    NewSession,
-    Sticky,
-    Migrate,
-    Spill,
-    Fallback,
-    Headerless,
-    PrefixHit,
-    PrefixMiss,
-    PrefixGated,
-    Predicted,
+/// The one list of placement reasons: a row is a [`Reason`] variant and its `reason` label, so a new reason is
+/// one row.
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $variant:ident = $label:literal,)*) => {
+        /// Why a request went where it went: the `reason` label of `infergate_placements_total`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Reason {
+            /// Every reason, in declaration order (`index` is the position here).
+            pub const ALL: [Reason; [$(Reason::$variant),*].len()] = [$(Reason::$variant),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => $label,)*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    RoundRobin = "round_robin",
+    LeastRequest = "least_request",
+    LoadAware = "load_aware",
+    NewSession = "new_session",
+    Sticky = "sticky",
+    Migrate = "migrate",
+    Spill = "spill",
+    Fallback = "fallback",
+    Headerless = "headerless",
+    PrefixHit = "prefix_hit",
+    PrefixMiss = "prefix_miss",
+    PrefixGated = "prefix_gated",
+    Predicted = "predicted",
     /// The engine holding the stored response the request continues (`previous_response_id`): no other has it.
-    StoredResponse,
+    StoredResponse = "stored_response",
 }
 
 impl Reason {
-    /// Every reason, in declaration order (`index` is the position here).
-    pub const ALL: [Reason; 14] = [
-        Reason::RoundRobin,
-        Reason::LeastRequest,
-        Reason::LoadAware,
-        Reason::NewSession,
-        Reason::Sticky,
-        Reason::Migrate,
-        Reason::Spill,
-        Reason::Fallback,
-        Reason::Headerless,
-        Reason::PrefixHit,
-        Reason::PrefixMiss,
-        Reason::PrefixGated,
-        Reason::Predicted,
-        Reason::StoredResponse,
-    ];
-
     /// Position in `ALL`.
     pub fn index(self) -> usize {
         self as usize
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::RoundRobin => "round_robin",
-            Reason::LeastRequest => "least_request",
-            Reason::LoadAware => "load_aware",
-            Reason::NewSession => "new_session",
-            Reason::Sticky => "sticky",
-            Reason::Migrate => "migrate",
-            Reason::Spill => "spill",
-            Reason::Fallback => "fallback",
-            Reason::Headerless => "headerless",
-            Reason::PrefixHit => "prefix_hit",
-            Reason::PrefixMiss => "prefix_miss",
-            Reason::PrefixGated => "prefix_gated",
-            Reason::Predicted => "predicted",
-            Reason::StoredResponse => "stored_response",
-        }
     }
 }
 
@@ -226,29 +212,32 @@ pub fn estimate_tokens(bytes: u64, bytes_per_token: f64, max_tokens: u64) -> u64
     ((bytes as f64 / bytes_per_token).ceil() as u64).min(max_tokens)
 }
 
-/// Uniform pick among the eligible indices whose key is minimal (exact ties), never "first in the list".
-pub fn pick_min_by_key(
+/// Uniform pick among the eligible candidates whose key is within `slack` of the least key (`key` None: not a
+/// candidate), never "first in the list". Every random-tie minimum in placement is this function: one pass for the
+/// least key, one of reservoir sampling (one draw per tied candidate, in order), no allocation on the request path.
+pub fn pick_min<K>(
     cands: &[Candidate],
     rng: &mut fastrand::Rng,
-    key: impl Fn(&Candidate) -> u64,
-) -> Option<usize> {
-    pick_within(cands, rng, 0, key)
-}
-
-/// Uniform pick among eligible indices whose key is within `slack` of the minimum.
-pub fn pick_within(
-    cands: &[Candidate],
-    rng: &mut fastrand::Rng,
-    slack: u64,
-    key: impl Fn(&Candidate) -> u64,
-) -> Option<usize> {
-    let min = cands.iter().filter(|c| c.eligible).map(&key).min()?;
-    let limit = min.saturating_add(slack);
-    // Reservoir sampling: one pass, no allocation on the request path.
+    slack: K,
+    key: impl Fn(usize, &Candidate) -> Option<K>,
+) -> Option<usize>
+where
+    K: Copy + PartialOrd + std::ops::Add<Output = K>,
+{
+    let keyed = |i: usize, c: &Candidate| if c.eligible { key(i, c) } else { None };
+    let mut min: Option<K> = None;
+    for (i, c) in cands.iter().enumerate() {
+        if let Some(k) = keyed(i, c) {
+            if min.is_none_or(|m| k < m) {
+                min = Some(k);
+            }
+        }
+    }
+    let limit = min? + slack;
     let mut chosen = None;
     let mut seen = 0u32;
     for (i, c) in cands.iter().enumerate() {
-        if c.eligible && key(c) <= limit {
+        if keyed(i, c).is_some_and(|k| k <= limit) {
             seen += 1;
             if rng.u32(0..seen) == 0 {
                 chosen = Some(i);
@@ -256,6 +245,15 @@ pub fn pick_within(
         }
     }
     chosen
+}
+
+/// Uniform pick among the eligible candidates whose key is minimal (exact ties).
+pub fn pick_min_by_key(
+    cands: &[Candidate],
+    rng: &mut fastrand::Rng,
+    key: impl Fn(&Candidate) -> u64,
+) -> Option<usize> {
+    pick_min(cands, rng, 0, |_, c| Some(key(c)))
 }
 
 /// `least_inflight`: the fewest requests in flight counting load placed elsewhere ([`Candidate::request_load`]:
@@ -275,10 +273,9 @@ pub fn load_aware(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<usize>
     pick_min_by_key(cands, rng, Candidate::score)
 }
 
-/// `load_aware` without the prefill term (benchmark baseline): requests only, random ties.
-pub fn least_request(cands: &[Candidate], rng: &mut fastrand::Rng) -> Option<usize> {
-    pick_min_by_key(cands, rng, Candidate::request_load)
-}
+/// `least_request` (`load_aware` without the prefill term, the benchmark baseline) is `least_inflight` under the
+/// policy's name.
+pub use self::least_inflight as least_request;
 
 /// `round_robin`: the next eligible endpoint after `counter` (the caller increments it per request).
 pub fn round_robin(cands: &[Candidate], counter: usize) -> Option<usize> {

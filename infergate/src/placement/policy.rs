@@ -1,5 +1,5 @@
-//! The placement policy seam: one trait every policy implements, the per-request ticket it hands back, and the
-//! factory that builds a pool's policy from its config.
+//! The placement policy seam: one trait every policy implements, the session hooks of those that keep sessions,
+//! and the per-request ticket a policy hands back (`factory` builds a pool's policy from its config).
 //!
 //! A policy owns its state (session table, prefix index, arrival window) and says which lifecycle hooks it needs;
 //! the hooks default to doing nothing. `place` stays pure: it sees a snapshot, the time and a random source, and
@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::sessions::{ImportOutcome, SavedSession, SessionCommit};
 use super::{Candidate, Reason};
-use crate::config::{PolicyConfig, PoolConfig};
+use crate::config::PoolConfig;
 
 /// What placement needs to know of one generate request.
 #[derive(Debug, Clone, Copy, Default)]
@@ -34,27 +34,40 @@ pub struct Snapshot<'a> {
     pub now: Instant,
 }
 
-/// Policy state carried by one request from `place` to the lifecycle hooks.
+/// Policy state carried by one request from `place` to the lifecycle hooks and the proxy: plain optional parts that
+/// any policy fills as it needs, so the seam names no policy and an unused part costs no allocation.
 #[derive(Debug, Clone, Default)]
-pub enum Ticket {
-    #[default]
-    None,
+pub struct Ticket {
     /// What a sessions pool commits once the turn was served.
-    Session(SessionCommit),
-    /// The prompt's block hashes, inserted into the prefix index once served.
-    Prefix(Vec<u64>),
-    /// `predicted_ttft`: session commit, block hashes and the prediction.
-    Predicted(Box<super::predicted_ttft::PredictedTicket>),
+    pub session: Option<SessionCommit>,
+    /// The prompt's block hashes, inserted into the prefix index once served (empty: nothing to insert).
+    pub hashes: Vec<u64>,
+    /// What a cost-predicting policy predicted on the chosen endpoint.
+    pub predicted: Option<Prediction>,
+}
+
+/// A prediction made at placement, checked against the request's time to first byte.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prediction {
+    /// Predicted seconds to first token (None while the policy places without its cost model).
+    pub ttft: Option<f64>,
+    /// Prefill tokens ahead of this request on the chosen endpoint at placement (`predicted::tokens_ahead`): with
+    /// the request's own estimate over its time to first byte, a sample of the endpoint's prefill throughput.
+    pub tokens_ahead: u64,
 }
 
 impl Ticket {
+    /// The empty ticket (a `const`, for a static default).
+    pub const NONE: Ticket = Ticket {
+        session: None,
+        hashes: Vec::new(),
+        predicted: None,
+    };
+
     /// The predicted seconds to first token and the prefill tokens that were ahead of the request, for a
     /// placement that predicted them.
     pub fn prediction(&self) -> Option<(Option<f64>, u64)> {
-        match self {
-            Ticket::Predicted(t) => Some((t.predicted_ttft, t.tokens_ahead)),
-            _ => None,
-        }
+        self.predicted.map(|p| (p.ttft, p.tokens_ahead))
     }
 }
 
@@ -75,7 +88,7 @@ impl Placement {
             index,
             reason,
             estimate_bytes: req.body_bytes,
-            ticket: Ticket::None,
+            ticket: Ticket::NONE,
         }
     }
 }
@@ -88,6 +101,13 @@ pub type Evictions = (u64, u64);
 
 /// One placement policy of one pool.
 pub trait PlacementPolicy: Send + Sync {
+    /// The policy's name in the config file and in logs.
+    fn name(&self) -> &'static str;
+
+    /// The reasons this policy can give for a generate request (the `reason` series of
+    /// `infergate_placements_total` created at start, and the status page's order).
+    fn reasons(&self) -> &'static [Reason];
+
     /// Choose an endpoint for a generate request; None when no candidate is eligible.
     fn place(
         &self,
@@ -115,30 +135,8 @@ pub trait PlacementPolicy: Send + Sync {
         (0, 0)
     }
 
-    /// Session bindings held, for policies that keep sessions.
-    fn session_count(&self) -> Option<usize> {
-        None
-    }
-
-    /// The live session bindings, least recently served first, for the next instance (`state_file`); None for
-    /// policies that keep no sessions.
-    fn export_sessions(&self, _now: Instant) -> Option<Vec<SavedSession>> {
-        None
-    }
-
-    /// Whether the session with this header value has a live binding; None for policies that keep no sessions.
-    fn has_session(&self, _key: &[u8], _now: Instant) -> Option<bool> {
-        None
-    }
-
-    /// Adopt one binding another replica wrote to the shared store (`crate::cluster`; endpoint id already mapped
-    /// to this process's). Returns whether it was taken.
-    fn import_binding(&self, _saved: SavedSession, _now: Instant) -> bool {
-        false
-    }
-
-    /// The binding a served request left in the table (after `served`), to share with the other replicas.
-    fn served_binding(&self, _ticket: &Ticket, _now: Instant) -> Option<SavedSession> {
+    /// The session hooks, for a policy that keeps sessions (None otherwise, and for a pool without `sessions`).
+    fn sessions(&self) -> Option<&dyn SessionHooks> {
         None
     }
 
@@ -152,71 +150,28 @@ pub trait PlacementPolicy: Send + Sync {
     ) -> Result<Option<String>, &'static str> {
         Err(CANNOT_RECONFIGURE)
     }
+}
+
+/// What a policy that keeps session bindings answers besides placing: counting, saving, adopting and sharing them.
+pub trait SessionHooks: Send + Sync {
+    /// Session bindings held.
+    fn session_count(&self) -> usize;
+
+    /// The live session bindings, least recently served first, for the next instance (`state_file`).
+    fn export_sessions(&self, now: Instant) -> Vec<SavedSession>;
+
+    /// Whether the session with this header value has a live binding.
+    fn has_session(&self, key: &[u8], now: Instant) -> bool;
+
+    /// Adopt one binding another replica wrote to the shared store (`crate::cluster`; endpoint id already mapped
+    /// to this process's). Returns whether it was taken.
+    fn import_binding(&self, saved: SavedSession, now: Instant) -> bool;
+
+    /// The binding a served request left in the table (after `served`), to share with the other replicas.
+    fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession>;
 
     /// Adopt bindings a previous instance saved (endpoint ids already mapped to this process's).
-    fn import_sessions(&self, saved: Vec<SavedSession>, _now: Instant) -> ImportOutcome {
-        ImportOutcome {
-            no_sessions: saved.len(),
-            ..ImportOutcome::default()
-        }
-    }
-}
-
-/// The reasons a pool's policy can give for a generate request (the `reason` series of
-/// `infergate_placements_total` created at start).
-pub fn reasons(policy: &PolicyConfig) -> &'static [Reason] {
-    match policy {
-        PolicyConfig::RoundRobin => &[Reason::RoundRobin],
-        PolicyConfig::LeastRequest => &[Reason::LeastRequest],
-        PolicyConfig::LoadAware { sessions: None } => &[Reason::LoadAware],
-        PolicyConfig::LoadAware { sessions: Some(_) } => &[
-            Reason::NewSession,
-            Reason::Sticky,
-            Reason::Migrate,
-            Reason::Spill,
-            Reason::Fallback,
-            Reason::Headerless,
-        ],
-        PolicyConfig::PrefixAware { .. } => {
-            &[Reason::PrefixHit, Reason::PrefixMiss, Reason::PrefixGated]
-        }
-        PolicyConfig::PredictedTtft { sessions: None, .. } => {
-            &[Reason::Predicted, Reason::LoadAware]
-        }
-        PolicyConfig::PredictedTtft {
-            sessions: Some(_), ..
-        } => &[
-            Reason::NewSession,
-            Reason::Sticky,
-            Reason::Migrate,
-            Reason::Spill,
-            Reason::Fallback,
-            Reason::Headerless,
-        ],
-    }
-}
-
-/// Build a pool's policy from its config: the one place that maps config to policy types.
-pub fn build(cfg: &PoolConfig) -> Box<dyn PlacementPolicy> {
-    match &cfg.policy {
-        PolicyConfig::RoundRobin => Box::new(super::round_robin::RoundRobin::default()),
-        PolicyConfig::LeastRequest => Box::new(super::least_request::LeastRequest),
-        PolicyConfig::LoadAware { sessions } => Box::new(super::load_aware::LoadAware::new(
-            sessions.as_ref(),
-            cfg.prefill.bytes_per_token,
-        )),
-        PolicyConfig::PrefixAware { prefix } => Box::new(super::prefix_aware::PrefixAware::new(
-            prefix,
-            cfg.prefill.bytes_per_token,
-        )),
-        PolicyConfig::PredictedTtft { sessions, prefix } => {
-            Box::new(super::predicted_ttft::PredictedTtft::new(
-                sessions.as_ref(),
-                prefix,
-                cfg.prefill.bytes_per_token,
-            ))
-        }
-    }
+    fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome;
 }
 
 #[cfg(test)]
@@ -226,6 +181,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
+    use crate::placement::factory::build;
 
     fn pool(extra: &str) -> PoolConfig {
         let text = format!("pools:\n  - name: a\n    endpoints: [\"http://127.0.0.1:9\"]\n{extra}");
@@ -240,6 +196,10 @@ mod tests {
             eligible: true,
             ..Candidate::default()
         }; 2]
+    }
+
+    fn session_count(p: &dyn PlacementPolicy) -> Option<usize> {
+        p.sessions().map(|s| s.session_count())
     }
 
     /// Place `key`'s turn with `prompt` and commit it as served; returns the reason.
@@ -272,7 +232,7 @@ mod tests {
         for (i, key) in [b"s1", b"s2", b"s3"].iter().enumerate() {
             turn(&*p, *key, b"hello", t0 + Duration::from_secs(i as u64));
         }
-        assert_eq!(p.session_count(), Some(3));
+        assert_eq!(session_count(&*p), Some(3));
         let now = t0 + Duration::from_secs(10);
         let note = p
             .reconfigure(&pool("    sessions: { max_sessions: 1, ttl: 1h }\n"), now)
@@ -281,7 +241,7 @@ mod tests {
             note.as_deref(),
             Some("0 session binding(s) past the new ttl dropped, 2 beyond the new max_sessions evicted")
         );
-        assert_eq!(p.session_count(), Some(1));
+        assert_eq!(session_count(&*p), Some(1));
         // Counted as capacity evictions for infergate_session_evictions_total.
         assert_eq!(p.expire(now), (0, 2));
         // The binding kept is the most recently served one, and it is still sticky.
@@ -303,7 +263,7 @@ mod tests {
             note.as_deref(),
             Some("1 session binding(s) past the new ttl dropped, 0 beyond the new max_sessions evicted")
         );
-        assert_eq!(p.session_count(), Some(1));
+        assert_eq!(session_count(&*p), Some(1));
         assert_eq!(p.expire(now), (1, 0));
         assert_eq!(turn(&*p, b"new", b"x", now), Reason::Sticky);
         // Nothing to drop: no note.
@@ -368,11 +328,11 @@ mod tests {
         for (i, key) in [b"s1", b"s2", b"s3"].iter().enumerate() {
             turn(&*p, *key, b"hello", t0 + Duration::from_secs(i as u64));
         }
-        assert_eq!(p.session_count(), Some(3));
+        assert_eq!(session_count(&*p), Some(3));
         let now = t0 + Duration::from_secs(10);
         let smaller = "    policy: predicted_ttft\n    sessions: { max_sessions: 1, ttl: 1h }\n";
         assert!(p.reconfigure(&pool(smaller), now).unwrap().is_some());
-        assert_eq!(p.session_count(), Some(1));
+        assert_eq!(session_count(&*p), Some(1));
         let rehash = format!("{smaller}    prefix: {{ block_bytes: 32 }}\n");
         assert!(p.reconfigure(&pool(&rehash), now).is_err());
         assert!(
@@ -383,7 +343,7 @@ mod tests {
         // The binding a served turn leaves is what the cluster shares.
         let key: &[u8] = b"s9";
         turn(&*p, key, b"hello", now);
-        assert_eq!(p.has_session(key, now), Some(true));
+        assert_eq!(p.sessions().map(|s| s.has_session(key, now)), Some(true));
     }
 
     #[test]
@@ -395,6 +355,12 @@ mod tests {
         }
         struct Fixed;
         impl PlacementPolicy for Fixed {
+            fn name(&self) -> &'static str {
+                "fixed"
+            }
+            fn reasons(&self) -> &'static [Reason] {
+                &[]
+            }
             fn place(
                 &self,
                 _: &PlaceRequest,

@@ -84,6 +84,12 @@ pub fn all_learned(cands: &[Candidate]) -> bool {
         .all(|c| speed(c).is_some())
 }
 
+/// The key candidates are ranked by for a request with `uncached[i]` tokens to compute on `cands[i]`: its `total`
+/// cost; None for a candidate without a learned throughput.
+pub fn total_cost(uncached: &[u64]) -> impl Fn(usize, &Candidate) -> Option<f64> + '_ {
+    |i, c| Some(cost(c, *uncached.get(i)?)?.total).filter(|t| t.is_finite())
+}
+
 /// The cheapest eligible candidate that `allow` accepts, by `total`; ties (within [`TIE_SECONDS`]) uniformly at
 /// random. `uncached[i]` is the request's uncached tokens on `cands[i]`. None when nothing qualifies or a
 /// qualifying candidate has no learned throughput.
@@ -94,25 +100,18 @@ pub fn cheapest(
     allow: impl Fn(usize, &Candidate) -> bool,
 ) -> Option<(usize, Cost)> {
     let ok = |i: usize, c: &Candidate| c.eligible && i < uncached.len() && allow(i, c);
-    let mut min = f64::INFINITY;
-    for (i, c) in cands.iter().enumerate().filter(|(i, c)| ok(*i, c)) {
-        min = min.min(cost(c, uncached[i])?.total);
-    }
-    if !min.is_finite() {
+    if cands
+        .iter()
+        .enumerate()
+        .any(|(i, c)| ok(i, c) && speed(c).is_none())
+    {
         return None;
     }
-    let mut chosen = None;
-    let mut seen = 0u32;
-    for (i, c) in cands.iter().enumerate().filter(|(i, c)| ok(*i, c)) {
-        let k = cost(c, uncached[i])?;
-        if k.total <= min + TIE_SECONDS {
-            seen += 1;
-            if rng.u32(0..seen) == 0 {
-                chosen = Some((i, k));
-            }
-        }
-    }
-    chosen
+    let total = total_cost(uncached);
+    let i = super::pick_min(cands, rng, TIE_SECONDS, |i, c| {
+        ok(i, c).then(|| total(i, c)).flatten()
+    })?;
+    Some((i, cost(&cands[i], uncached[i])?))
 }
 
 /// Whether a session bound where it would cost `stay` should move to where it would cost `best`: only when that

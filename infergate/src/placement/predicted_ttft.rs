@@ -9,28 +9,19 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::policy::{Evictions, PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
-use super::predicted::{all_learned, cheapest, cost, should_move, tokens_ahead, Cost};
-use super::prefix::PrefixIndex;
-use super::sessions::{
-    lineage_of, ImportOutcome, SavedSession, SessionCommit, SessionRequest, SessionSlot,
+use super::ladder::{Bound, Ladder};
+use super::policy::{
+    Evictions, PlaceRequest, Placement, PlacementPolicy, Prediction, SessionHooks, Snapshot, Ticket,
 };
+use super::predicted::{
+    all_learned, cost, should_move, tokens_ahead, total_cost, Cost, TIE_SECONDS,
+};
+use super::prefix::PrefixIndex;
+use super::sessions::{lineage_of, SessionCommit, SessionRequest, SessionSlot, SESSION_REASONS};
 use super::Reason;
-use crate::config::{PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig, DEFAULT_MOVE_MARGIN};
-
-/// What a `predicted_ttft` placement carries to the lifecycle hooks and the proxy.
-#[derive(Debug, Clone, Default)]
-pub struct PredictedTicket {
-    /// The session commit, for a request that carries the session header.
-    pub session: Option<SessionCommit>,
-    /// The prompt's block hashes, inserted into the prefix index once served.
-    pub hashes: Vec<u64>,
-    /// Predicted seconds to first token on the chosen endpoint (None while placing as load_aware).
-    pub predicted_ttft: Option<f64>,
-    /// Prefill tokens ahead of this request on the chosen endpoint at placement (`predicted::tokens_ahead`): with
-    /// the request's own estimate over its time to first byte, a sample of the endpoint's prefill throughput.
-    pub tokens_ahead: u64,
-}
+use crate::config::{
+    Policy, PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig, DEFAULT_MOVE_MARGIN,
+};
 
 pub struct PredictedTtft {
     sessions: SessionSlot,
@@ -83,6 +74,18 @@ struct Pick {
 }
 
 impl PlacementPolicy for PredictedTtft {
+    fn name(&self) -> &'static str {
+        Policy::PredictedTtft.as_str()
+    }
+
+    fn reasons(&self) -> &'static [Reason] {
+        if self.sessions.is_on() {
+            &SESSION_REASONS
+        } else {
+            &[Reason::Predicted, Reason::LoadAware]
+        }
+    }
+
     fn place(
         &self,
         req: &PlaceRequest,
@@ -114,92 +117,66 @@ impl PlacementPolicy for PredictedTtft {
             _ => None,
         };
         // The bound endpoint holds the session up to its recorded size.
-        let bound = binding.and_then(|(id, size)| {
-            let b = ids[..n].iter().position(|&i| i == id)?;
-            if let Some(last) = size.filter(|&s| body >= s) {
+        if let Some((id, Some(last))) = binding {
+            if let Some(b) = ids[..n]
+                .iter()
+                .position(|&i| i == id)
+                .filter(|_| body >= last)
+            {
                 uncached_bytes[b] = uncached_bytes[b].min(body - last);
             }
-            Some(b)
-        });
+        }
+        let bound = Bound::of(binding.map(|(id, _)| id), &cands[..n], &ids[..n]);
 
         let pick = if all_learned(&cands[..n]) {
             let uncached: Vec<u64> = uncached_bytes.iter().map(|&b| self.tokens(b)).collect();
-            self.by_cost(
-                &cands[..n],
-                &uncached,
-                &uncached_bytes,
-                bound,
-                &sreq,
-                binding.is_some(),
-                rng,
-            )?
+            self.by_cost(&cands[..n], &uncached, &uncached_bytes, bound, &sreq, rng)?
         } else {
             return self.as_load_aware(req, snap, sreq, hashes, rng);
         };
         let session = match (&sreq, table) {
-            (Some(r), Some(_)) => {
-                let endpoint = match pick.reason {
-                    Reason::Spill => binding.map_or(ids[pick.index], |(id, _)| id),
-                    _ => ids[pick.index],
-                };
-                Some(SessionCommit::for_reason(r, endpoint, pick.reason))
-            }
+            (Some(r), Some(_)) => Some(SessionCommit::for_reason(
+                r,
+                pick.reason,
+                ids[pick.index],
+                binding.map(|(id, _)| id),
+            )),
             _ => None,
         };
         Some(Placement {
             index: pick.index,
             reason: pick.reason,
             estimate_bytes: pick.uncached_bytes,
-            ticket: Ticket::Predicted(Box::new(PredictedTicket {
+            ticket: Ticket {
                 session,
                 hashes,
-                predicted_ttft: pick.cost.map(|c| c.ttft),
-                tokens_ahead: tokens_ahead(&cands[pick.index]),
-            })),
+                predicted: Some(Prediction {
+                    ttft: pick.cost.map(|c| c.ttft),
+                    tokens_ahead: tokens_ahead(&cands[pick.index]),
+                }),
+            },
         })
     }
 
     fn served(&self, endpoint: u64, ticket: &Ticket, now: Instant) {
-        let Ticket::Predicted(t) = ticket else { return };
-        if let Some(commit) = &t.session {
+        if let Some(commit) = &ticket.session {
             self.sessions.commit(commit, now);
         }
-        self.index.lock().insert(endpoint, &t.hashes, now);
+        if !ticket.hashes.is_empty() {
+            self.index.lock().insert(endpoint, &ticket.hashes, now);
+        }
     }
 
     fn endpoint_removed(&self, endpoint: u64) {
         self.index.lock().remove_endpoint(endpoint);
     }
 
+    fn sessions(&self) -> Option<&dyn SessionHooks> {
+        self.sessions.hooks()
+    }
+
     fn expire(&self, now: Instant) -> Evictions {
         self.sessions.expire(now)
-    }
-
-    fn session_count(&self) -> Option<usize> {
-        self.sessions.count()
-    }
-
-    fn export_sessions(&self, now: Instant) -> Option<Vec<SavedSession>> {
-        self.sessions.export(now)
-    }
-
-    fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
-        self.sessions.import(saved, now)
-    }
-
-    fn has_session(&self, key: &[u8], now: Instant) -> Option<bool> {
-        self.sessions.has(key, now)
-    }
-
-    fn import_binding(&self, saved: SavedSession, now: Instant) -> bool {
-        self.sessions.import_one(saved, now)
-    }
-
-    fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
-        match ticket {
-            Ticket::Predicted(t) => self.sessions.saved(t.session.as_ref()?, now),
-            _ => None,
-        }
     }
 
     /// The session table's ttl and size (as in `load_aware`) and the move margin change in place; the prefix
@@ -219,57 +196,48 @@ impl PlacementPolicy for PredictedTtft {
 }
 
 impl PredictedTtft {
-    /// The cost-based decision (every eligible endpoint's throughput is learned).
-    #[allow(clippy::too_many_arguments)]
+    /// The cost-based decision (every eligible endpoint's throughput is learned): the session ladder ranked by
+    /// predicted cost, where a turn spills off a bound endpoint at its limit and otherwise moves only when that
+    /// saves more than the move margin.
     fn by_cost(
         &self,
         cands: &[super::Candidate],
         uncached: &[u64],
         uncached_bytes: &[u64],
-        bound: Option<usize>,
+        bound: Bound,
         sreq: &Option<SessionRequest>,
-        has_binding: bool,
         rng: &mut fastrand::Rng,
     ) -> Option<Pick> {
-        let pick = |(index, c): (usize, Cost), reason| Pick {
+        let ladder = Ladder::new(cands, TIE_SECONDS, total_cost(uncached));
+        let sessions = self.sessions.is_on();
+        let (index, reason) = match sreq.as_ref().filter(|_| sessions) {
+            None => {
+                let reason = if sessions {
+                    Reason::Headerless
+                } else {
+                    Reason::Predicted
+                };
+                (ladder.cheapest(rng, |_, _| true)?, reason)
+            }
+            Some(_) => ladder.climb(rng, bound, |l, rng, b| {
+                if cands[b].at_limit() {
+                    if let Some(t) = l.spill_at_limit(rng, b) {
+                        return Some((t, Reason::Spill));
+                    }
+                }
+                let stay = cost(&cands[b], uncached[b])?;
+                let best = l.cheapest(rng, |i, c| i == b || !c.kv_full())?;
+                let saves = cost(&cands[best], uncached[best])?;
+                (best != b && should_move(stay, saves, self.move_margin()))
+                    .then_some((best, Reason::Migrate))
+            })?,
+        };
+        Some(Pick {
             index,
             reason,
             uncached_bytes: uncached_bytes[index],
-            cost: Some(c),
-        };
-        let sessions = self.sessions.is_on();
-        let Some(_) = sreq.as_ref().filter(|_| sessions) else {
-            let reason = if sessions {
-                Reason::Headerless
-            } else {
-                Reason::Predicted
-            };
-            return Some(pick(cheapest(cands, uncached, rng, |_, _| true)?, reason));
-        };
-        let Some(b) = bound.filter(|&b| cands[b].eligible) else {
-            let reason = if has_binding {
-                Reason::Fallback
-            } else {
-                Reason::NewSession
-            };
-            return Some(pick(cheapest(cands, uncached, rng, |_, _| true)?, reason));
-        };
-        if cands[b].at_limit() {
-            // A hard limit is a constraint, not a cost: one turn elsewhere, the binding kept.
-            let other = cheapest(cands, uncached, rng, |i, c| {
-                i != b && !c.at_limit() && !c.kv_full()
-            })
-            .or_else(|| cheapest(cands, uncached, rng, |i, c| i != b && !c.at_limit()));
-            if let Some(t) = other {
-                return Some(pick(t, Reason::Spill));
-            }
-        }
-        let stay = cost(&cands[b], uncached[b])?;
-        let best = cheapest(cands, uncached, rng, |i, c| i == b || !c.kv_full())?;
-        if best.0 != b && should_move(stay, best.1, self.move_margin()) {
-            return Some(pick(best, Reason::Migrate));
-        }
-        Some(pick((b, stay), Reason::Sticky))
+            cost: cost(&cands[index], uncached[index]),
+        })
     }
 
     /// Before every throughput is learned: `load_aware`'s decisions (the session table's rules for session
@@ -282,13 +250,13 @@ impl PredictedTtft {
         hashes: Vec<u64>,
         rng: &mut fastrand::Rng,
     ) -> Option<Placement> {
-        let ticket = |session, index: usize| {
-            Ticket::Predicted(Box::new(PredictedTicket {
-                session,
-                hashes,
-                predicted_ttft: None,
+        let ticket = |session, index: usize| Ticket {
+            session,
+            hashes,
+            predicted: Some(Prediction {
+                ttft: None,
                 tokens_ahead: tokens_ahead(&snap.cands[index]),
-            }))
+            }),
         };
         match (self.sessions.table(), sreq) {
             (Some(table), Some(sreq)) => {

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use lru::LruCache;
 
-use super::{least_inflight, pick_within, Candidate, Decision, Reason};
+use super::{least_inflight, pick_min, Candidate, Decision, Reason};
 use crate::config::{PrefixConfig, PrefixFallback};
 
 /// Gate, relative part: the prefix candidate is "hot" when its load exceeds the eligible pool's mean load times
@@ -184,15 +184,9 @@ impl PrefixIndex {
         }
 
         // Longest match; among those the lower load; exact ties at random.
-        let longest: Vec<Candidate> = cands
-            .iter()
-            .zip(&matched)
-            .map(|(c, &m)| Candidate {
-                eligible: c.eligible && m == best,
-                ..*c
-            })
-            .collect();
-        let chosen = pick_within(&longest, rng, 0, Candidate::request_load)?;
+        let chosen = pick_min(cands, rng, 0, |i, c| {
+            (matched.get(i) == Some(&best)).then(|| c.request_load())
+        })?;
 
         if gate_trips(cands, &cands[chosen]) {
             let index = self.fallback(cands, arrivals, rng)?;

@@ -9,7 +9,8 @@ use parking_lot::Mutex;
 
 use super::policy::{PlaceRequest, Placement, PlacementPolicy, Snapshot, Ticket};
 use super::prefix::PrefixIndex;
-use crate::config::{PolicyConfig, PoolConfig, PrefixConfig, PrefixFallback};
+use super::Reason;
+use crate::config::{Policy, PolicyConfig, PoolConfig, PrefixConfig, PrefixFallback};
 
 /// The window of the legacy `qps` fallback (production-stack's request-stats window).
 pub const QPS_WINDOW: Duration = Duration::from_secs(60);
@@ -42,6 +43,14 @@ impl PrefixAware {
 }
 
 impl PlacementPolicy for PrefixAware {
+    fn name(&self) -> &'static str {
+        Policy::PrefixAware.as_str()
+    }
+
+    fn reasons(&self) -> &'static [Reason] {
+        &[Reason::PrefixHit, Reason::PrefixMiss, Reason::PrefixGated]
+    }
+
     fn place(
         &self,
         req: &PlaceRequest,
@@ -67,7 +76,10 @@ impl PlacementPolicy for PrefixAware {
             index: d.index,
             reason: d.reason,
             estimate_bytes: req.body_bytes,
-            ticket: Ticket::Prefix(hashes),
+            ticket: Ticket {
+                hashes,
+                ..Ticket::NONE
+            },
         })
     }
 
@@ -88,8 +100,8 @@ impl PlacementPolicy for PrefixAware {
     fn served(&self, endpoint: u64, ticket: &Ticket, now: Instant) {
         // Only an engine that accepted the prompt caches it: a refused or failed attempt leaves no trace. A gated
         // placement inserts too, so a hot prefix replicates.
-        if let Ticket::Prefix(hashes) = ticket {
-            self.index.lock().insert(endpoint, hashes, now);
+        if !ticket.hashes.is_empty() {
+            self.index.lock().insert(endpoint, &ticket.hashes, now);
         }
     }
 

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::policy::{PlaceRequest, Placement, PlacementPolicy, Snapshot};
 use super::Reason;
+use crate::config::Policy;
 
 #[derive(Debug, Default)]
 pub struct RoundRobin {
@@ -11,6 +12,14 @@ pub struct RoundRobin {
 }
 
 impl PlacementPolicy for RoundRobin {
+    fn name(&self) -> &'static str {
+        Policy::RoundRobin.as_str()
+    }
+
+    fn reasons(&self) -> &'static [Reason] {
+        &[Reason::RoundRobin]
+    }
+
     /// No parameters of its own: a reload has nothing to change.
     fn reconfigure(
         &self,

@@ -42,12 +42,23 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
+use super::ladder::{Bound, Ladder};
 use super::{Candidate, Reason};
 
 mod persist;
 mod slot;
 pub use persist::{ImportOutcome, SavedSession};
 pub use slot::SessionSlot;
+
+/// The reasons a session-keeping policy gives, in the order the metrics and the status page list them.
+pub const SESSION_REASONS: [Reason; 6] = [
+    Reason::NewSession,
+    Reason::Sticky,
+    Reason::Migrate,
+    Reason::Spill,
+    Reason::Fallback,
+    Reason::Headerless,
+];
 
 /// Prompt lineages remembered per session (LRU among them beyond this).
 pub const MAX_LINEAGES: usize = 4;
@@ -153,13 +164,18 @@ pub struct SessionCommit {
 }
 
 impl SessionCommit {
-    /// The commit of a placement another policy decided (`predicted_ttft`): `Sticky` records the size,
-    /// `Spill` keeps the binding of `endpoint`, every other reason binds to `endpoint`.
-    pub fn for_reason(req: &SessionRequest, endpoint: u64, reason: Reason) -> SessionCommit {
-        let kind = match reason {
-            Reason::Sticky => CommitKind::Sticky,
-            Reason::Spill => CommitKind::Spill,
-            _ => CommitKind::Bind,
+    /// The commit of a session placement on endpoint `chosen` of a session bound to `bound`: `Sticky` records the
+    /// size, `Spill` keeps the binding (to `bound`), every other reason binds to `chosen`.
+    pub fn for_reason(
+        req: &SessionRequest,
+        reason: Reason,
+        chosen: u64,
+        bound: Option<u64>,
+    ) -> SessionCommit {
+        let (kind, endpoint) = match reason {
+            Reason::Sticky => (CommitKind::Sticky, chosen),
+            Reason::Spill => (CommitKind::Spill, bound.unwrap_or(chosen)),
+            _ => (CommitKind::Bind, chosen),
         };
         SessionCommit {
             key: session_key(req.key),
@@ -305,78 +321,53 @@ impl SessionTable {
         debug_assert_eq!(cands.len(), ids.len(), "one id per candidate");
         let n = cands.len().min(ids.len());
         let (cands, ids) = (&cands[..n], &ids[..n]);
-        let key = session_key(req.key);
         let whole = req.body_bytes;
-        let out =
-            |index: usize, reason: Reason, estimate_bytes: u64, kind: CommitKind, endpoint: u64| {
-                Some(SessionPlacement {
-                    index,
-                    reason,
-                    estimate_bytes,
-                    commit: SessionCommit {
-                        key,
-                        lineage: req.lineage,
-                        endpoint,
-                        body_bytes: whole,
-                        kind,
-                    },
-                })
-            };
-
-        let Some(binding) = self.live(key, now) else {
-            let i = pick(cands, rng, |_, _| true)?;
-            return out(i, Reason::NewSession, whole, CommitKind::Bind, ids[i]);
-        };
-        let bound = ids
-            .iter()
-            .position(|&id| id == binding.endpoint)
-            .filter(|&i| cands[i].eligible);
-        let Some(b) = bound else {
-            let i = pick(cands, rng, |_, _| true)?;
-            return out(i, Reason::Fallback, whole, CommitKind::Bind, ids[i]);
-        };
-        let bc = &cands[b];
-
-        if bc.has_queue() {
-            // Tokens choose the target; the pressure rule compares requests against that target only.
-            if let Some(t) = pick(cands, rng, |i, c| i != b && !c.kv_full()) {
-                if cands[t].request_load().saturating_add(MIGRATE_MIN_GAP) <= bc.request_load() {
-                    return out(t, Reason::Migrate, whole, CommitKind::Bind, ids[t]);
-                }
-            }
-        }
-
-        if bc.at_limit() {
-            let spill = pick(cands, rng, |i, c| i != b && !c.at_limit() && !c.kv_full())
-                .or_else(|| pick(cands, rng, |i, c| i != b && !c.at_limit()));
-            if let Some(t) = spill {
-                return out(t, Reason::Spill, whole, CommitKind::Spill, binding.endpoint);
-            }
-        }
-
-        let estimate = match binding.size_of(req.lineage) {
+        let binding = self.live(session_key(req.key), now);
+        let bound = Bound::of(binding.map(|b| b.endpoint), cands, ids);
+        // A sticky turn's estimate: this lineage's growth since its last committed size, or the whole body.
+        let estimate = match binding.and_then(|b| b.size_of(req.lineage)) {
             Some(last) if whole >= last => whole - last,
             _ => whole,
         };
-
-        if bc.live_prefill_tokens() >= BACKLOG_SPILL_MIN_TOKENS && req.bytes_per_token > 0.0 {
-            let tokens = |bytes: u64| (bytes as f64 / req.bytes_per_token) as u64;
-            let wait_bound = bc.live_prefill_tokens().saturating_add(tokens(estimate));
-            if let Some(t) = pick(cands, rng, |i, c| i != b && !c.at_limit() && !c.kv_full()) {
-                let wait_target = cands[t].live_prefill_tokens().saturating_add(tokens(whole));
-                if wait_target.saturating_mul(BACKLOG_SPILL_RATIO) <= wait_bound {
-                    return out(t, Reason::Spill, whole, CommitKind::Spill, binding.endpoint);
+        let ladder = Ladder::new(cands, 0, |_, c: &Candidate| Some(c.score()));
+        let (index, reason) = ladder.climb(rng, bound, |l, rng, b| {
+            let bc = &cands[b];
+            if bc.has_queue() {
+                // Tokens choose the target; the pressure rule compares requests against that target only.
+                if let Some(t) = l.cheapest(rng, |i, c| i != b && !c.kv_full()) {
+                    if cands[t].request_load().saturating_add(MIGRATE_MIN_GAP) <= bc.request_load()
+                    {
+                        return Some((t, Reason::Migrate));
+                    }
                 }
             }
-        }
-
-        out(
-            b,
-            Reason::Sticky,
-            estimate,
-            CommitKind::Sticky,
-            binding.endpoint,
-        )
+            if bc.at_limit() {
+                if let Some(t) = l.spill_at_limit(rng, b) {
+                    return Some((t, Reason::Spill));
+                }
+            }
+            if bc.live_prefill_tokens() >= BACKLOG_SPILL_MIN_TOKENS && req.bytes_per_token > 0.0 {
+                let tokens = |bytes: u64| (bytes as f64 / req.bytes_per_token) as u64;
+                let wait_bound = bc.live_prefill_tokens().saturating_add(tokens(estimate));
+                if let Some(t) = l.cheapest(rng, |i, c| i != b && !c.at_limit() && !c.kv_full()) {
+                    let wait_target = cands[t].live_prefill_tokens().saturating_add(tokens(whole));
+                    if wait_target.saturating_mul(BACKLOG_SPILL_RATIO) <= wait_bound {
+                        return Some((t, Reason::Spill));
+                    }
+                }
+            }
+            None
+        })?;
+        Some(SessionPlacement {
+            index,
+            reason,
+            estimate_bytes: if reason == Reason::Sticky {
+                estimate
+            } else {
+                whole
+            },
+            commit: SessionCommit::for_reason(req, reason, ids[index], binding.map(|b| b.endpoint)),
+        })
     }
 
     /// After the request was SERVED (response headers < 500 received), record the new size / binding. A failed
@@ -475,33 +466,6 @@ impl SessionTable {
         let bucket_worst = (bucket * 16).div_ceil(7);
         node_heap + bucket_worst
     }
-}
-
-/// `load_aware` restricted to eligible candidates that also satisfy `allow`: minimum score, exact ties uniformly
-/// at random (the same rule and reservoir sampling as [`super::load_aware`]).
-fn pick(
-    cands: &[Candidate],
-    rng: &mut fastrand::Rng,
-    allow: impl Fn(usize, &Candidate) -> bool,
-) -> Option<usize> {
-    let ok = |i: usize, c: &Candidate| c.eligible && allow(i, c);
-    let min = cands
-        .iter()
-        .enumerate()
-        .filter(|&(i, c)| ok(i, c))
-        .map(|(_, c)| c.score())
-        .min()?;
-    let mut chosen = None;
-    let mut seen = 0u32;
-    for (i, c) in cands.iter().enumerate() {
-        if ok(i, c) && c.score() == min {
-            seen += 1;
-            if rng.u32(0..seen) == 0 {
-                chosen = Some(i);
-            }
-        }
-    }
-    chosen
 }
 
 #[cfg(test)]

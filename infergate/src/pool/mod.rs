@@ -26,9 +26,9 @@ use pingora_load_balancing::{Backend, Backends, LoadBalancer};
 
 use crate::config::{Config, EndpointConfig, PoolConfig};
 use crate::metrics::{EndpointSample, LiveSource, Metrics, PoolSample};
-use crate::placement::policy::{self, PlacementPolicy};
 use crate::placement::throughput::{Fitted, ThroughputFit};
 use crate::placement::Candidate;
+use crate::placement::{factory, policy::PlacementPolicy};
 use health::EndpointHealthCheck;
 use membership::{Membership, SharedMembership};
 
@@ -73,7 +73,7 @@ impl Pool {
             endpoints: ArcSwap::from_pointee(Vec::new()),
             membership,
             lb: Arc::new(lb),
-            policy: policy::build(cfg),
+            policy: factory::build(cfg),
             discovered_models: RwLock::new(Vec::new()),
             recent: RecentPlacements::default(),
             placing: Mutex::new(()),
@@ -180,7 +180,7 @@ impl Pool {
 
     /// The placement reasons this pool's policy can give.
     pub fn reasons(&self) -> &'static [crate::placement::Reason] {
-        policy::reasons(&self.cfg().policy)
+        self.policy.reasons()
     }
 
     /// Which of `endpoints` (this pool's) their health lets take work now.
@@ -411,7 +411,7 @@ impl LiveSource for Pools {
             .iter()
             .map(|p| PoolSample {
                 pool: p.name.to_string(),
-                sessions: p.policy.session_count().unwrap_or(0) as u64,
+                sessions: p.policy.sessions().map_or(0, |s| s.session_count()) as u64,
                 health_panic: p.health_gate(&p.endpoints()).panic,
             })
             .collect()

@@ -158,7 +158,7 @@ impl Ctx {
     }
 
     fn ticket(&self) -> &Ticket {
-        static NONE: Ticket = Ticket::None;
+        static NONE: Ticket = Ticket::NONE;
         self.placement.as_ref().map_or(&NONE, |p| &p.ticket)
     }
 }
@@ -512,7 +512,8 @@ impl ProxyHttp for Router {
             }
             pool.policy.served(ep.id, ctx.ticket(), now);
             if let Some(cluster) = &self.cluster {
-                if let Some(saved) = pool.policy.served_binding(ctx.ticket(), now) {
+                let sessions = pool.policy.sessions();
+                if let Some(saved) = sessions.and_then(|s| s.served_binding(ctx.ticket(), now)) {
                     cluster.share_binding(&pool, &saved);
                 }
             }

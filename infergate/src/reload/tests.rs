@@ -166,7 +166,7 @@ fn predicted_ttfts_sessions_apply_in_place_and_its_prefix_is_kept() {
         &pred("    sessions: { ttl: 5m }\n    prefill: { bytes_per_token: 3 }\n"),
     );
     assert_eq!(p.applied.len(), 1, "{:?}", p.applied);
-    let running = crate::placement::policy::build(&pred("    sessions: { ttl: 1h }\n").pools[0]);
+    let running = crate::placement::factory::build(&pred("    sessions: { ttl: 1h }\n").pools[0]);
     assert_eq!(
         running.reconfigure(&p.effective.pools[0], Instant::now()),
         Ok(None)

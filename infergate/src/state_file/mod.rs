@@ -100,7 +100,7 @@ pub struct Sessions {
 pub fn export(state: &Sessions, writer: u64, now: Instant, now_ms: u64) -> StateDoc {
     let mut pools = Vec::new();
     for pool in &state.pools.pools {
-        let Some(saved) = pool.policy.export_sessions(now) else {
+        let Some(saved) = pool.policy.sessions().map(|s| s.export_sessions(now)) else {
             continue;
         };
         let endpoints = pool.endpoints();
@@ -161,7 +161,10 @@ pub fn import(state: &Sessions, doc: StateDoc, now: Instant, now_ms: u64) -> Loa
                 None => r.gone += 1,
             }
         }
-        let out = pool.policy.import_sessions(saved, now);
+        let out = match pool.policy.sessions() {
+            Some(s) => s.import_sessions(saved, now),
+            None => crate::placement::sessions::ImportOutcome::no_sessions(saved.len()),
+        };
         r.adopted += out.adopted;
         r.expired += out.expired;
         r.older += out.older;

@@ -51,7 +51,8 @@ fn id(s: &Sessions, port: u16) -> u64 {
 
 fn bind(s: &Sessions, key: u64, port: u64, idle_s: u64) {
     let endpoint = id(s, port as u16);
-    let out = s.pools.pools[0].policy.import_sessions(
+    let sessions = s.pools.pools[0].policy.sessions().expect("a sessions pool");
+    let out = sessions.import_sessions(
         vec![SavedSession {
             key,
             endpoint,
@@ -71,7 +72,8 @@ fn bindings(s: &Sessions) -> Vec<Bound> {
     let eps = s.pools.pools[0].endpoints();
     s.pools.pools[0]
         .policy
-        .export_sessions(Instant::now())
+        .sessions()
+        .map(|s| s.export_sessions(Instant::now()))
         .unwrap()
         .into_iter()
         .map(|b| {

@@ -44,6 +44,16 @@ pub struct ImportOutcome {
     pub no_sessions: usize,
 }
 
+impl ImportOutcome {
+    /// `saved` bindings offered to a pool whose policy keeps no sessions: none taken.
+    pub fn no_sessions(saved: usize) -> ImportOutcome {
+        ImportOutcome {
+            no_sessions: saved,
+            ..ImportOutcome::default()
+        }
+    }
+}
+
 fn saved(key: u64, b: &Binding, now: Instant) -> SavedSession {
     let n = usize::from(b.len);
     SavedSession {

@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 
 use super::{ImportOutcome, SavedSession, SessionCommit, SessionTable};
 use crate::config::SessionsConfig;
-use crate::placement::policy::Evictions;
+use crate::placement::policy::{Evictions, SessionHooks, Ticket};
 
 /// None when the pool's policy runs without `sessions`.
 pub struct SessionSlot(Option<Mutex<SessionTable>>);
@@ -42,37 +42,9 @@ impl SessionSlot {
         table.take_evictions()
     }
 
-    pub fn count(&self) -> Option<usize> {
-        self.0.as_ref().map(|t| t.lock().len())
-    }
-
-    pub fn export(&self, now: Instant) -> Option<Vec<SavedSession>> {
-        self.0.as_ref().map(|t| t.lock().export(now))
-    }
-
-    pub fn import(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
-        match &self.0 {
-            Some(t) => t.lock().import(saved, now),
-            None => ImportOutcome {
-                no_sessions: saved.len(),
-                ..ImportOutcome::default()
-            },
-        }
-    }
-
-    pub fn has(&self, key: &[u8], now: Instant) -> Option<bool> {
-        self.0.as_ref().map(|t| t.lock().contains_live(key, now))
-    }
-
-    pub fn import_one(&self, saved: SavedSession, now: Instant) -> bool {
-        self.0
-            .as_ref()
-            .is_some_and(|t| t.lock().import_one(saved, now))
-    }
-
-    /// The binding `commit`'s turn left in the table, to share with other replicas.
-    pub fn saved(&self, commit: &SessionCommit, now: Instant) -> Option<SavedSession> {
-        self.0.as_ref()?.lock().saved(commit.key(), now)
+    /// The session hooks, when the table is on.
+    pub fn hooks(&self) -> Option<&dyn SessionHooks> {
+        self.0.as_ref().map(|t| t as &dyn SessionHooks)
     }
 
     /// A reload's new `sessions` settings: ttl and size change in place (what no longer fits is dropped and
@@ -94,5 +66,32 @@ impl SessionSlot {
         Ok((expired + evicted > 0).then(|| {
             format!("{expired} session binding(s) past the new ttl dropped, {evicted} beyond the new max_sessions evicted")
         }))
+    }
+}
+
+/// Every session-keeping policy answers the session hooks from its table.
+impl SessionHooks for Mutex<SessionTable> {
+    fn session_count(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn export_sessions(&self, now: Instant) -> Vec<SavedSession> {
+        self.lock().export(now)
+    }
+
+    fn has_session(&self, key: &[u8], now: Instant) -> bool {
+        self.lock().contains_live(key, now)
+    }
+
+    fn import_binding(&self, saved: SavedSession, now: Instant) -> bool {
+        self.lock().import_one(saved, now)
+    }
+
+    fn served_binding(&self, ticket: &Ticket, now: Instant) -> Option<SavedSession> {
+        self.lock().saved(ticket.session.as_ref()?.key(), now)
+    }
+
+    fn import_sessions(&self, saved: Vec<SavedSession>, now: Instant) -> ImportOutcome {
+        self.lock().import(saved, now)
     }
 }
