@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
-# promtool and headless Chromium for infergate/tests/observe.rs (alert rules, status page).
+# promtool and headless Chromium for infergate/tests/it/observe.rs (alert rules, status page).
 scripts/ensure-test-tools.sh
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 echo "== cargo fmt --check"

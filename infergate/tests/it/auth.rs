@@ -1,13 +1,11 @@
 //! Client keys and their limits on real sockets: 401 before the body is read, both header forms, the client's key
 //! never reaching an engine, keys reloaded in place and by SIGHUP, and each limit's 429 with Retry-After.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use infergate::config::Config;
 use infergate_sim::{self as sim, SimConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

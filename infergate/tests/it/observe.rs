@@ -6,14 +6,12 @@
 //! promtool (Debian `prometheus`) and Chromium (Debian `chromium`) are installed by `scripts/ensure-test-tools.sh`
 //! when missing; a test fails if they still are, unless `INFERGATE_SKIP_TOOL_TESTS` is set.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate::config::Config;
 use infergate::metrics::{COMMIT, REQUEST_CODES, ROUTER_CODES, VERSION};
 use infergate_sim::SimConfig;

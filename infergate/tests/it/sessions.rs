@@ -1,11 +1,9 @@
 //! Sessions end to end: sticky turns with growth-only estimates, migration under real pressure, count_tokens
 //! leaving no binding, non-streaming release at the estimated prefill end.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate::placement::estimate_tokens;
 
 fn conversation(turns: usize) -> String {

@@ -5,12 +5,10 @@
 //! Without `redis-server` on the PATH these tests say so loudly and pass, unless `CI` is set: then they fail
 //! (`scripts/ensure-test-tools.sh` installs it).
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use infergate_sim::SimConfig;
 
 /// A `redis-server` child on a loopback port, persistence off; killed on drop.

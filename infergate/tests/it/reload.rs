@@ -2,13 +2,11 @@
 //! and prefill settings and outlier detection change in place while a stream is in flight; what needs a graceful
 //! upgrade is named, one line per setting; a bad file leaves the running configuration alone.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::common::{
     chat_body, client, drain, engines, free_port, metric_sum, metric_value, try_metrics, urls,
     CHAT, SESSION_HEADER,
 };
