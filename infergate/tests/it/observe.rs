@@ -3,8 +3,8 @@
 //! page renders every endpoint in headless Chromium while `/metrics` answers as before; a prefill released a
 //! moment ago still shows in the status peak.
 //!
-//! promtool (Debian `prometheus`) and Chromium (Debian `chromium`) are installed by `scripts/ensure-test-tools.sh`
-//! when missing; a test fails if they still are, unless `INFERGATE_SKIP_TOOL_TESTS` is set.
+//! promtool (Debian `prometheus`) and Chromium (Debian `chromium`) are installed by `scripts/ensure-test-tools.sh`,
+//! which the test command runs first; a test fails when they are missing, unless `INFERGATE_SKIP_TOOL_TESTS` is set.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
