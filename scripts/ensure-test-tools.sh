@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the tools the tests run on Debian: promtool (package `prometheus`) for the alert rules and headless
-# Chromium (`chromium`, plus a font) for the status page (infergate/tests/observe.rs), and `redis-server` for the
-# router replicas sharing state (infergate/tests/cluster.rs, which starts its own on a free loopback port), and
-# `strace` to hold a daemon's parent after the fork (infergate/tests/lifecycle.rs).
+# Chromium (`chromium`, plus a font) for the status page (infergate/tests/it/observe.rs), and `redis-server` for the
+# router replicas sharing state (infergate/tests/it/cluster.rs, which starts its own on a free loopback port), and
+# `strace` to hold a daemon's parent after the fork (infergate/tests/it/lifecycle.rs).
 # Idempotent; quiet when both are present. Run as root or with sudo.
 set -euo pipefail
 missing=()

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
-# promtool and headless Chromium for infergate/tests/observe.rs (alert rules, status page).
+# The tools the integration tests run (promtool and headless Chromium for the alert rules and the status page,
+# redis-server, strace); the tests themselves install nothing and fail when one is missing.
 scripts/ensure-test-tools.sh
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 echo "== cargo fmt --check"

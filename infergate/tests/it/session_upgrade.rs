@@ -4,13 +4,11 @@
 //! instance has already loaded the file by then, so it must adopt the later write: the next turn is `sticky` on
 //! the engine the old instance bound the session to.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn conf(listen: u16, metrics: u16, state: &Path, engines: &[String]) -> String {
     let eps: String = engines

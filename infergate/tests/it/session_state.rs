@@ -2,11 +2,9 @@
 //! them, and the next turn of a conversation is `sticky` on the engine that holds its KV cache, counting only the
 //! conversation's growth.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use infergate::placement::estimate_tokens;
 
 fn conversation(turns: usize) -> String {

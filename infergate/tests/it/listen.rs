@@ -1,13 +1,11 @@
 //! A listener that cannot bind stops the binary before it serves anything: non-zero exit, a clear message, and
 //! the other listener never accepts.
 
-mod common;
-
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, KillOnDrop};
+use crate::common::{free_port, KillOnDrop};
 
 fn conf(listen: u16, metrics: u16) -> String {
     format!(

@@ -3,14 +3,12 @@
 //! poisoned twice and the endpoint list is reloaded. At most 1% of requests may fail (a 502 only from a connect
 //! reset in the refusing engine's accept queue), and every gauge ends at 0.
 
-mod common;
-
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use infergate::config::Config;
 

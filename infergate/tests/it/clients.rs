@@ -1,12 +1,10 @@
 //! Connection-level behaviour real clients and operators rely on: pipelined requests, the final failed attempt
 //! in the request counter, and a reload that rotates a key without resetting the endpoint.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate::config::Config;
 use infergate_sim::SimConfig;
 use tokio::io::AsyncWriteExt;

@@ -1,12 +1,10 @@
 //! Safe to expose: only the inference API reaches an engine unless `expose_paths` lists more; request paths are
 //! normalised before matching and forwarded normalised; traversal and encoding tricks get a 400.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate_sim::{self as sim, SimConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

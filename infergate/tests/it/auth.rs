@@ -1,13 +1,11 @@
 //! Client keys and their limits on real sockets: 401 before the body is read, both header forms, the client's key
 //! never reaching an engine, keys reloaded in place and by SIGHUP, and each limit's 429 with Retry-After.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use infergate::config::Config;
 use infergate_sim::{self as sim, SimConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -437,7 +435,10 @@ async fn sighup_reloads_keys_and_a_bad_keys_file_keeps_the_old_ones_without_logg
     let secret = "sk-leak-check-9999999999";
     std::fs::write(&keys, format!("alice:{secret}\nbob:{secret}\n")).unwrap();
     hup();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_metrics(mport, "the keys file with a duplicate key rejected", |m| {
+        metric_value(m, "infergate_config_reloads_total", &["result=\"failed\""]) == Some(1.0)
+    })
+    .await;
     assert_eq!(status(ALICE).await, 200);
     std::fs::write(&keys, format!("bob:{BOB}\n")).unwrap();
     hup();

@@ -6,8 +6,6 @@
 //!
 //! Engines run in this process; routers are separate processes on loopback ports, their logs in files.
 
-mod common;
-
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -15,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{chat_body, client, engines, free_port, time_scaled, CHAT};
+use crate::common::{self, chat_body, client, engines, free_port, time_scaled, CHAT};
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -31,7 +29,8 @@ struct Scratch {
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("infergate-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("infergate-lifecycle-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         Scratch { dir, pids: vec![] }

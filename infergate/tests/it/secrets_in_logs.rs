@@ -3,12 +3,10 @@
 //! them anywhere. The same run
 //! with the cap lifted shows the check can see a leak: Pingora then prints the engine key.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, KillOnDrop};
+use crate::common::{free_port, KillOnDrop};
 use infergate_sim::{self as sim, SimConfig};
 
 const ENGINE_KEY: &str = "engine-key-7f3a9c1e5b";

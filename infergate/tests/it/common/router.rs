@@ -79,6 +79,18 @@ impl TestRouter {
         }
     }
 
+    /// Wait (5 s at most) until the engine stats of pool 0's endpoint `i` are fresh and `f(running, waiting)` holds
+    /// on them: a scrape taken after the engine's queue changed has landed.
+    pub async fn wait_engine_stats(&self, i: usize, what: &str, f: impl Fn(u64, u64) -> bool) {
+        self.wait_for(what, Duration::from_secs(5), |r| {
+            r.state.pools.pools[0].endpoints()[i]
+                .stats
+                .fresh(Instant::now())
+                .is_some_and(|l| f(l.running, l.waiting))
+        })
+        .await;
+    }
+
     /// Wait (20 s at most) until every endpoint holds no tokens and no request.
     pub async fn wait_idle(&self) {
         self.wait_for("every gauge back to 0", Duration::from_secs(20), |r| {

@@ -1,5 +1,5 @@
 //! Memory of the session table, measured (not computed): resident set growth for 100k bindings.
-//! Run by scripts/bench.sh: `cargo test --release --test session_memory -- --ignored --nocapture`.
+//! Run by scripts/bench.sh: `cargo test --release --test it session_memory:: -- --ignored --nocapture`.
 
 use std::time::{Duration, Instant};
 

@@ -45,6 +45,24 @@ pub async fn try_metrics(url: &str) -> Option<String> {
     reqwest::get(url).await.ok()?.text().await.ok()
 }
 
+/// Scrape the `/metrics` of a router on loopback port `port` (a router binary started by the test) until `f(text)`
+/// holds, every 50 ms; panics naming `what` after 20 s.
+pub async fn wait_metrics(port: u16, what: &str, f: impl Fn(&str) -> bool) {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(m) = try_metrics(&format!("http://127.0.0.1:{port}/metrics")).await {
+            if f(&m) {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A metric's value from the text exposition: the sample whose name matches and whose labels include all of
 /// `labels` (`k="v"` fragments). None when absent.
 pub fn metric_value(text: &str, name: &str, labels: &[&str]) -> Option<f64> {

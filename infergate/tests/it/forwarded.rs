@@ -1,11 +1,9 @@
 //! What an engine receives about the client: `X-Forwarded-For` and `Forwarded` extended with the client address
 //! (once, also on a retried request), `X-Real-IP` set to it unless the peer is a trusted proxy.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate_sim::{self as sim, RecordedRequest, SimConfig};
 
 const CHAT: &str =

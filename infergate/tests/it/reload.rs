@@ -2,15 +2,13 @@
 //! and prefill settings and outlier detection change in place while a stream is in flight; what needs a graceful
 //! upgrade is named, one line per setting; a bad file leaves the running configuration alone.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::common::{
     chat_body, client, drain, engines, free_port, metric_sum, metric_value, try_metrics, urls,
-    CHAT, SESSION_HEADER,
+    wait_metrics, CHAT, SESSION_HEADER,
 };
 use infergate_sim::SimConfig;
 
@@ -30,22 +28,6 @@ fn conf(listen: u16, metrics: u16, ports: &[u16]) -> String {
 /// A scrape of the router's metrics on `port`; None while it does not answer.
 async fn metrics(port: u16) -> Option<String> {
     try_metrics(&format!("http://127.0.0.1:{port}/metrics")).await
-}
-
-async fn wait_metrics(port: u16, what: &str, f: impl Fn(&str) -> bool) {
-    let start = Instant::now();
-    loop {
-        if let Some(m) = metrics(port).await {
-            if f(&m) {
-                return;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,7 +52,10 @@ async fn sighup_reloads_endpoints_and_deletes_departed_series() {
     let _ = Command::new("kill")
         .args(["-HUP", &child.id().to_string()])
         .status();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_metrics(mport, "the broken file rejected", |m| {
+        metric_value(m, "infergate_config_reloads_total", &["result=\"failed\""]) == Some(1.0)
+    })
+    .await;
     assert!(metrics(mport).await.unwrap().contains(&ep_b));
 
     std::fs::write(&path, conf(listen, mport, &[a])).unwrap();

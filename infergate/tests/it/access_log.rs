@@ -2,12 +2,10 @@
 //! request ids taken from the client or generated and seen by the engine and the client, W3C trace context passed
 //! through, the serving endpoint's header on and off; nothing secret in the log.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate_sim::{self as sim, SimConfig};
 use serde_json::Value;
 

@@ -1,10 +1,8 @@
 //! End-to-end tests of the router core through real sockets: engine-sim engines and a router on loopback.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use infergate_sim::{self as sim, SimConfig};
 

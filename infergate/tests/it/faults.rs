@@ -1,11 +1,9 @@
 //! Real engines' faults: an engine that answers 503 is no blackhole, a slow engine never gets the same
 //! generation twice, a stale pooled connection keeps a session on its engine, and only success teaches.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate_sim::SimConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

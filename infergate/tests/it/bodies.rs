@@ -1,11 +1,9 @@
 //! Bodies as real clients send them: `model` and `stream` anywhere in bodies from 70 KiB to 8 MiB, declared or
 //! chunked, `Expect: 100-continue`, and a retry that must resend the whole body.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate_sim::{self as sim, SimConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

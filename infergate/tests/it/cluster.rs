@@ -5,12 +5,12 @@
 //! Without `redis-server` on the PATH these tests say so loudly and pass, unless `CI` is set: then they fail
 //! (`scripts/ensure-test-tools.sh` installs it).
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
+use infergate::cluster::wire::{BindingRecord, Keys};
+use infergate::placement::sessions::session_hash;
 use infergate_sim::SimConfig;
 
 /// A `redis-server` child on a loopback port, persistence off; killed on drop.
@@ -68,6 +68,40 @@ impl Redis {
 
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The endpoint URL the store binds `session` of pool `default` to, under replica `r`'s key prefix; None while
+    /// the store holds no such binding (or does not answer).
+    async fn binding(&self, r: &TestRouter, session: &str) -> Option<String> {
+        let prefix = &r.state.cfg.cluster.as_ref()?.key_prefix;
+        let key = Keys::new(prefix).session("default", session_hash(session.as_bytes()));
+        let client = redis::Client::open(self.url()).ok()?;
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        let value: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        BindingRecord::decode(&value?).map(|b| b.endpoint)
+    }
+
+    /// Wait until the store binds `session` to an endpoint for which `f` holds (a replica's binding write, queued
+    /// and not awaited by the request, has landed), polling every 20 ms; panics naming `what` after 5 s.
+    async fn wait_binding(
+        &self,
+        r: &TestRouter,
+        session: &str,
+        what: &str,
+        f: impl Fn(&str) -> bool,
+    ) {
+        let start = Instant::now();
+        while !self.binding(r, session).await.is_some_and(|ep| f(&ep)) {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "timed out waiting for: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
@@ -206,13 +240,18 @@ async fn a_replica_follows_a_move_another_replica_made() {
     // A binds the session; B follows the binding through the store.
     let (status, first) = turn(&a, "mover", 2_000).await;
     assert_eq!(status, 200);
-    tokio::time::sleep(Duration::from_millis(200)).await; // A's binding write lands
+    redis
+        .wait_binding(&a, "mover", "A's binding write lands", |_| true)
+        .await;
     assert_eq!(turn(&b, "mover", 2_500).await, (200, first.clone()));
     // The bound engine gets a queue: B moves the session on its next turn.
     let home = index(&first);
     engines[home].control.set_extra_running(6);
     engines[home].control.set_extra_waiting(2);
-    tokio::time::sleep(Duration::from_millis(500)).await; // a few scrape intervals
+    b.wait_engine_stats(home, "B's scrapes see the queue", |running, waiting| {
+        running >= 6 && waiting >= 2
+    })
+    .await;
     let (status, moved_to) = turn(&b, "mover", 3_000).await;
     assert_eq!(status, 200);
     assert_ne!(
@@ -222,7 +261,15 @@ async fn a_replica_follows_a_move_another_replica_made() {
     // The queue is gone; the next turn reaches A, whose own table still binds the old engine.
     engines[home].control.set_extra_running(0);
     engines[home].control.set_extra_waiting(0);
-    tokio::time::sleep(Duration::from_millis(600)).await; // scrapes see no queue; B's write lands
+    a.wait_engine_stats(home, "A's scrapes see no queue", |running, waiting| {
+        (running, waiting) == (0, 0)
+    })
+    .await;
+    redis
+        .wait_binding(&a, "mover", "B's write of the move lands", |ep| {
+            ep.ends_with(&moved_to)
+        })
+        .await;
     let (status, followed) = turn(&a, "mover", 3_500).await;
     assert_eq!(status, 200);
     assert_eq!(
@@ -387,7 +434,14 @@ async fn redis_going_away_fails_no_request_and_sharing_resumes_when_it_is_back()
     redis.spawn().await;
     wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
     // Catch-up: A wrote the binding it made during the outage, so B places that session's next turn with it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis
+        .wait_binding(
+            &a,
+            "lonely",
+            "A's catch-up write of the outage binding lands",
+            |_| true,
+        )
+        .await;
     let from_store = |m: &str| {
         metric_sum(
             m,

@@ -1,11 +1,9 @@
 //! Sessions end to end: sticky turns with growth-only estimates, migration under real pressure, count_tokens
 //! leaving no binding, non-streaming release at the estimated prefill end.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate::placement::estimate_tokens;
 
 fn conversation(turns: usize) -> String {
@@ -58,7 +56,13 @@ async fn a_session_sticks_then_moves_only_under_real_pressure() {
     // Give the bound engine a queue with a gap of 8 requests: the next turn migrates.
     eng[bound].control.set_extra_running(6);
     eng[bound].control.set_extra_waiting(2);
-    tokio::time::sleep(Duration::from_millis(500)).await; // a few scrape intervals
+    router
+        .wait_engine_stats(
+            bound,
+            "the router's scrapes see the queue",
+            |running, waiting| running >= 6 && waiting >= 2,
+        )
+        .await;
     assert_eq!(
         post_chat_in_session(&router.url(), "agent-1", bodies[5].clone()).await,
         200

@@ -3,17 +3,15 @@
 //! page renders every endpoint in headless Chromium while `/metrics` answers as before; a prefill released a
 //! moment ago still shows in the status peak.
 //!
-//! promtool (Debian `prometheus`) and Chromium (Debian `chromium`) are installed by `scripts/ensure-test-tools.sh`
-//! when missing; a test fails if they still are, unless `INFERGATE_SKIP_TOOL_TESTS` is set.
-
-mod common;
+//! promtool (Debian `prometheus`) and Chromium (Debian `chromium`) are installed by `scripts/ensure-test-tools.sh`,
+//! which the test command runs first; a test fails when they are missing, unless `INFERGATE_SKIP_TOOL_TESTS` is set.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate::config::Config;
 use infergate::metrics::{COMMIT, REQUEST_CODES, ROUTER_CODES, VERSION};
 use infergate_sim::SimConfig;

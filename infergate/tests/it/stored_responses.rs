@@ -2,11 +2,9 @@
 //! cancel go to the engine that stored the response, engines with vLLM's response store on (engine-sim
 //! `responses_store`).
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate_sim::{EngineHandle, SimConfig};
 use serde_json::{json, Value};
 

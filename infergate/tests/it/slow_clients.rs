@@ -4,11 +4,9 @@
 //! `max_client_connections` new connections to the proxy port are closed while the metrics port (`/health`,
 //! `/metrics`) and the engines' health checks keep working.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use infergate_sim::{self as sim, SimConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -1,10 +1,8 @@
 //! prefix_aware end to end with engine-sim, and engine-stats states as the router exports them.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate_sim::SimConfig;
 
 fn body(system: &str, user: &str, max_tokens: u32) -> String {

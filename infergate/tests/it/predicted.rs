@@ -2,11 +2,9 @@
 //! predicted time to first token, keeps sessions where their cache is, and exports how far off its predictions
 //! were.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use infergate_sim::{EngineHandle, SimConfig};
 
 fn body(system: &str, user: &str, max_tokens: u32) -> String {

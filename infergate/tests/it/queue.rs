@@ -1,11 +1,9 @@
 //! A pool's wait queue on real sockets: a request waits while every endpoint is at max_in_flight_per_endpoint and is
 //! placed when a slot frees; a full queue and a wait past max_wait answer 503 with Retry-After; two keys take turns.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use infergate_sim::{self as sim, SimConfig};
 
 const ALICE: &str = "sk-alice-0123456789abcdef";

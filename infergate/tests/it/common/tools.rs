@@ -1,5 +1,6 @@
-//! Tools the tests run that nobody on the project wrote: a command on PATH (installed by
-//! `scripts/ensure-test-tools.sh` when missing), run bounded; headless Chromium.
+//! Tools the tests run that nobody on the project wrote: a command on PATH (installed beforehand by
+//! `scripts/ensure-test-tools.sh`, which the test command `scripts/test.sh` runs before the tests; the tests
+//! themselves install nothing), run bounded; headless Chromium.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,32 +13,24 @@ pub fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// A command-line tool on PATH; when missing, `scripts/ensure-test-tools.sh` installs it (once per process).
-/// None only when it is still missing and `INFERGATE_SKIP_TOOL_TESTS` is set; otherwise that panics.
+/// A command-line tool on PATH. None only when it is missing and `INFERGATE_SKIP_TOOL_TESTS` is set; missing
+/// otherwise panics, saying to run `scripts/ensure-test-tools.sh` (the tests do not install anything).
 pub fn tool(name: &str) -> Option<PathBuf> {
-    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let find = || {
-        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    };
-    let _one_at_a_time = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = find() {
-        return Some(p);
+    let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file());
+    if found.is_some() {
+        return found;
     }
     if std::env::var_os("INFERGATE_SKIP_TOOL_TESTS").is_some() {
         eprintln!("SKIPPED: {name} is not installed and INFERGATE_SKIP_TOOL_TESTS is set");
         return None;
     }
-    let script = repo().join("scripts/ensure-test-tools.sh");
-    let status = Command::new("bash").arg(&script).status();
-    find().or_else(|| {
-        panic!(
-            "{name} is missing and {} could not install it ({status:?}); install it (Debian packages \
-             prometheus, chromium, redis-server, strace) or set INFERGATE_SKIP_TOOL_TESTS=1",
-            script.display()
-        )
-    })
+    panic!(
+        "{name} is not on PATH: run {} first (it installs the Debian packages prometheus, chromium, \
+         redis-server and strace; scripts/test.sh runs it before the tests), or set INFERGATE_SKIP_TOOL_TESTS=1",
+        repo().join("scripts/ensure-test-tools.sh").display()
+    )
 }
 
 /// Run a command (bounded by `timeout`), panicking with its output when it fails; its stdout.

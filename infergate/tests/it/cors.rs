@@ -2,13 +2,11 @@
 //! before any key check, the answers readable by the allowed origins only, and off by default. Headless Chromium
 //! (Debian `chromium`, installed by `scripts/ensure-test-tools.sh`) loads such a page and calls the router.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
 
-use common::*;
+use crate::common::*;
 use infergate_sim::SimConfig;
 
 const KEY: &str = "sk-browser-0123456789abcdef";
