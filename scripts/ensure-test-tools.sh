@@ -2,14 +2,16 @@
 # Installs the tools the tests run on Debian: promtool (package `prometheus`) for the alert rules and headless
 # Chromium (`chromium`, plus a font) for the status page (infergate/tests/it/observe.rs), and `redis-server` for the
 # router replicas sharing state (infergate/tests/it/cluster.rs, which starts its own on a free loopback port), and
-# `strace` to hold a daemon's parent after the fork (infergate/tests/it/lifecycle.rs).
-# Idempotent; quiet when both are present. Run as root or with sudo.
+# `strace` to hold a daemon's parent after the fork (infergate/tests/it/lifecycle.rs), and `systemd-analyze`
+# (package `systemd`) for the unit checks of scripts/check-deploy.sh (infergate/tests/it/deploy.rs).
+# Idempotent; quiet when all are present. Run as root or with sudo.
 set -euo pipefail
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "installing: ${missing[*]}" >&2
 SUDO=""

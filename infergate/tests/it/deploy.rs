@@ -5,11 +5,17 @@
 use std::path::Path;
 use std::process::Command;
 
+use crate::common::tools::tool;
+
 /// check-deploy.sh's status when systemd-analyze is missing and cannot be installed (not root, no apt-get).
 const SKIPPED: i32 = 77;
 
 #[test]
 fn install_script_unit_and_config_pass_the_deployment_checks() {
+    // Found here, so that check-deploy.sh has nothing to install (the test command's scripts install it).
+    if tool("systemd-analyze").is_none() {
+        return;
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = Command::new("bash")
         .arg(root.join("scripts/check-deploy.sh"))
