@@ -7,7 +7,7 @@
 #      daemon_wait_for_ready;
 #   4. `systemd-analyze verify` accepts the unit without a single warning;
 #   5. `systemd-analyze security --offline=true` rates it at most 2.5.
-# The test suite runs it (infergate/tests/deploy.rs). It installs Debian's `systemd` package when
+# The test suite runs it (infergate/tests/it/deploy.rs). It installs Debian's `systemd` package when
 # systemd-analyze is missing (apt-get, as root); exit status 77 means it could not, and nothing was checked.
 #
 #   scripts/check-deploy.sh [--binary PATH]      (default: target/release/infergate)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-creates vendor/pingora-proxy from the crates.io release named below plus vendor/pingora-proxy.patch.
 # Run it when upgrading Pingora: bump VERSION, run, rebuild, and check that the patch still applies and that
-# infergate's body tests (infergate/tests/bodies.rs) pass. Why the patch exists: README, "Request bodies".
+# infergate's body tests (infergate/tests/it/bodies.rs) pass. Why the patch exists: README, "Request bodies".
 set -euo pipefail
 VERSION="${1:-0.9.1}"
 cd "$(dirname "$0")/.."
