@@ -94,7 +94,6 @@ pub struct Ctx {
     pinned: Option<Pinned>,
     /// This request may create a stored response: learn its id from the answer (stored_responses).
     stores_response: bool,
-    id_capture: crate::stored_responses::IdCapture,
     /// Endpoints this request already failed on (ids): later attempts go elsewhere.
     tried: Vec<u64>,
     endpoint: Option<Arc<Endpoint>>,
@@ -105,17 +104,8 @@ pub struct Ctx {
     fresh_retry: Option<u64>,
     fresh_retry_used: bool,
     hold: Option<Hold>,
-    /// A background Responses request (answered at once, generated afterwards): its hold outlives the answer until
-    /// this estimated prefill end.
-    background_until: Option<Instant>,
-    dispatched_at: Option<Instant>,
-    upstream_status: Option<u16>,
-    first_byte_seen: bool,
-    /// This attempt's stream opened with the events an engine sends before its prefill (first_output).
-    preamble: first_output::Preamble,
-    first_output_seen: bool,
-    /// The held body was handed to the current attempt.
-    body_sent: bool,
+    /// What the current forwarding attempt has seen; a new attempt starts afresh.
+    attempt: Attempt,
     /// The current attempt was refused (429/503) and is being retried elsewhere.
     refused: bool,
     /// An error the router answers with in `fail_to_proxy`.
@@ -126,6 +116,25 @@ pub struct Ctx {
     admission: crate::admission::Pass,
     /// Timing and client facts for the access log; its `start` also times `infergate_request_duration_seconds`.
     log: crate::access_log::RequestLog,
+}
+
+/// The part of the request context that belongs to one forwarding attempt: `upstream_peer` replaces it whole, so
+/// nothing of a failed attempt leaks into the next.
+#[derive(Debug, Default)]
+struct Attempt {
+    /// The held body was handed to this attempt.
+    body_sent: bool,
+    upstream_status: Option<u16>,
+    dispatched_at: Option<Instant>,
+    first_byte_seen: bool,
+    /// The stream opened with the events an engine sends before its prefill (first_output).
+    preamble: first_output::Preamble,
+    first_output_seen: bool,
+    /// The id of a stored response this answer creates (stored_responses).
+    id_capture: crate::stored_responses::IdCapture,
+    /// A background Responses request (answered at once, generated afterwards): its hold outlives the answer until
+    /// this estimated prefill end.
+    background_until: Option<Instant>,
 }
 
 impl Ctx {
@@ -336,18 +345,16 @@ impl ProxyHttp for Router {
         };
         // A retry: the previous attempt's hold was finished when it failed.
         ctx.finish_hold();
-        ctx.body_sent = false;
-        ctx.upstream_status = None;
-        ctx.first_byte_seen = false;
-        ctx.first_output_seen = false;
         let path = ctx.target.as_ref().map_or("", |t| t.target.path.as_str());
         let preamble = if ctx.is_stream() {
             first_output::preamble_events(path)
         } else {
             0
         };
-        ctx.preamble = first_output::Preamble::new(preamble);
-        ctx.id_capture = Default::default();
+        ctx.attempt = Attempt {
+            preamble: first_output::Preamble::new(preamble),
+            ..Attempt::default()
+        };
         // Held until this attempt's hold exists (end of this function).
         let _turn = self.wait_turn(session, &pool, ctx).await?;
         // From the snapshot to the hold (no await in between): concurrent placements see each other's holds.
@@ -406,18 +413,17 @@ impl ProxyHttp for Router {
             .ledger
             .hold(ep.load.clone(), tokens, self.release_hook(&ep));
         self.wake_queue_on_finish(&pool, &mut hold);
-        ctx.background_until = None;
         if tokens > 0 && !ctx.is_stream() {
             let estimate = ep.prefill_speed.estimate(tokens);
             let after = non_streaming_release(estimate, &self.current().timeouts);
             hold.release_at(now + after);
             // The answer comes before the work: keep the tokens to the estimated prefill end, if there is one.
             if ctx.scan.background == Some(true) {
-                ctx.background_until = estimate.map(|d| now + d);
+                ctx.attempt.background_until = estimate.map(|d| now + d);
             }
         }
         ctx.hold = Some(hold);
-        ctx.dispatched_at = Some(now);
+        ctx.attempt.dispatched_at = Some(now);
         let peer = self.peer(&ep, fresh);
         ctx.endpoint = Some(ep);
         Ok(Box::new(peer))
@@ -483,8 +489,8 @@ impl ProxyHttp for Router {
     ) -> Result<()> {
         if let Some(held) = &ctx.body {
             // Read whole in request_filter: Pingora asks once per attempt (vendor/pingora-proxy.patch).
-            *body = (!ctx.body_sent).then(|| held.bytes.clone());
-            ctx.body_sent = true;
+            *body = (!ctx.attempt.body_sent).then(|| held.bytes.clone());
+            ctx.attempt.body_sent = true;
         }
         Ok(())
     }
@@ -499,7 +505,7 @@ impl ProxyHttp for Router {
         if status < 200 {
             return Ok(()); // informational
         }
-        ctx.upstream_status = Some(status);
+        ctx.attempt.upstream_status = Some(status);
         let (Some(pool), Some(ep)) = (ctx.pool.clone(), ctx.endpoint.clone()) else {
             return Ok(());
         };
@@ -573,22 +579,29 @@ impl ProxyHttp for Router {
         if chunk.is_empty() {
             return Ok(None);
         }
-        let success = ctx.upstream_status.is_some_and(|s| (200..300).contains(&s));
-        if !ctx.first_byte_seen {
-            ctx.first_byte_seen = true;
-            if let (Some(t0), Some(ep), true) = (ctx.dispatched_at, &ctx.endpoint, success) {
+        let success = ctx
+            .attempt
+            .upstream_status
+            .is_some_and(|s| (200..300).contains(&s));
+        if !ctx.attempt.first_byte_seen {
+            ctx.attempt.first_byte_seen = true;
+            if let (Some(t0), Some(ep), true) = (ctx.attempt.dispatched_at, &ctx.endpoint, success)
+            {
                 self.metrics.observe_ttfb(ep.series(), t0.elapsed());
             }
         }
         if success && ctx.stores_response {
-            if let Some(id) = ctx.id_capture.feed(chunk) {
+            if let Some(id) = ctx.attempt.id_capture.feed(chunk) {
                 self.remember_response(ctx, id);
             }
         }
         // An error body has no preamble: its first byte ends the hold. A background answer precedes the work.
-        let work_follows = success && ctx.background_until.is_some();
-        if !ctx.first_output_seen && !work_follows && (!success || ctx.preamble.output_in(chunk)) {
-            ctx.first_output_seen = true;
+        let work_follows = success && ctx.attempt.background_until.is_some();
+        if !ctx.attempt.first_output_seen
+            && !work_follows
+            && (!success || ctx.attempt.preamble.output_in(chunk))
+        {
+            ctx.attempt.first_output_seen = true;
             if let (Some(h), Some(ep)) = (&ctx.hold, &ctx.endpoint) {
                 // A successful stream's first output marks the end of prefill: learn the endpoint's speed from it.
                 if h.release_prefill(ReleaseCause::FirstByte) && success && ctx.is_stream() {
@@ -652,7 +665,8 @@ impl ProxyHttp for Router {
         // (it marks those ReusedOnly), or could not take the request at all. The engine cannot have started.
         let stale_reuse = client_reused
             && (matches!(e.retry, RetryType::ReusedOnly) || *e.etype() == ErrorType::WriteError);
-        let nothing_back = ctx.upstream_status.is_none() && session.response_written().is_none();
+        let nothing_back =
+            ctx.attempt.upstream_status.is_none() && session.response_written().is_none();
         if stale_reuse && nothing_back && !downstream_gone && !timed_out && !ctx.fresh_retry_used {
             // Same endpoint, fresh connection: the session keeps its engine and KV cache.
             ctx.fresh_retry_used = true;
@@ -707,7 +721,11 @@ impl ProxyHttp for Router {
         let code = match (ctx.answered, e) {
             (Some(code), _) => code,
             // Stream broken or client gone: the status line may say 200, but the request failed.
-            (None, Some(_)) => ctx.upstream_status.filter(|s| *s >= 500).unwrap_or(0),
+            (None, Some(_)) => ctx
+                .attempt
+                .upstream_status
+                .filter(|s| *s >= 500)
+                .unwrap_or(0),
             (None, None) => session.response_written().map_or(0, |r| r.status.as_u16()),
         };
         if ctx.kind != CallKind::RouterHealth {
@@ -718,7 +736,7 @@ impl ProxyHttp for Router {
             self.metrics.request_done(ep.series(), code, ctx.log.start);
         }
         self.log_request(session, e, ctx);
-        match (ctx.background_until, ctx.hold.take()) {
+        match (ctx.attempt.background_until, ctx.hold.take()) {
             // The engine runs it now: its tokens and request count stay until the estimated prefill end.
             (Some(until), Some(hold)) if (200..300).contains(&code) => {
                 tokio::spawn(async move {
