@@ -36,7 +36,7 @@ impl RouterState {
         RouterState {
             cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),
             pools,
-            admission: Admission::new(&cfg, metrics.clone()),
+            admission: Admission::new(&cfg, &metrics),
             live: Arc::new(ArcSwap::from_pointee(cfg.clone())),
             cfg: Arc::new(cfg),
             ledger: Ledger::new(),

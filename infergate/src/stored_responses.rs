@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use prometheus::{IntCounterVec, Opts};
 
+use crate::metrics::Metrics;
 use crate::paths::is_valid_response_id;
 
 /// Response ids remembered; past this the oldest is forgotten (its follow-ups are placed as any request, and
@@ -30,10 +32,14 @@ pub struct Holder {
     pub endpoint: String,
 }
 
+/// Sources of `infergate_stored_response_lookups_total`: this router's record, the cluster's store, the engine that
+/// answered it has the response, none (`unknown`).
+pub const LOOKUP_SOURCES: [&str; 4] = ["local", "cluster", "engine", "unknown"];
+
 /// Response id -> the engine holding it.
-#[derive(Default)]
 pub struct StoredResponses {
     inner: Mutex<Inner>,
+    lookups: IntCounterVec,
 }
 
 #[derive(Default)]
@@ -44,6 +50,30 @@ struct Inner {
 }
 
 impl StoredResponses {
+    pub fn new(metrics: &Metrics) -> StoredResponses {
+        let lookups = metrics.add(IntCounterVec::new(
+            Opts::new(
+                "infergate_stored_response_lookups_total",
+                "Requests naming a stored Responses API object (previous_response_id, retrieve, cancel) by where \
+                 the engine holding it was found: local (this router saw it made), cluster (another replica \
+                 did), engine (the engines were asked), unknown (none has it).",
+            ),
+            &["source"],
+        ));
+        for s in LOOKUP_SOURCES {
+            lookups.with_label_values(&[s]);
+        }
+        StoredResponses {
+            inner: Mutex::default(),
+            lookups,
+        }
+    }
+
+    /// Count one lookup of a stored response's engine by where it was found (one of `LOOKUP_SOURCES`).
+    pub fn count_lookup(&self, source: &str) {
+        self.lookups.with_label_values(&[source]).inc();
+    }
+
     pub fn record(&self, id: &str, holder: Holder) {
         let mut g = self.inner.lock();
         if g.holders.insert(id.into(), holder).is_some() {
@@ -215,7 +245,7 @@ mod tests {
 
     #[test]
     fn remembers_holders_and_forgets_the_oldest_past_capacity() {
-        let m = StoredResponses::default();
+        let m = StoredResponses::new(&Metrics::new());
         m.record("resp_a", holder("127.0.0.1:1"));
         m.record("resp_a", holder("127.0.0.1:1"));
         assert_eq!(m.len(), 1);

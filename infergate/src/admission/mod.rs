@@ -7,6 +7,7 @@
 pub mod fair_queue;
 pub mod keys;
 pub mod limits;
+mod metrics;
 pub mod queue;
 
 use std::net::ToSocketAddrs;
@@ -21,7 +22,8 @@ use crate::errors::ApiError;
 use crate::metrics::Metrics;
 use keys::Presented;
 use limits::{Denied, KeyLimiter, Limit};
-use queue::{PoolQueue, QueueMetrics};
+use metrics::AdmissionMetrics;
+use queue::PoolQueue;
 
 /// The `key` label of requests without a (valid) client key: auth off, or refused with 401.
 pub const NO_KEY: &str = "-";
@@ -104,30 +106,20 @@ pub struct Admission {
     /// None: authentication is off.
     keys: ArcSwapOption<KeyTable>,
     queues: Vec<(String, Arc<PoolQueue>)>,
-    metrics: Arc<Metrics>,
+    metrics: AdmissionMetrics,
 }
 
 impl Admission {
-    pub fn new(cfg: &Config, metrics: Arc<Metrics>) -> Arc<Admission> {
+    pub fn new(cfg: &Config, metrics: &Metrics) -> Arc<Admission> {
         let now = Instant::now();
+        let metrics = AdmissionMetrics::new(metrics);
         let queues = cfg
             .pools
             .iter()
             .filter_map(|p| {
                 let q = p.queue?;
                 let name = p.name.as_str();
-                let m = QueueMetrics {
-                    length: metrics.queue_length.with_label_values(&[name]),
-                    wait: metrics.queue_wait_seconds.with_label_values(&[name]),
-                    full: metrics
-                        .queue_rejected_total
-                        .with_label_values(&[name, "full"]),
-                    timeout: metrics
-                        .queue_rejected_total
-                        .with_label_values(&[name, "timeout"]),
-                    abandoned: metrics.queue_abandoned_total.with_label_values(&[name]),
-                };
-                Some((p.name.clone(), PoolQueue::new(q, m)))
+                Some((p.name.clone(), PoolQueue::new(q, metrics.queue(name))))
             })
             .collect();
         let admission = Arc::new(Admission {
@@ -208,10 +200,7 @@ impl Admission {
     }
 
     fn refuse(&self, c: &Client, d: Denied) -> ApiError {
-        self.metrics
-            .client_rate_limited_total
-            .with_label_values(&[&*c.name, d.limit.as_str()])
-            .inc();
+        self.metrics.rate_limited(&c.name, d.limit.as_str());
         let limits = c.limiter.lock().limits();
         let (what, limit, kind) = match d.limit {
             Limit::Requests => (
@@ -244,10 +233,7 @@ impl Admission {
 
     /// Count a finished request by key and final status.
     pub fn count(&self, pass: &Pass, code: u16) {
-        self.metrics
-            .client_requests_total
-            .with_label_values(&[pass.key(), code.to_string().as_str()])
-            .inc();
+        self.metrics.request(pass.key(), code);
     }
 
     /// Apply a reloaded `auth` section. Keys of the same name keep their buckets and in-flight counts; departed

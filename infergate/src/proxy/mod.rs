@@ -198,11 +198,12 @@ impl Router {
     pub fn new(state: RouterState) -> Router {
         let body_budget = BodyBudget::new(state.cfg.body_budget_bytes as u64);
         let exposure = Exposure::new(&state.cfg);
+        let stored_responses = crate::stored_responses::StoredResponses::new(&state.metrics);
         Router {
             state,
             body_budget,
             exposure,
-            stored_responses: Default::default(),
+            stored_responses,
             access_log: None,
         }
     }

@@ -101,7 +101,7 @@ impl Router {
             return None;
         }
         if let Some(h) = self.stored_responses.lookup(id) {
-            self.metrics.stored_response_lookup("local");
+            self.stored_responses.count_lookup("local");
             return Some(h);
         }
         let shared = match &self.cluster {
@@ -120,7 +120,7 @@ impl Router {
                 None => (None, "unknown"),
             },
         };
-        self.metrics.stored_response_lookup(source);
+        self.stored_responses.count_lookup(source);
         let h = found?;
         self.stored_responses.record(id, h.clone());
         Some(h)

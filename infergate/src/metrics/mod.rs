@@ -1,10 +1,8 @@
-//! Every Prometheus series infergate exports and its lifecycle: created with an endpoint, deleted when it leaves.
-//!
-//! Gauges of live state (requests and prefill tokens in flight, health, engine-stats state) are read from the
-//! pools at scrape time by a collector, so the request path only touches atomics and a removed endpoint's gauges
-//! vanish with it. Counters and histograms live in vectors: their series are created at 0 when a pool or an
-//! endpoint is added (`add_pool`, `add_endpoint`, so `rate()` sees the first event) and removed when an endpoint
-//! departs (`remove_endpoint`).
+//! The registry and the series of every endpoint with their lifecycle: created at 0 with a pool or an endpoint
+//! (`add_pool`, `add_endpoint`, so `rate()` sees the first event) and deleted when an endpoint departs
+//! (`remove_endpoint`), plus the router's own series (build, up, reloads, its own answers). A module whose series
+//! are not per endpoint defines them itself and registers them here (`add`, `register`: admission, clients, the
+//! access log, cluster, stored responses); the live gauges are read at scrape time (`live`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,14 +10,18 @@ use std::sync::{Arc, Weak};
 
 use std::time::{Duration, Instant};
 
-use prometheus::core::{Collector, Desc, MetricVec, MetricVecBuilder};
-use prometheus::proto::MetricFamily;
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::placement::Reason;
+
+mod live;
+
+use live::LiveCollector;
+pub use live::{EndpointSample, HealthCounts, LiveSource, PoolSample, STATS_STATES};
 
 /// The crate version, `infergate_build_info{version}`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -38,10 +40,6 @@ pub const ROUTER_CODES: [&str; 7] = ["200", "400", "404", "413", "502", "503", "
 /// the file rejected.
 pub const RELOAD_RESULTS: [&str; 3] = ["applied", "partial", "failed"];
 
-/// Sources of `infergate_stored_response_lookups_total`: this router's record, the cluster's store, the engine that
-/// answered it has the response, none (`unknown`).
-pub const STORED_RESPONSE_SOURCES: [&str; 4] = ["local", "cluster", "engine", "unknown"];
-
 /// Causes of `infergate_session_evictions_total`.
 pub const EVICTION_CAUSES: [&str; 2] = ["ttl", "capacity"];
 
@@ -57,14 +55,6 @@ const PREDICTION_ERROR_BUCKETS: [f64; 19] = [
     4.0, 8.0, 30.0,
 ];
 
-/// What an endpoint's health tracker reports.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HealthCounts {
-    pub failed_checks: u64,
-    pub became_healthy: u64,
-    pub became_unhealthy: u64,
-}
-
 /// The labels of one endpoint's series and the flag its pool sets when it leaves (its series are then deleted).
 #[derive(Debug, Clone, Copy)]
 pub struct EndpointSeries<'a> {
@@ -72,47 +62,6 @@ pub struct EndpointSeries<'a> {
     pub endpoint: &'a str,
     pub removed: &'a AtomicBool,
 }
-
-/// One endpoint's live values for the scrape-time collector.
-#[derive(Debug, Clone)]
-pub struct EndpointSample {
-    pub pool: String,
-    pub endpoint: String,
-    pub requests_in_flight: u64,
-    pub prefill_tokens: u64,
-    pub healthy: bool,
-    pub health_counts: HealthCounts,
-    /// Ejected by outlier detection.
-    pub ejected: bool,
-    /// Engine stats state name (fresh, stale, missing, down, off).
-    pub stats_state: &'static str,
-    /// Learned prefill speed in estimated tokens per second; 0 until learned.
-    pub prefill_tokens_per_sec: f64,
-    /// The time-to-first-byte line `predicted_ttft` predicts with; None until learned.
-    pub ttft_line: Option<crate::placement::throughput::Fitted>,
-    /// Requests the engine reports beyond ours and our cluster peers' (load placed elsewhere); None without
-    /// fresh engine stats.
-    pub foreign_requests: Option<u64>,
-}
-
-/// One pool's live values for the scrape-time collector.
-#[derive(Debug, Clone)]
-pub struct PoolSample {
-    pub pool: String,
-    /// Session bindings held (0 without sessions).
-    pub sessions: u64,
-    /// Every endpoint fails its health check and the pool places across those whose engine answers it.
-    pub health_panic: bool,
-}
-
-/// Live state the collector reads at scrape time.
-pub trait LiveSource: Send + Sync {
-    fn endpoint_samples(&self) -> Vec<EndpointSample>;
-    fn pool_samples(&self) -> Vec<PoolSample>;
-}
-
-/// All engine-stats states, so every endpoint exports one series per state (1 for its current state).
-pub const STATS_STATES: [&str; 5] = ["fresh", "stale", "missing", "down", "off"];
 
 pub struct Metrics {
     registry: Registry,
@@ -141,17 +90,8 @@ pub struct Metrics {
     pub config_info: IntGauge,
     /// SIGHUP reloads by result (`RELOAD_RESULTS`).
     pub config_reloads_total: IntCounterVec,
-    /// Requests naming a stored response, by where its engine was found (`stored_responses`).
-    pub stored_response_lookups_total: IntCounterVec,
     /// Unix time of the configuration in effect: the start, then each reload that applied anything.
     pub config_last_reload_success_timestamp_seconds: prometheus::Gauge,
-    /// Client keys and the pools' wait queues (`admission`).
-    pub client_requests_total: IntCounterVec,
-    pub client_rate_limited_total: IntCounterVec,
-    pub queue_length: IntGaugeVec,
-    pub queue_wait_seconds: HistogramVec,
-    pub queue_rejected_total: IntCounterVec,
-    pub queue_abandoned_total: IntCounterVec,
 }
 
 fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
@@ -322,73 +262,8 @@ impl Metrics {
                 c
             },
             config_last_reload_success_timestamp_seconds: last_reload,
-            stored_response_lookups_total: {
-                let c = counter(
-                    &registry,
-                    "infergate_stored_response_lookups_total",
-                    "Requests naming a stored Responses API object (previous_response_id, retrieve, cancel) by where \
-                     the engine holding it was found: local (this router saw it made), cluster (another replica \
-                     did), engine (the engines were asked), unknown (none has it).",
-                    &["source"],
-                );
-                for s in STORED_RESPONSE_SOURCES {
-                    c.with_label_values(&[s]);
-                }
-                c
-            },
-            client_requests_total: counter(
-                &registry,
-                "infergate_client_requests_total",
-                "Requests by client key name (\"-\": auth off or no valid key) and final status code (0 = no response).",
-                &["key", "code"],
-            ),
-            client_rate_limited_total: counter(
-                &registry,
-                "infergate_client_rate_limited_total",
-                "Requests refused with 429 by a client key's limit, by key name and limit.",
-                &["key", "limit"],
-            ),
-            queue_length: registered(
-                &registry,
-                IntGaugeVec::new(
-                    Opts::new("infergate_queue_length", "Requests waiting in the pool's wait queue."),
-                    &["pool"],
-                ),
-            ),
-            queue_wait_seconds: registered(
-                &registry,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "infergate_queue_wait_seconds",
-                        "Time requests waited for room (every endpoint at max_in_flight_per_endpoint) in the pool's wait queue, until placed or timed out.",
-                    )
-                    .buckets(vec![
-                        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0,
-                    ]),
-                    &["pool"],
-                ),
-            ),
-            queue_rejected_total: counter(
-                &registry,
-                "infergate_queue_rejected_total",
-                "Requests answered 503 by the pool's wait queue, by reason (full, timeout).",
-                &["pool", "reason"],
-            ),
-            queue_abandoned_total: counter(
-                &registry,
-                "infergate_queue_abandoned_total",
-                "Requests whose client closed its connection while waiting in the pool's wait queue; none reached an engine.",
-                &["pool"],
-            ),
             registry,
         })
-    }
-
-    /// Count one lookup of a stored response's engine by where it was found (one of `STORED_RESPONSE_SOURCES`).
-    pub fn stored_response_lookup(&self, source: &str) {
-        self.stored_response_lookups_total
-            .with_label_values(&[source])
-            .inc();
     }
 
     /// Count one reload by its result (one of `RELOAD_RESULTS`); a reload that applied anything moves the
@@ -401,33 +276,17 @@ impl Metrics {
         }
     }
 
+    /// Register a family built from a static definition by the module that produces it, and hand it back.
+    pub fn add<M: Collector + Clone + 'static>(&self, m: prometheus::Result<M>) -> M {
+        let m = m.expect("static metric definition");
+        self.register(Box::new(m.clone()));
+        m
+    }
+
     /// Register a series defined by another module (e.g. `crate::clients`) in this router's registry.
     pub fn register(&self, collector: Box<dyn Collector>) {
         if let Err(e) = self.registry.register(collector) {
             log::error!("cannot register a metric: {e}");
-        }
-    }
-
-    /// Create a client key's series at 0: requests by each of `REQUEST_CODES` (and `401` for the anonymous `-`,
-    /// which counts requests without a valid key) and, for a named key, 429s by each of `limits`.
-    pub fn add_client(&self, key: &str, anonymous: bool, limits: &[&str]) {
-        for code in REQUEST_CODES {
-            self.client_requests_total.with_label_values(&[key, code]);
-        }
-        if anonymous {
-            self.client_requests_total.with_label_values(&[key, "401"]);
-        } else {
-            for limit in limits {
-                self.client_rate_limited_total
-                    .with_label_values(&[key, limit]);
-            }
-        }
-    }
-
-    /// Delete every series of a client key that left the keys file.
-    pub fn remove_client(&self, key: &str) {
-        for vec in [&self.client_requests_total, &self.client_rate_limited_total] {
-            remove_series_where(vec, "key", key);
         }
     }
 
@@ -498,14 +357,14 @@ impl Metrics {
             &self.retries_total,
             &self.ejections_total,
         ] {
-            remove_series_of(vec, pool, endpoint);
+            remove_series_matching(vec, &[("pool", pool), ("endpoint", endpoint)]);
         }
         for h in [
             &self.time_to_first_byte,
             &self.request_duration,
             &self.ttft_prediction_error,
         ] {
-            remove_series_of(h, pool, endpoint);
+            remove_series_matching(h, &[("pool", pool), ("endpoint", endpoint)]);
         }
     }
 
@@ -583,304 +442,20 @@ impl Metrics {
     }
 }
 
-/// Register a metric built from a static definition.
-fn registered<M: Collector + Clone + 'static>(registry: &Registry, m: prometheus::Result<M>) -> M {
-    let m = m.expect("static metric definition");
-    registry
-        .register(Box::new(m.clone()))
-        .expect("unique metric name");
-    m
-}
-
-/// Remove every series of `vec` whose label `name` is `value`.
-fn remove_series_where(vec: &IntCounterVec, name: &str, value: &str) {
+/// Remove every series of `vec` whose labels include all of `labels` (name, value), whatever its other labels
+/// (a departed endpoint's or client key's series).
+pub fn remove_series_matching<T: MetricVecBuilder>(vec: &MetricVec<T>, labels: &[(&str, &str)]) {
     for family in vec.collect() {
         for m in family.get_metric() {
-            let labels: HashMap<&str, &str> = m
+            let have: HashMap<&str, &str> = m
                 .get_label()
                 .iter()
                 .map(|l| (l.name(), l.value()))
                 .collect();
-            if labels.get(name) == Some(&value) {
-                let _ = vec.remove(&labels);
+            if labels.iter().all(|(n, v)| have.get(n) == Some(v)) {
+                let _ = vec.remove(&have);
             }
         }
-    }
-}
-
-/// Remove every series of `vec` whose `pool` and `endpoint` labels match, whatever its other labels.
-fn remove_series_of<T: MetricVecBuilder>(vec: &MetricVec<T>, pool: &str, endpoint: &str) {
-    for family in vec.collect() {
-        for m in family.get_metric() {
-            let labels: HashMap<&str, &str> = m
-                .get_label()
-                .iter()
-                .map(|l| (l.name(), l.value()))
-                .collect();
-            if labels.get("pool") == Some(&pool) && labels.get("endpoint") == Some(&endpoint) {
-                let _ = vec.remove(&labels);
-            }
-        }
-    }
-}
-
-struct LiveCollector {
-    /// Scrapes may run concurrently; the vectors are reset and refilled per scrape.
-    lock: parking_lot::Mutex<()>,
-    source: Weak<dyn LiveSource>,
-    descs: Vec<Desc>,
-    prefill: IntGaugeVec,
-    requests: IntGaugeVec,
-    healthy: IntGaugeVec,
-    ejected: IntGaugeVec,
-    stats_state: IntGaugeVec,
-    sessions: IntGaugeVec,
-    health_panic: IntGaugeVec,
-    prefill_speed: GaugeVec,
-    ttft_overhead: GaugeVec,
-    ttft_throughput: GaugeVec,
-    foreign: IntGaugeVec,
-    failed_checks: IntCounterVec,
-    health_changes: IntCounterVec,
-}
-
-impl LiveCollector {
-    fn new(source: Weak<dyn LiveSource>) -> Self {
-        let gauge = |name: &str, help: &str, labels: &[&str]| {
-            IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition")
-        };
-        let prefill = gauge(
-            "infergate_endpoint_prefill_tokens",
-            "Estimated prefill tokens in flight (dispatched, first response byte not yet seen).",
-            &["pool", "endpoint"],
-        );
-        let requests = gauge(
-            "infergate_endpoint_requests_in_flight",
-            "Requests in flight through this router.",
-            &["pool", "endpoint"],
-        );
-        let healthy = gauge(
-            "infergate_endpoint_healthy",
-            "1 if the endpoint passes health checks, 0 if failing or not yet checked.",
-            &["pool", "endpoint"],
-        );
-        let ejected = gauge(
-            "infergate_endpoint_ejected",
-            "1 while outlier detection keeps the endpoint out of placement.",
-            &["pool", "endpoint"],
-        );
-        let stats_state = gauge(
-            "infergate_engine_stats_state",
-            "1 for the endpoint's current engine-stats state (fresh, stale, missing, down, off).",
-            &["pool", "endpoint", "state"],
-        );
-        let foreign = gauge(
-            "infergate_endpoint_foreign_requests",
-            "Requests the engine reports beyond this router's and its cluster peers' (load placed elsewhere), as of the last fresh engine-stats sample; absent without fresh stats.",
-            &["pool", "endpoint"],
-        );
-        let sessions = gauge(
-            "infergate_sessions",
-            "Session bindings held (0 for a pool without sessions).",
-            &["pool"],
-        );
-        let health_panic = gauge(
-            "infergate_pool_health_panic",
-            "1 while every endpoint of the pool fails its health check and the pool places across those whose engine answers it (health_check.route_when_all_unhealthy).",
-            &["pool"],
-        );
-        let prefill_speed = GaugeVec::new(
-            Opts::new(
-                "infergate_endpoint_prefill_tokens_per_second",
-                "Learned prefill speed (inverse slope of time to first byte over estimated tokens of streaming requests); 0 until learned.",
-            ),
-            &["pool", "endpoint"],
-        )
-        .expect("static metric definition");
-        let ttft_overhead = GaugeVec::new(
-            Opts::new(
-                "infergate_endpoint_ttft_overhead_seconds",
-                "predicted_ttft's learned time to first byte before any prefill progresses (the line's intercept); absent until learned.",
-            ),
-            &["pool", "endpoint"],
-        )
-        .expect("static metric definition");
-        let ttft_throughput = GaugeVec::new(
-            Opts::new(
-                "infergate_endpoint_ttft_throughput_tokens_per_second",
-                "predicted_ttft's learned prefill throughput, queue included (estimated tokens per second, the line's inverse slope); absent until learned.",
-            ),
-            &["pool", "endpoint"],
-        )
-        .expect("static metric definition");
-        // Counters kept by each endpoint's health tracker, read at scrape time like the gauges: a flapping
-        // endpoint shows between two scrapes of `infergate_endpoint_healthy`.
-        let failed_checks = IntCounterVec::new(
-            Opts::new(
-                "infergate_endpoint_health_check_failures_total",
-                "Health checks the endpoint failed (an error status, a refused connect or a timeout).",
-            ),
-            &["pool", "endpoint"],
-        )
-        .expect("static metric definition");
-        let health_changes = IntCounterVec::new(
-            Opts::new(
-                "infergate_endpoint_health_changes_total",
-                "Changes of the endpoint's health state, by the state entered (healthy, unhealthy); the first result after the start counts.",
-            ),
-            &["pool", "endpoint", "to"],
-        )
-        .expect("static metric definition");
-        let descs = [
-            &prefill,
-            &requests,
-            &healthy,
-            &ejected,
-            &stats_state,
-            &sessions,
-            &health_panic,
-            &foreign,
-        ]
-        .iter()
-        .flat_map(|g| g.desc().into_iter().cloned())
-        .chain(
-            [&prefill_speed, &ttft_overhead, &ttft_throughput]
-                .into_iter()
-                .flat_map(|g| g.desc().into_iter().cloned()),
-        )
-        .chain(
-            [&failed_checks, &health_changes]
-                .into_iter()
-                .flat_map(|c| c.desc().into_iter().cloned()),
-        )
-        .collect();
-        LiveCollector {
-            lock: parking_lot::Mutex::new(()),
-            source,
-            descs,
-            prefill,
-            requests,
-            healthy,
-            ejected,
-            stats_state,
-            sessions,
-            health_panic,
-            prefill_speed,
-            ttft_overhead,
-            ttft_throughput,
-            foreign,
-            failed_checks,
-            health_changes,
-        }
-    }
-}
-
-impl Collector for LiveCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let _guard = self.lock.lock();
-        for g in [
-            &self.prefill,
-            &self.requests,
-            &self.healthy,
-            &self.ejected,
-            &self.stats_state,
-            &self.sessions,
-            &self.health_panic,
-            &self.foreign,
-        ] {
-            g.reset();
-        }
-        for g in [
-            &self.prefill_speed,
-            &self.ttft_overhead,
-            &self.ttft_throughput,
-        ] {
-            g.reset();
-        }
-        self.failed_checks.reset();
-        self.health_changes.reset();
-        if let Some(src) = self.source.upgrade() {
-            for s in src.endpoint_samples() {
-                let l = [s.pool.as_str(), s.endpoint.as_str()];
-                self.prefill
-                    .with_label_values(&l)
-                    .set(s.prefill_tokens as i64);
-                self.requests
-                    .with_label_values(&l)
-                    .set(s.requests_in_flight as i64);
-                self.healthy.with_label_values(&l).set(i64::from(s.healthy));
-                let h = s.health_counts;
-                self.failed_checks
-                    .with_label_values(&l)
-                    .inc_by(h.failed_checks);
-                for (to, n) in [
-                    ("healthy", h.became_healthy),
-                    ("unhealthy", h.became_unhealthy),
-                ] {
-                    self.health_changes
-                        .with_label_values(&[l[0], l[1], to])
-                        .inc_by(n);
-                }
-                self.ejected.with_label_values(&l).set(i64::from(s.ejected));
-                self.prefill_speed
-                    .with_label_values(&l)
-                    .set(s.prefill_tokens_per_sec);
-                if let Some(line) = s.ttft_line {
-                    self.ttft_overhead
-                        .with_label_values(&l)
-                        .set(line.overhead_seconds);
-                    self.ttft_throughput
-                        .with_label_values(&l)
-                        .set(line.tokens_per_second);
-                }
-                if let Some(n) = s.foreign_requests {
-                    self.foreign.with_label_values(&l).set(n as i64);
-                }
-                for state in STATS_STATES {
-                    self.stats_state
-                        .with_label_values(&[l[0], l[1], state])
-                        .set(i64::from(state == s.stats_state));
-                }
-            }
-            for p in src.pool_samples() {
-                let l = [p.pool.as_str()];
-                self.sessions.with_label_values(&l).set(p.sessions as i64);
-                self.health_panic
-                    .with_label_values(&l)
-                    .set(i64::from(p.health_panic));
-            }
-        }
-        [
-            &self.prefill,
-            &self.requests,
-            &self.healthy,
-            &self.ejected,
-            &self.stats_state,
-            &self.sessions,
-            &self.health_panic,
-            &self.foreign,
-        ]
-        .iter()
-        .flat_map(|g| g.collect())
-        .chain(
-            [
-                &self.prefill_speed,
-                &self.ttft_overhead,
-                &self.ttft_throughput,
-            ]
-            .into_iter()
-            .flat_map(|g| g.collect()),
-        )
-        .chain(
-            [&self.failed_checks, &self.health_changes]
-                .into_iter()
-                .flat_map(|c| c.collect()),
-        )
-        .collect()
     }
 }
 
