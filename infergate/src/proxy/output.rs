@@ -1,0 +1,66 @@
+//! The answer's body as it streams: the first byte, a stored response's id, the first output and what it teaches.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use pingora_error::Result;
+
+use super::Ctx;
+use super::Router;
+use crate::ledger::ReleaseCause;
+
+impl Router {
+    pub(super) fn on_body_chunk(
+        &self,
+        body: &mut Option<Bytes>,
+        ctx: &mut Ctx,
+    ) -> Result<Option<Duration>> {
+        let chunk = body.as_deref().unwrap_or_default();
+        ctx.log.body_chunk(chunk.len());
+        if chunk.is_empty() {
+            return Ok(None);
+        }
+        let success = ctx
+            .attempt
+            .upstream_status
+            .is_some_and(|s| (200..300).contains(&s));
+        if !ctx.attempt.first_byte_seen {
+            ctx.attempt.first_byte_seen = true;
+            if let (Some(t0), Some(ep), true) = (ctx.attempt.dispatched_at, &ctx.endpoint, success)
+            {
+                self.metrics.observe_ttfb(ep.series(), t0.elapsed());
+            }
+        }
+        if success && ctx.stores_response {
+            if let Some(id) = ctx.attempt.id_capture.feed(chunk) {
+                self.remember_response(ctx, id);
+            }
+        }
+        // An error body has no preamble: its first byte ends the hold. A background answer precedes the work.
+        let work_follows = success && ctx.attempt.background_until.is_some();
+        if !ctx.attempt.first_output_seen
+            && !work_follows
+            && (!success || ctx.attempt.preamble.output_in(chunk))
+        {
+            ctx.attempt.first_output_seen = true;
+            if let (Some(h), Some(ep)) = (&ctx.hold, &ctx.endpoint) {
+                // A successful stream's first output marks the end of prefill: learn the endpoint's speed from it.
+                if h.release_prefill(ReleaseCause::FirstByte) && success && ctx.is_stream() {
+                    ep.prefill_speed.observe(h.estimate(), h.age());
+                    // predicted_ttft: the prefill that was ahead plus this one's, over the wait, is the
+                    // throughput it predicts with; and how far off its prediction was.
+                    let ticket = ctx.placement.as_ref().map(|p| &p.ticket);
+                    if let Some((predicted, ahead)) = ticket.and_then(|t| t.prediction()) {
+                        ep.prefill_speed
+                            .observe_throughput(ahead.saturating_add(h.estimate()), h.age());
+                        if let Some(p) = predicted {
+                            self.metrics
+                                .observe_ttft_prediction(ep.series(), p, h.age());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+}

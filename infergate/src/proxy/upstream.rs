@@ -1,0 +1,225 @@
+//! One forwarding attempt: the queue and the placement, the request the engine gets, and the head of its answer.
+
+use std::time::Instant;
+
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::Session;
+
+use crate::errors::ApiError;
+
+use super::ctx::Attempt;
+use super::router::{non_streaming_release, remove_if_present};
+use super::Ctx;
+use super::{first_output, Router};
+use crate::forwarded;
+use crate::ledger::ReleaseCause;
+use crate::request::CallKind;
+
+impl Router {
+    pub(super) async fn choose_peer(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+    ) -> Result<Box<HttpPeer>> {
+        let Some(pool) = ctx.pool.clone() else {
+            return Error::e_explain(ErrorType::InternalError, "no pool chosen");
+        };
+        // A retry: the previous attempt's hold was finished when it failed.
+        ctx.finish_hold();
+        let path = ctx.target.as_ref().map_or("", |t| t.target.path.as_str());
+        let preamble = if ctx.is_stream() {
+            first_output::preamble_events(path)
+        } else {
+            0
+        };
+        ctx.attempt = Attempt {
+            preamble: first_output::Preamble::new(preamble),
+            ..Attempt::default()
+        };
+        // Held until this attempt's hold exists (end of this function).
+        let _turn = self.wait_turn(session, &pool, ctx).await?;
+        // From the snapshot to the hold (no await in between): concurrent placements see each other's holds.
+        let _placing = pool.placing.lock();
+        let now = Instant::now();
+
+        let fresh = ctx.fresh_retry.take();
+        let same = fresh.and_then(|id| self.same_endpoint(&pool, id));
+        let (ep, fresh) = match (same, ctx.placement.take()) {
+            (Some(ep), Some(placement)) => {
+                ctx.placement = Some(placement);
+                (ep, true)
+            }
+            (_, previous) => {
+                let Some((ep, placement)) = self.place(&pool, ctx, now) else {
+                    // The last attempt's placement stays for the access log.
+                    ctx.placement = previous;
+                    let e = if let Some(pin) = &ctx.pinned {
+                        ApiError::response_holder_unavailable(&pin.response_id, &pin.endpoint)
+                    } else if !pool.any_healthy() || ctx.tried.is_empty() {
+                        ApiError::no_healthy_endpoint(&pool.name)
+                    } else {
+                        ApiError::upstream_unreachable(&pool.name)
+                    };
+                    let status = e.status;
+                    ctx.error = Some(e);
+                    return Error::e_explain(
+                        ErrorType::HTTPStatus(status),
+                        "no endpoint available",
+                    );
+                };
+                let generating = ctx.kind == CallKind::Generate;
+                if generating {
+                    self.metrics.unless_removed(&ep.removed, || {
+                        self.metrics
+                            .placements_total
+                            .with_label_values(&[&*pool.name, &ep.label, placement.reason.as_str()])
+                            .inc();
+                    });
+                    pool.recent.record(ep.id, placement.reason, now);
+                    pool.policy.dispatched(ep.id, &placement.ticket, now);
+                }
+                ctx.placement = Some(placement);
+                (ep, false)
+            }
+        };
+
+        let counts_tokens = ctx.kind == CallKind::Generate && pool.policy.counts_tokens();
+        let estimate_bytes = ctx.placement.as_ref().map_or(0, |p| p.estimate_bytes);
+        let tokens = if counts_tokens {
+            self.estimate(&pool, estimate_bytes)
+        } else {
+            0
+        };
+        let mut hold = self
+            .ledger
+            .hold(ep.load.clone(), tokens, self.release_hook(&ep));
+        self.wake_queue_on_finish(&pool, &mut hold);
+        if tokens > 0 && !ctx.is_stream() {
+            let estimate = ep.prefill_speed.estimate(tokens);
+            let after = non_streaming_release(estimate, &self.current().timeouts);
+            hold.release_at(now + after);
+            // The answer comes before the work: keep the tokens to the estimated prefill end, if there is one.
+            if ctx.scan.background == Some(true) {
+                ctx.attempt.background_until = estimate.map(|d| now + d);
+            }
+        }
+        ctx.hold = Some(hold);
+        ctx.attempt.dispatched_at = Some(now);
+        let peer = self.peer(&ep, fresh);
+        ctx.endpoint = Some(ep);
+        Ok(Box::new(peer))
+    }
+
+    pub(super) async fn edit_upstream_request(
+        &self,
+        session: &mut Session,
+        req: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        // Header edits are costly in Pingora's case-preserving map: touch only what must change.
+        if let Some(ep) = &ctx.endpoint {
+            if req.headers.get(http::header::HOST).map(|h| h.as_bytes())
+                != Some(ep.label.as_bytes())
+            {
+                req.insert_header("host", ep.label.as_str())?;
+            }
+            match ep.api_key() {
+                Some(key) => req.insert_header("authorization", format!("Bearer {key}"))?,
+                // The client's key is for the router, never for the engine.
+                None => remove_if_present(req, "authorization"),
+            }
+        }
+        // The client's Anthropic-style key is for the router too.
+        remove_if_present(req, "x-api-key");
+        // The router answered `Expect` itself and holds the whole body: send it with one exact length.
+        remove_if_present(req, "expect");
+        // The router reads the start of answers (the first output, a stored response's id): plain bytes, always.
+        remove_if_present(req, "accept-encoding");
+        if let Some(b) = &ctx.body {
+            remove_if_present(req, "transfer-encoding");
+            let len = b.bytes.len().to_string();
+            let same = req
+                .headers
+                .get_all(http::header::CONTENT_LENGTH)
+                .iter()
+                .count()
+                == 1
+                && req
+                    .headers
+                    .get(http::header::CONTENT_LENGTH)
+                    .map(|v| v.as_bytes())
+                    == Some(len.as_bytes());
+            if !same {
+                req.insert_header("content-length", len)?;
+            }
+        }
+        if let Some(t) = &ctx.target {
+            t.set_upstream_target(req)?;
+        }
+        let peer = forwarded::peer_ip(session.client_addr());
+        forwarded::apply(req, peer, &self.current().trusted_proxies)?;
+        Ok(())
+    }
+
+    pub(super) async fn on_upstream_head(
+        &self,
+        resp: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let status = resp.status.as_u16();
+        if status < 200 {
+            return Ok(()); // informational
+        }
+        ctx.attempt.upstream_status = Some(status);
+        let (Some(pool), Some(ep)) = (ctx.pool.clone(), ctx.endpoint.clone()) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if (200..300).contains(&status) {
+            ep.outlier.record_success();
+            if let Some(h) = &ctx.hold {
+                // Headers arrive before prefill (vLLM): tokens stay held until the first body byte.
+                h.mark_served();
+            }
+            pool.policy.served(ep.id, ctx.ticket(), now);
+            if let Some(cluster) = &self.cluster {
+                let sessions = pool.policy.sessions();
+                if let Some(saved) = sessions.and_then(|s| s.served_binding(ctx.ticket(), now)) {
+                    cluster.share_binding(&pool, &saved);
+                }
+            }
+            return Ok(());
+        }
+        // Anything else: the engine will not prefill this request.
+        ctx.release_prefill(ReleaseCause::Aborted);
+        if status == 429 || status == 503 {
+            // Refused: no room now. Retry elsewhere before the client sees it, if anywhere can take it.
+            ep.outlier
+                .record_refusal(now, pool.cfg().outlier.saturation_cooldown);
+            if status == 503 {
+                self.record_failure(ctx);
+            }
+            let mut excluded = ctx.tried.clone();
+            excluded.push(ep.id);
+            // A pinned request has nowhere else to go: the engine's own answer reaches the client.
+            if ctx.pinned.is_none()
+                && self.retries_left(ctx)
+                && pool.has_alternative(&excluded, now)
+            {
+                ctx.refused = true;
+                return Error::e_explain(
+                    ErrorType::HTTPStatus(status),
+                    "engine refused the request",
+                );
+            }
+        } else if status >= 500 {
+            self.record_failure(ctx);
+        } else {
+            // A 4xx is the client's: the engine works.
+            ep.outlier.record_success();
+        }
+        Ok(())
+    }
+}
