@@ -44,6 +44,7 @@
 
 mod access;
 mod admit;
+mod answers;
 mod body;
 mod ctx;
 mod failure;
@@ -51,6 +52,7 @@ mod first_output;
 mod intake;
 mod output;
 mod router;
+mod stored;
 mod upstream;
 
 use std::ops::Deref;

@@ -1,18 +1,15 @@
-//! The router's own steps on the request path, called from the hooks in `mod.rs`: placement, the upstream peer,
-//! retries and failures, the answers it writes itself, reading the body; and the small header rules they use.
+//! The router's own steps on the request path, called from the hooks: placement, the upstream peer, retries and
+//! failures, reading the body; and the small header rules they use.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::Result;
-use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_http::RequestHeader;
 use pingora_proxy::Session;
 
-use super::access;
 use super::body::{self, BodyError, BodyLimits};
-use super::Pinned;
 use super::{Ctx, Router, UPSTREAM_IDLE_TIMEOUT};
 use crate::errors::ApiError;
 use crate::ledger::{ReleaseCause, ReleaseHook};
@@ -20,7 +17,6 @@ use crate::placement::policy::{PlaceRequest, Placement, Snapshot};
 use crate::placement::{self, Reason};
 use crate::pool::{Endpoint, Pool};
 use crate::request::CallKind;
-use crate::stored_responses::{self, Holder};
 
 impl Router {
     pub(super) fn body_limits(&self) -> BodyLimits {
@@ -43,129 +39,6 @@ impl Router {
             .get(i)
             .cloned()
             .ok_or_else(ApiError::internal)
-    }
-
-    /// For a retrieval or cancel of a stored response (`/v1/responses/{id}`): the pool of the engine holding it,
-    /// with the request pinned there, or a 404 when this router knows no holder. None for any other request.
-    pub(super) async fn stored_response_pool(
-        &self,
-        ctx: &mut Ctx,
-    ) -> Option<std::result::Result<Arc<Pool>, ApiError>> {
-        let id = ctx.target.as_ref()?.stored_response_id()?.to_string();
-        let found = self.response_holder(&id, None).await.and_then(|h| {
-            let pool = self.pools.pools.iter().find(|p| p.name == h.pool)?.clone();
-            has_endpoint(&pool, &h.endpoint).then_some((pool, h.endpoint))
-        });
-        Some(match found {
-            Some((pool, endpoint)) => {
-                ctx.pinned = Some(Pinned {
-                    response_id: id,
-                    endpoint,
-                });
-                Ok(pool)
-            }
-            None => Err(ApiError::response_not_found(&id)),
-        })
-    }
-
-    /// A Responses API turn: pin it to the engine holding the response it continues (`previous_response_id`) when
-    /// this router knows it and it is in the request's pool (else it is placed as any request: the engine answers
-    /// if it does not have it), and note whether its own answer will be stored (`store` absent or true).
-    pub(super) async fn pin_continued_response(&self, ctx: &mut Ctx, pool: &Pool) {
-        let creates = ctx.kind == CallKind::Generate
-            && ctx
-                .target
-                .as_ref()
-                .is_some_and(|t| t.target.path == "/v1/responses");
-        if !creates {
-            return;
-        }
-        ctx.stores_response = ctx.scan.store != Some(false);
-        let Some(prev) = ctx.scan.previous_response_id.as_deref() else {
-            return;
-        };
-        if let Some(h) = self.response_holder(prev, Some(pool)).await {
-            if h.pool == pool.name && has_endpoint(pool, &h.endpoint) {
-                ctx.pinned = Some(Pinned {
-                    response_id: prev.to_string(),
-                    endpoint: h.endpoint,
-                });
-            }
-        }
-    }
-
-    /// The engine holding stored response `id`: this replica's record, else the one another replica shared, else
-    /// the engine that says it has it when asked (in `pool`, or in any pool when the request names none).
-    async fn response_holder(&self, id: &str, pool: Option<&Pool>) -> Option<Holder> {
-        if !crate::paths::is_valid_response_id(id) {
-            return None;
-        }
-        if let Some(h) = self.stored_responses.lookup(id) {
-            self.stored_responses.count_lookup("local");
-            return Some(h);
-        }
-        let shared = match &self.cluster {
-            Some(cluster) => cluster.lookup_response(id).await,
-            None => None,
-        };
-        let (found, source) = match shared {
-            Some(h) => (Some(h), "cluster"),
-            None => match self.ask_engines(id, pool).await {
-                Some(h) => {
-                    if let Some(cluster) = &self.cluster {
-                        cluster.share_response(id, &h);
-                    }
-                    (Some(h), "engine")
-                }
-                None => (None, "unknown"),
-            },
-        };
-        self.stored_responses.count_lookup(source);
-        let h = found?;
-        self.stored_responses.record(id, h.clone());
-        Some(h)
-    }
-
-    /// The available engine of `pool` (of every pool without one) that says it holds stored response `id`.
-    async fn ask_engines(&self, id: &str, pool: Option<&Pool>) -> Option<Holder> {
-        let pools: Vec<&Pool> = match pool {
-            Some(p) => vec![p],
-            None => self.pools.pools.iter().map(|p| &**p).collect(),
-        };
-        let candidates = pools
-            .iter()
-            .flat_map(|p| {
-                let endpoints = p.endpoints();
-                let gate = p.health_gate(&endpoints);
-                endpoints
-                    .iter()
-                    .filter(|e| gate.available(e))
-                    .cloned()
-                    .collect::<Vec<_>>()
-            })
-            .map(|e| stored_responses::Candidate {
-                api_key: e.api_key(),
-                holder: Holder {
-                    pool: e.pool.clone(),
-                    endpoint: e.label.clone(),
-                },
-            })
-            .collect();
-        stored_responses::probe(id, candidates, stored_responses::PROBE_TIMEOUT).await
-    }
-
-    /// A stored response was created on this request's endpoint: remember it holds `id`, and tell the replicas.
-    pub(super) fn remember_response(&self, ctx: &Ctx, id: String) {
-        if let Some(ep) = &ctx.endpoint {
-            let holder = Holder {
-                pool: ep.pool.clone(),
-                endpoint: ep.label.clone(),
-            };
-            if let Some(cluster) = &self.cluster {
-                cluster.share_response(&id, &holder);
-            }
-            self.stored_responses.record(&id, holder);
-        }
     }
 
     /// The endpoint's shared release callback: counts served estimates and janitor releases.
@@ -198,102 +71,6 @@ impl Router {
                 })
             })
             .clone()
-    }
-
-    /// Write a JSON response the router answers itself.
-    pub(super) async fn respond(
-        &self,
-        session: &mut Session,
-        status: u16,
-        body: Bytes,
-        retry_after: Option<u32>,
-    ) -> Result<()> {
-        let mut resp = ResponseHeader::build(status, Some(4))?;
-        resp.insert_header("content-type", "application/json")?;
-        resp.insert_header("content-length", body.len().to_string())?;
-        if let Some(secs) = retry_after {
-            resp.insert_header("retry-after", secs.to_string())?;
-        }
-        access::echo_request_id(session, &mut resp)?;
-        crate::cors::apply(
-            &self.current().cors_allowed_origins,
-            session.req_header(),
-            &mut resp,
-        )?;
-        self.metrics
-            .router_responses_total
-            .with_label_values(&[status.to_string().as_str()])
-            .inc();
-        if status >= 400 {
-            // The request body may be unread: do not reuse the connection.
-            session
-                .as_downstream_mut()
-                .write_error_response(resp, body)
-                .await
-        } else {
-            session.write_response_header(Box::new(resp), false).await?;
-            session.write_response_body(Some(body), true).await
-        }
-    }
-
-    /// Answer a CORS preflight (`cors_allowed_origins` is on): 204 when the origin is allowed and the client port
-    /// serves the method and path asked about, else the error the request itself would get (403 for the origin).
-    pub(super) async fn answer_preflight(&self, session: &mut Session, method: &str) -> Result<()> {
-        let cfg = self.current();
-        let req = session.req_header();
-        let refusal = match crate::cors::allow_origin(&cfg.cors_allowed_origins, req) {
-            None => Some(ApiError::cors_origin_not_allowed()),
-            Some(_) => match self.exposure.screen(method, req.raw_path()) {
-                Err(e) => Some(e),
-                Ok(_) => match crate::cors::requested_headers(req) {
-                    crate::cors::RequestedHeaders::Malformed => {
-                        Some(ApiError::cors_bad_request_headers())
-                    }
-                    _ => None,
-                },
-            },
-        };
-        if let Some(e) = refusal {
-            return self.respond_error(session, &e).await;
-        }
-        let allow = crate::cors::allow_origin(&cfg.cors_allowed_origins, req).unwrap_or("*");
-        let headers = match crate::cors::requested_headers(req) {
-            crate::cors::RequestedHeaders::Names(h) => Some(h),
-            _ => None,
-        };
-        let mut resp = crate::cors::preflight_answer(allow, method, headers)?;
-        access::echo_request_id(session, &mut resp)?;
-        self.metrics
-            .router_responses_total
-            .with_label_values(&["204"])
-            .inc();
-        session.write_response_header(Box::new(resp), true).await
-    }
-
-    pub(super) async fn respond_error(&self, session: &mut Session, e: &ApiError) -> Result<()> {
-        self.respond(session, e.status, e.body(), e.retry_after)
-            .await
-    }
-
-    pub(super) fn models_body(&self) -> Bytes {
-        let data: Vec<_> = self
-            .pools
-            .model_names()
-            .into_iter()
-            .map(|m| serde_json::json!({"id": m, "object": "model", "owned_by": "infergate"}))
-            .collect();
-        Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string())
-    }
-
-    /// One model as `GET /v1/models/{id}` answers it; None when no pool serves it.
-    pub(super) fn model_body(&self, id: &str) -> Option<Bytes> {
-        let known = self.pools.model_names().iter().any(|m| m == id);
-        known.then(|| {
-            Bytes::from(
-                serde_json::json!({"id": id, "object": "model", "owned_by": "infergate"})
-                    .to_string(),
-            )
-        })
     }
 
     /// Choose an endpoint for this attempt. None when no eligible endpoint exists.
@@ -463,11 +240,6 @@ impl Router {
             Err(BodyError::ClientGone(e)) => Err(e),
         }
     }
-}
-
-/// Whether `pool` still has the endpoint `label` (a reload may have removed the engine holding a response).
-fn has_endpoint(pool: &Pool, label: &str) -> bool {
-    pool.endpoints().iter().any(|e| e.label == label)
 }
 
 /// When a non-streaming request's tokens are released: its response starts only when generation ends, so at the
