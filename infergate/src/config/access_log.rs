@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use super::walk::read_keys;
 use super::walk::{Field, Node};
 use super::ConfigError;
 
@@ -53,7 +54,7 @@ impl AccessLogConfig {
     }
 
     pub(super) fn read(n: Node<'_>) -> Result<AccessLogConfig, ConfigError> {
-        let [format, path, buffer_lines] = n.keys(["format", "path", "buffer_lines"])?;
+        read_keys!(n; format, path, buffer_lines);
         let d = AccessLogConfig::default();
         let format = match format.value() {
             None => d.format,

@@ -4,6 +4,7 @@ use std::fmt;
 
 use serde_norway::Value;
 
+use super::walk::read_keys;
 use super::walk::{Field, Node};
 use super::ConfigError;
 
@@ -55,7 +56,7 @@ const LIMIT_KEYS: [&str; 3] = [
 
 impl AuthConfig {
     pub(super) fn read(n: Node<'_>) -> Result<AuthConfig, ConfigError> {
-        let [keys_file, keys_env, limits] = n.keys(["keys_file", "keys_env", "limits"])?;
+        read_keys!(n; keys_file, keys_env, limits);
         let (source, entries) = match (keys_file.value(), keys_env.value()) {
             (Some(_), Some(_)) => {
                 return Err(keys_env.err("set either keys_file or keys_env, not both"))

@@ -5,6 +5,7 @@ use std::time::Duration;
 use redis::IntoConnectionInfo;
 use serde_norway::Value;
 
+use super::walk::read_keys;
 use super::walk::{Field, Node};
 use super::ConfigError;
 
@@ -62,15 +63,7 @@ impl ClusterConfig {
     }
 
     pub(super) fn read(n: Node<'_>, listen: &[String]) -> Result<ClusterConfig, ConfigError> {
-        let [redis_url, password_file, replica, publish_interval, read_timeout, key_prefix] = n
-            .keys([
-                "redis",
-                "password_file",
-                "replica",
-                "publish_interval",
-                "read_timeout",
-                "key_prefix",
-            ])?;
+        read_keys!(n; redis_url: "redis", password_file, replica, publish_interval, read_timeout, key_prefix);
         redis_url.required()?;
         let text = redis_url.string()?.trim();
         let mut connection = connection_info(text).map_err(|r| redis_url.err(r))?;

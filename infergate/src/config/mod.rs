@@ -42,6 +42,7 @@ pub use state_file::StateFileConfig;
 use trusted_proxies::trusted_proxies;
 pub use trusted_proxies::Cidr;
 use values::{check_listen_addr, to_usize};
+use walk::read_keys;
 use walk::{kind, yaml_reason, Field, Node, Reader, Walker};
 
 /// The whole validated configuration. Everything else in the crate reads this, never the YAML.
@@ -231,27 +232,27 @@ const SECTIONS: &[(&str, Reader)] = &[
 impl Config {
     /// The top level of the file.
     fn read(n: Node<'_>) -> Result<Config, ConfigError> {
-        let [listen, metrics_listen, server, timeouts, max_retries, max_body_bytes, body_budget_bytes, body_budget_wait, max_client_connections, pools, expose, trusted, cors, auth, access_log, endpoint_header, state_file, cluster] =
-            n.keys([
-                "listen",
-                "metrics_listen",
-                "server",
-                "timeouts",
-                "max_retries",
-                "max_body_bytes",
-                "body_budget_bytes",
-                "body_budget_wait",
-                "max_client_connections",
-                "pools",
-                "expose_paths",
-                "trusted_proxies",
-                "cors_allowed_origins",
-                "auth",
-                "access_log",
-                "endpoint_header",
-                "state_file",
-                "cluster",
-            ])?;
+        read_keys!(
+            n;
+            listen,
+            metrics_listen,
+            server,
+            timeouts,
+            max_retries,
+            max_body_bytes,
+            body_budget_bytes,
+            body_budget_wait,
+            max_client_connections,
+            pools,
+            expose: "expose_paths",
+            trusted: "trusted_proxies",
+            cors: "cors_allowed_origins",
+            auth,
+            access_log,
+            endpoint_header,
+            state_file,
+            cluster,
+        );
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
             None | Some(Value::Null) => None,
@@ -295,16 +296,16 @@ impl Config {
 
 impl Timeouts {
     fn read(n: Node<'_>) -> Result<Timeouts, ConfigError> {
-        let [connect, response_header, stream_idle, request_body, request_header, client_idle, client_write] =
-            n.keys([
-                "connect",
-                "response_header",
-                "stream_idle",
-                "request_body",
-                "request_header",
-                "client_idle",
-                "client_write",
-            ])?;
+        read_keys!(
+            n;
+            connect,
+            response_header,
+            stream_idle,
+            request_body,
+            request_header,
+            client_idle,
+            client_write,
+        );
         let d = Timeouts::default();
         Ok(Timeouts {
             connect: connect.duration_or(d.connect)?,

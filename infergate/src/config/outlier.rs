@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::walk::read_keys;
 use super::walk::Node;
 use super::ConfigError;
 
@@ -43,14 +44,14 @@ impl OutlierConfig {
     }
 
     pub(super) fn read(n: Node<'_>) -> Result<OutlierConfig, ConfigError> {
-        let [consecutive_failures, base_ejection, max_ejection, max_ejected_percent, saturation_cooldown] =
-            n.keys([
-                "consecutive_failures",
-                "base_ejection",
-                "max_ejection",
-                "max_ejected_percent",
-                "saturation_cooldown",
-            ])?;
+        read_keys!(
+            n;
+            consecutive_failures,
+            base_ejection,
+            max_ejection,
+            max_ejected_percent,
+            saturation_cooldown,
+        );
         let d = OutlierConfig::default();
         let base = base_ejection.duration_or(d.base_ejection)?;
         let max = max_ejection.duration_or(d.max_ejection)?;

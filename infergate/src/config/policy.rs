@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde_norway::Value;
 
 use super::values::to_usize;
+use super::walk::read_keys;
 use super::walk::{Field, Node};
 use super::ConfigError;
 
@@ -144,13 +145,7 @@ impl Default for SessionsConfig {
 impl SessionsConfig {
     /// A pool's `sessions`, allowed with policies load_aware and predicted_ttft only.
     pub(super) fn read(n: Node<'_>, policy: Policy) -> Result<SessionsConfig, ConfigError> {
-        let [header, ttl, max_sessions, move_margin, prompt_cache_key] = n.keys([
-            "header",
-            "ttl",
-            "max_sessions",
-            "move_margin",
-            "prompt_cache_key",
-        ])?;
+        read_keys!(n; header, ttl, max_sessions, move_margin, prompt_cache_key);
         if !matches!(policy, Policy::LoadAware | Policy::PredictedTtft) {
             return Err(n.err(format!(
                 "sessions require policy load_aware or predicted_ttft (this pool's policy is {}); remove `sessions` or change the policy",
@@ -255,8 +250,7 @@ pub struct EngineStatsConfig {
 
 impl EngineStatsConfig {
     pub(super) fn read(n: Node<'_>) -> Result<EngineStatsConfig, ConfigError> {
-        let [kind, path, interval, metric_prefix] =
-            n.keys(["kind", "path", "interval", "metric_prefix"])?;
+        read_keys!(n; kind, path, interval, metric_prefix);
         let kind = match kind.value() {
             None => EngineKind::Vllm,
             Some(_) => match kind.string()?.trim() {
@@ -319,12 +313,7 @@ impl Default for PrefixConfig {
 
 impl PrefixConfig {
     pub(super) fn read(n: Node<'_>) -> Result<PrefixConfig, ConfigError> {
-        let [block_bytes, min_match_bytes, capacity_tokens_per_endpoint, fallback] = n.keys([
-            "block_bytes",
-            "min_match_bytes",
-            "capacity_tokens_per_endpoint",
-            "fallback",
-        ])?;
+        read_keys!(n; block_bytes, min_match_bytes, capacity_tokens_per_endpoint, fallback);
         let d = PrefixConfig::default();
         let fallback = match fallback.value() {
             None => d.fallback,

@@ -10,6 +10,7 @@ use super::outlier::OutlierConfig;
 use super::policy::{EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, SessionsConfig};
 use super::queue::QueueConfig;
 use super::values::{parse_http_url, resolve, to_usize};
+use super::walk::read_keys;
 use super::walk::{Field, Node};
 use super::ConfigError;
 
@@ -86,22 +87,22 @@ pub(super) fn pools_list(f: &Field<'_>) -> Result<Vec<PoolConfig>, ConfigError> 
 
 impl PoolConfig {
     pub(super) fn read(n: Node<'_>) -> Result<PoolConfig, ConfigError> {
-        let [name, models, policy, max_in_flight_per_endpoint, endpoints, health_check, prefill, sessions, engine_stats, prefix, outlier_detection, expose, queue] =
-            n.keys([
-                "name",
-                "models",
-                "policy",
-                "max_in_flight_per_endpoint",
-                "endpoints",
-                "health_check",
-                "prefill",
-                "sessions",
-                "engine_stats",
-                "prefix",
-                "outlier_detection",
-                "expose_paths",
-                "queue",
-            ])?;
+        read_keys!(
+            n;
+            name,
+            models,
+            policy,
+            max_in_flight_per_endpoint,
+            endpoints,
+            health_check,
+            prefill,
+            sessions,
+            engine_stats,
+            prefix,
+            outlier_detection,
+            expose: "expose_paths",
+            queue,
+        );
         let name = {
             let s = name.string()?.trim().to_string();
             if s.is_empty() {
@@ -246,7 +247,7 @@ impl EndpointConfig {
     }
 
     pub(super) fn read_mapping(n: Node<'_>) -> Result<EndpointConfig, ConfigError> {
-        let [url, api_key_env, api_key_file] = n.keys(["url", "api_key_env", "api_key_file"])?;
+        read_keys!(n; url, api_key_env, api_key_file);
         let mut ep = EndpointConfig::at_url(&url)?;
         ep.api_key = api_key(&n, &api_key_env, &api_key_file)?;
         Ok(ep)
@@ -334,15 +335,7 @@ impl Default for HealthCheckConfig {
 
 impl HealthCheckConfig {
     pub(super) fn read(n: Node<'_>) -> Result<HealthCheckConfig, ConfigError> {
-        let [path, interval, timeout, healthy_after, unhealthy_after, route_when_all_unhealthy] = n
-            .keys([
-                "path",
-                "interval",
-                "timeout",
-                "healthy_after",
-                "unhealthy_after",
-                "route_when_all_unhealthy",
-            ])?;
+        read_keys!(n; path, interval, timeout, healthy_after, unhealthy_after, route_when_all_unhealthy);
         let d = HealthCheckConfig::default();
         Ok(HealthCheckConfig {
             path: path.url_path_or(&d.path)?,
@@ -380,8 +373,7 @@ impl Default for PrefillConfig {
 
 impl PrefillConfig {
     pub(super) fn read(n: Node<'_>) -> Result<PrefillConfig, ConfigError> {
-        let [bytes_per_token, max_tokens, tokens_per_image] =
-            n.keys(["bytes_per_token", "max_tokens", "tokens_per_image"])?;
+        read_keys!(n; bytes_per_token, max_tokens, tokens_per_image);
         let d = PrefillConfig::default();
         let bytes_per_token = match bytes_per_token.value() {
             None => d.bytes_per_token,

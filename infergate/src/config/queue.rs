@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::values::to_usize;
+use super::walk::read_keys;
 use super::walk::Node;
 use super::ConfigError;
 
@@ -32,7 +33,7 @@ impl QueueConfig {
         n: Node<'_>,
         max_in_flight: Option<u64>,
     ) -> Result<QueueConfig, ConfigError> {
-        let [max_length, max_wait] = n.keys(["max_length", "max_wait"])?;
+        read_keys!(n; max_length, max_wait);
         let d = QueueConfig::default();
         let q = QueueConfig {
             max_length: to_usize(max_length.positive_or(d.max_length as u64)?),

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::access_log::file_path;
+use super::walk::read_keys;
 use super::walk::{Field, Node};
 use super::ConfigError;
 
@@ -33,7 +34,7 @@ impl StateFileConfig {
     }
 
     pub(super) fn read(n: Node<'_>) -> Result<StateFileConfig, ConfigError> {
-        let [path, interval] = n.keys(["path", "interval"])?;
+        read_keys!(n; path, interval);
         let text = path.string()?.trim();
         Ok(StateFileConfig {
             path: file_path(&path, text)?,

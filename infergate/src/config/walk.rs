@@ -60,6 +60,22 @@ impl<'a> Walker<'a> {
     }
 }
 
+/// Reads the keys of a mapping into bindings that stand beside their keys: `read_keys!(n; listen, expose:
+/// "expose_paths")` is `let [listen, expose] = n.keys(["listen", "expose_paths"])?` without two lists that
+/// must agree by position. A binding without a key reads the key of its own name.
+macro_rules! read_keys {
+    ($n:expr; $($bind:ident $(: $key:literal)?),+ $(,)?) => {
+        let [$($bind),+] = $n.keys([$(read_keys!(@key $bind $($key)?)),+])?;
+    };
+    (@key $bind:ident $key:literal) => {
+        $key
+    };
+    (@key $bind:ident) => {
+        stringify!($bind)
+    };
+}
+pub(super) use read_keys;
+
 impl<'a> Node<'a> {
     /// The file being read.
     pub(super) fn file(&self) -> &'a Path {
