@@ -1,0 +1,141 @@
+//! Unit tests of the access log: logfmt and JSON lines, bounded client values, a full queue drops and counts.
+
+use super::*;
+
+fn sample() -> Line<'static> {
+    Line {
+        time: Some(SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123)),
+        client: Some("127.0.0.1:5555".parse().unwrap()),
+        method: "POST",
+        path: "/v1/chat/completions",
+        model: Some("llama 3 \"70b\""),
+        pool: Some("default"),
+        endpoint: Some("10.0.0.5:8000"),
+        reason: Some("sticky"),
+        status: 200,
+        tokens: Some(1234),
+        ttfb: Some(Duration::from_micros(12_345)),
+        duration: Duration::from_micros(1_500_250),
+        bytes_in: 4096,
+        bytes_out: 777,
+        retries: 1,
+        client_key: None,
+        session: Some(0xab),
+        request_id: "req-1",
+        error: None,
+        user_agent: Some("OpenAI/Python 1.109.1"),
+    }
+}
+
+#[test]
+fn text_is_logfmt_with_quoting_and_dashes() {
+    assert_eq!(
+        sample().text(),
+        "time=2023-11-14T22:13:20.123Z client=127.0.0.1:5555 method=POST path=/v1/chat/completions \
+         model=\"llama 3 \\\"70b\\\"\" pool=default endpoint=10.0.0.5:8000 reason=sticky status=200 tokens=1234 \
+         ttfb_ms=12.345 duration_ms=1500.250 bytes_in=4096 bytes_out=777 retries=1 client_key=- \
+         session=00000000000000ab request_id=req-1 error=- user_agent=\"OpenAI/Python 1.109.1\""
+    );
+    let mut l = sample();
+    l.model = Some("a\nb=c\u{7}");
+    l.request_id = "-";
+    let t = l.text();
+    assert!(t.contains(r#"model="a\nb=c\u{0007}""#), "{t}");
+    assert!(
+        t.contains(r#"request_id="-""#),
+        "a real `-` is not an absent value: {t}"
+    );
+    assert_eq!(t.lines().count(), 1);
+}
+
+#[test]
+fn json_has_the_same_keys_numbers_and_nulls() {
+    let v: serde_json::Value = serde_json::from_str(&sample().json()).unwrap();
+    assert_eq!(v["time"], "2023-11-14T22:13:20.123Z");
+    assert_eq!(v["model"], "llama 3 \"70b\"");
+    assert_eq!(v["status"], 200);
+    assert_eq!(v["ttfb_ms"], 12.345);
+    assert_eq!(v["duration_ms"], 1500.25);
+    assert_eq!(v["client_key"], serde_json::Value::Null);
+    assert_eq!(v["session"], "00000000000000ab");
+    assert_eq!(v["user_agent"], "OpenAI/Python 1.109.1");
+    assert_eq!(v.as_object().unwrap().len(), 20);
+    // Same keys in the same order (values without spaces, so the text splits on spaces).
+    let mut l = sample();
+    l.model = Some("m");
+    l.user_agent = Some("curl/8.0");
+    let (text, json) = (l.text(), l.json());
+    let keys: Vec<&str> = text
+        .split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(keys.len(), 20);
+    let at: Vec<usize> = keys
+        .iter()
+        .map(|k| {
+            json.find(&format!("\"{k}\":"))
+                .unwrap_or_else(|| panic!("{k} in {json}"))
+        })
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{json}");
+}
+
+#[test]
+fn client_values_are_bounded() {
+    let long = "m".repeat(10_000);
+    let mut l = sample();
+    l.model = Some(&long);
+    l.user_agent = Some(&long);
+    let v: serde_json::Value = serde_json::from_str(&l.json()).unwrap();
+    assert_eq!(v["model"].as_str().unwrap().len(), MAX_VALUE_BYTES + 3);
+    assert_eq!(v["user_agent"].as_str().unwrap().len(), MAX_VALUE_BYTES + 3);
+    assert_eq!(bounded("ééé", 3), "é...");
+}
+
+#[test]
+fn a_full_queue_drops_and_counts_instead_of_blocking() {
+    let metrics = Metrics::new();
+    let path = std::env::temp_dir().join(format!(
+        "infergate-access-log-test-{}.log",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let cfg = AccessLogConfig {
+        format: LogFormat::Json,
+        target: LogTarget::File(path.clone()),
+        buffer_lines: 1,
+    };
+    let log = AccessLog::open(&cfg, &metrics).unwrap();
+    let text = String::from_utf8(metrics.render()).unwrap();
+    assert!(text.contains("infergate_access_log_dropped_total{cause=\"queue_full\"} 0"));
+    assert!(text.contains("infergate_access_log_dropped_total{cause=\"write_error\"} 0"));
+    let start = Instant::now();
+    for _ in 0..10_000 {
+        log.write(&sample());
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
+    drop(log);
+    // The writer drains what was queued and exits once the sender is gone.
+    let dropped = {
+        let text = String::from_utf8(metrics.render()).unwrap();
+        text.lines()
+            .find(|l| l.starts_with("infergate_access_log_dropped_total{cause=\"queue_full\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+            .unwrap()
+    };
+    let mut written = 0;
+    for _ in 0..500 {
+        written = std::fs::read_to_string(&path).unwrap().lines().count();
+        if written + dropped >= 10_000 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(written + dropped, 10_000, "every line written or counted");
+    assert!(written >= 1, "some lines were written");
+    for l in std::fs::read_to_string(&path).unwrap().lines() {
+        serde_json::from_str::<serde_json::Value>(l).unwrap();
+    }
+    let _ = std::fs::remove_file(&path);
+}

@@ -1,0 +1,204 @@
+//! Live load: the publish loop that writes this replica's figures and hands the peers' sums to each endpoint.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pingora_core::server::ShutdownWatch;
+use redis::aio::ConnectionManager;
+
+use super::wire::{self, Figures, LoadRecord};
+use super::{wall_ms, Cluster, BACKGROUND_TIMEOUT};
+
+/// A replica's load key expires after this many publish intervals without a publish.
+pub const PEER_TTL_INTERVALS: u32 = 5;
+
+/// The shortest load-key lifetime, whatever the interval: a busy host may miss a tick or two.
+const MIN_PEER_TTL: Duration = Duration::from_millis(500);
+
+/// The shortest wait between two connection attempts while the store is down.
+const RECONNECT_EVERY: Duration = Duration::from_millis(500);
+
+/// Replica names older than this are pruned from the replica set (their load keys expired long ago).
+const REPLICA_FORGET_MS: u64 = 600_000;
+
+impl Cluster {
+    fn peer_ttl(&self) -> Duration {
+        (self.cfg.publish_interval * PEER_TTL_INTERVALS).max(MIN_PEER_TTL)
+    }
+
+    /// This replica's live load by endpoint URL.
+    fn own_load(&self) -> LoadRecord {
+        let mut rec = LoadRecord::default();
+        for pool in &self.pools.pools {
+            for e in pool.endpoints().iter() {
+                rec.add(
+                    crate::state_file::endpoint_url(e),
+                    Figures {
+                        requests: e.load.requests(),
+                        prefill_tokens: e.load.prefill_tokens(),
+                    },
+                );
+            }
+        }
+        rec
+    }
+
+    /// Hand the peers' sums to every endpoint (0 for endpoints no peer has load on).
+    fn apply_peers(&self, sums: &std::collections::HashMap<String, Figures>, peers: usize) {
+        for pool in &self.pools.pools {
+            for e in pool.endpoints().iter() {
+                let f = sums
+                    .get(&crate::state_file::endpoint_url(e))
+                    .copied()
+                    .unwrap_or_default();
+                e.peers.set(f.requests, f.prefill_tokens);
+            }
+        }
+        self.metrics.peers.set(peers as i64);
+    }
+
+    /// Publish this replica's load and read the peers'. Err when the store did not answer.
+    async fn publish_and_read(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
+        let now_ms = wall_ms();
+        let me = &self.cfg.replica;
+        let ttl_ms = wire::millis(self.peer_ttl());
+        let replicas_key = self.keys.replicas();
+        let t0 = Instant::now();
+        let (names,): (Vec<String>,) = redis::pipe()
+            .cmd("SET")
+            .arg(self.keys.load(me))
+            .arg(self.own_load().encode())
+            .arg("PX")
+            .arg(ttl_ms)
+            .ignore()
+            .cmd("ZADD")
+            .arg(&replicas_key)
+            .arg(now_ms)
+            .arg(me)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&replicas_key)
+            .arg("-inf")
+            .arg(now_ms.saturating_sub(REPLICA_FORGET_MS))
+            .ignore()
+            .cmd("ZRANGE")
+            .arg(&replicas_key)
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await?;
+        self.metrics
+            .publish_seconds
+            .observe(t0.elapsed().as_secs_f64());
+        let others: Vec<String> = names
+            .iter()
+            .filter(|n| *n != me)
+            .map(|n| self.keys.load(n))
+            .collect();
+        if others.is_empty() {
+            self.apply_peers(&Default::default(), 0);
+            return Ok(());
+        }
+        let t1 = Instant::now();
+        let records: Vec<Option<Vec<u8>>> =
+            redis::cmd("MGET").arg(&others).query_async(conn).await?;
+        self.metrics
+            .read_seconds
+            .with_label_values(&["load"])
+            .observe(t1.elapsed().as_secs_f64());
+        let (sums, peers) = wire::sum_peers(records.iter().map(|r| r.as_deref()));
+        self.apply_peers(&sums, peers);
+        Ok(())
+    }
+
+    /// The publish loop: connect, publish and read every interval, track the store's state, catch up after an
+    /// outage. Ends at shutdown, removing this replica's load key so its peers drop it at once.
+    pub(super) async fn run(self: Arc<Self>, mut stop: ShutdownWatch) {
+        let mut tick = tokio::time::interval(self.cfg.publish_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_ok = Instant::now();
+        let mut next_connect = Instant::now();
+        let mut need_catch_up = false;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => break,
+            }
+            let mut conn = match self.conn.load().as_deref().cloned() {
+                Some(c) => c,
+                None if Instant::now() < next_connect => {
+                    self.forget_stale_peers(last_ok);
+                    continue;
+                }
+                None => match tokio::time::timeout(BACKGROUND_TIMEOUT * 2, self.connect()).await {
+                    Ok(Ok(c)) => {
+                        self.conn.store(Some(Arc::new(c.clone())));
+                        c
+                    }
+                    Ok(Err(e)) => {
+                        self.down(&e.to_string(), last_ok);
+                        next_connect = Instant::now() + RECONNECT_EVERY;
+                        continue;
+                    }
+                    Err(_) => {
+                        self.down("connect timed out", last_ok);
+                        next_connect = Instant::now() + RECONNECT_EVERY;
+                        continue;
+                    }
+                },
+            };
+            match tokio::time::timeout(BACKGROUND_TIMEOUT, self.publish_and_read(&mut conn)).await {
+                Ok(Ok(())) => {
+                    last_ok = Instant::now();
+                    if self.set_connected(true, "") || need_catch_up {
+                        need_catch_up = false;
+                        match self.catch_up(&mut conn).await {
+                            Ok(n) if n > 0 => {
+                                log::info!(
+                                    "cluster: wrote {n} local session bindings the store lacked"
+                                )
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                log::debug!("cluster: catching up failed: {e}");
+                                need_catch_up = true;
+                            }
+                        }
+                    }
+                }
+                Ok(Err(e)) => {
+                    // Start over with a fresh connection next time (the manager's own retries are short).
+                    self.conn.store(None);
+                    self.down(&e.to_string(), last_ok);
+                    need_catch_up = true;
+                }
+                Err(_) => {
+                    self.conn.store(None);
+                    self.down("publish timed out", last_ok);
+                    need_catch_up = true;
+                }
+            }
+        }
+        if let Some(mut conn) = self.conn() {
+            let key = self.keys.load(&self.cfg.replica);
+            let _ = tokio::time::timeout(
+                BACKGROUND_TIMEOUT,
+                redis::cmd("DEL").arg(key).query_async::<()>(&mut conn),
+            )
+            .await;
+        }
+    }
+
+    fn down(&self, why: &str, last_ok: Instant) {
+        self.metrics.error("publish");
+        self.set_connected(false, why);
+        self.forget_stale_peers(last_ok);
+    }
+
+    /// The peers' last figures stay as long as their keys would have; after that this replica is on its own.
+    fn forget_stale_peers(&self, last_ok: Instant) {
+        if last_ok.elapsed() >= self.peer_ttl() {
+            self.apply_peers(&Default::default(), 0);
+        }
+    }
+}
