@@ -39,7 +39,7 @@ impl BackgroundService for Janitor {
             state.ledger.expire(max_age, now);
             for pool in &state.pools.pools {
                 let evictions = pool.policy.expire(now);
-                state.metrics.count_session_evictions(&pool.name, evictions);
+                state.pools.count_session_evictions(&pool.name, evictions);
             }
         }
     }

@@ -85,8 +85,6 @@ pub struct Metrics {
     pub janitor_released_total: IntCounterVec,
     pub retries_total: IntCounterVec,
     pub ejections_total: IntCounterVec,
-    pub session_evictions_total: IntCounterVec,
-    pub router_responses_total: IntCounterVec,
     pub config_info: IntGauge,
     /// SIGHUP reloads by result (`RELOAD_RESULTS`).
     pub config_reloads_total: IntCounterVec,
@@ -104,14 +102,6 @@ fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Hi
         .register(Box::new(h.clone()))
         .expect("unique metric name");
     h
-}
-
-/// `vec` (labelled `code` only) with a series at 0 for each of `codes`.
-fn with_codes(vec: IntCounterVec, codes: &[&str]) -> IntCounterVec {
-    for code in codes {
-        vec.with_label_values(&[code]);
-    }
-    vec
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -232,21 +222,6 @@ impl Metrics {
                 "Endpoints ejected by outlier detection (consecutive 5xx answers or refused connects).",
                 &["pool", "endpoint"],
             ),
-            session_evictions_total: counter(
-                &registry,
-                "infergate_session_evictions_total",
-                "Session bindings evicted, by cause (ttl, capacity).",
-                &["pool", "cause"],
-            ),
-            router_responses_total: with_codes(
-                counter(
-                    &registry,
-                    "infergate_router_responses_total",
-                    "Responses the router answered itself (errors, /health, /v1/models), by status code.",
-                    &["code"],
-                ),
-                &ROUTER_CODES,
-            ),
             config_info,
             config_reloads_total: {
                 let c = counter(
@@ -295,14 +270,6 @@ impl Metrics {
         let collector = LiveCollector::new(source);
         if let Err(e) = self.registry.register(Box::new(collector)) {
             log::error!("cannot register live gauges: {e}");
-        }
-    }
-
-    /// Create a configured pool's series at 0 (session evictions by cause).
-    pub fn add_pool(&self, pool: &str) {
-        for cause in EVICTION_CAUSES {
-            self.session_evictions_total
-                .with_label_values(&[pool, cause]);
         }
     }
 
@@ -428,17 +395,6 @@ impl Metrics {
             log::error!("cannot encode metrics: {e}");
         }
         buf
-    }
-
-    /// Export a session table's evictions since the last call (`SessionTable::take_evictions`).
-    pub fn count_session_evictions(&self, pool: &str, (ttl, capacity): (u64, u64)) {
-        for (cause, n) in [("ttl", ttl), ("capacity", capacity)] {
-            if n > 0 {
-                self.session_evictions_total
-                    .with_label_values(&[pool, cause])
-                    .inc_by(n);
-            }
-        }
     }
 }
 

@@ -25,7 +25,9 @@ use pingora_load_balancing::selection::RoundRobin;
 use pingora_load_balancing::{Backend, Backends, LoadBalancer};
 
 use crate::config::{Config, EndpointConfig, PoolConfig};
-use crate::metrics::{EndpointSample, LiveSource, Metrics, PoolSample};
+use prometheus::{IntCounterVec, Opts};
+
+use crate::metrics::{EndpointSample, LiveSource, Metrics, PoolSample, EVICTION_CAUSES};
 use crate::placement::throughput::{Fitted, ThroughputFit};
 use crate::placement::Candidate;
 use crate::placement::{factory, policy::PlacementPolicy};
@@ -310,16 +312,39 @@ impl Pool {
 pub struct Pools {
     pub pools: Vec<Arc<Pool>>,
     pub metrics: Arc<Metrics>,
+    /// `infergate_session_evictions_total{pool, cause}`.
+    session_evictions: IntCounterVec,
 }
 
 impl Pools {
+    /// Export a pool's session evictions since the last look (`PlacementPolicy::expire`): (ttl, capacity).
+    pub fn count_session_evictions(&self, pool: &str, (ttl, capacity): (u64, u64)) {
+        for (cause, n) in [("ttl", ttl), ("capacity", capacity)] {
+            if n > 0 {
+                self.session_evictions
+                    .with_label_values(&[pool, cause])
+                    .inc_by(n);
+            }
+        }
+    }
+
     pub fn new(cfg: &Config, metrics: Arc<Metrics>) -> Arc<Pools> {
+        let session_evictions = metrics.add(IntCounterVec::new(
+            Opts::new(
+                "infergate_session_evictions_total",
+                "Session bindings evicted, by cause (ttl, capacity).",
+            ),
+            &["pool", "cause"],
+        ));
         let pools = Arc::new(Pools {
             pools: cfg.pools.iter().map(Pool::new).collect(),
             metrics: metrics.clone(),
+            session_evictions,
         });
         for p in &pools.pools {
-            metrics.add_pool(&p.name);
+            for cause in EVICTION_CAUSES {
+                pools.session_evictions.with_label_values(&[&p.name, cause]);
+            }
             for e in p.endpoints().iter() {
                 metrics.add_endpoint(&p.name, &e.label, p.reasons());
             }

@@ -7,7 +7,10 @@ use pingora_proxy::Session;
 
 use super::access;
 use super::Router;
+use prometheus::{IntCounterVec, Opts};
+
 use crate::errors::ApiError;
+use crate::metrics::{Metrics, ROUTER_CODES};
 
 impl Router {
     /// Write a JSON response the router answers itself.
@@ -30,8 +33,7 @@ impl Router {
             session.req_header(),
             &mut resp,
         )?;
-        self.metrics
-            .router_responses_total
+        self.answered
             .with_label_values(&[status.to_string().as_str()])
             .inc();
         if status >= 400 {
@@ -73,10 +75,7 @@ impl Router {
         };
         let mut resp = crate::cors::preflight_answer(allow, method, headers)?;
         access::echo_request_id(session, &mut resp)?;
-        self.metrics
-            .router_responses_total
-            .with_label_values(&["204"])
-            .inc();
+        self.answered.with_label_values(&["204"]).inc();
         session.write_response_header(Box::new(resp), true).await
     }
 
@@ -105,4 +104,19 @@ impl Router {
             )
         })
     }
+}
+
+/// `infergate_router_responses_total`, with a series at 0 for each of `ROUTER_CODES`.
+pub(super) fn counter(metrics: &Metrics) -> IntCounterVec {
+    let c = metrics.add(IntCounterVec::new(
+        Opts::new(
+            "infergate_router_responses_total",
+            "Responses the router answered itself (errors, /health, /v1/models), by status code.",
+        ),
+        &["code"],
+    ));
+    for code in ROUTER_CODES {
+        c.with_label_values(&[code]);
+    }
+    c
 }

@@ -88,6 +88,8 @@ pub struct Router {
     body_budget: BodyBudget,
     exposure: Exposure,
     stored_responses: crate::stored_responses::StoredResponses,
+    /// `infergate_router_responses_total{code}`: the answers the router writes itself (`answers`).
+    answered: prometheus::IntCounterVec,
     access_log: Option<crate::access_log::AccessLog>,
 }
 
@@ -103,11 +105,13 @@ impl Router {
         let body_budget = BodyBudget::new(state.cfg.body_budget_bytes as u64);
         let exposure = Exposure::new(&state.cfg);
         let stored_responses = crate::stored_responses::StoredResponses::new(&state.metrics);
+        let answered = answers::counter(&state.metrics);
         Router {
             state,
             body_budget,
             exposure,
             stored_responses,
+            answered,
             access_log: None,
         }
     }
