@@ -2,8 +2,8 @@
 //! configuration and what it applies and does not.
 
 use super::table::{
-    Row, Rule, Value, POOL, PREFIX, SESSIONS, TOP, WHY_OTHER, WHY_POLICY, WHY_POOLS,
-    WHY_PREDICTED_PREFIX, WHY_SESSIONS,
+    Part, Row, Rule, Value, ENGINE_STATS, POOL, PREFIX, QUEUE, SESSIONS, TOP, WHY_OTHER,
+    WHY_POLICY, WHY_POOLS, WHY_PREDICTED_PREFIX, WHY_QUEUE, WHY_SESSIONS, WHY_STATS,
 };
 use super::{Applied, NotApplied, Plan};
 use crate::config::{Config, PolicyConfig, PoolConfig};
@@ -12,7 +12,7 @@ use crate::config::{Config, PolicyConfig, PoolConfig};
 const SHOWN: usize = 60;
 
 /// What the plan found so far.
-pub(super) struct Diff {
+struct Diff {
     applied: Vec<Applied>,
     not_applied: Vec<NotApplied>,
     pool: Option<String>,
@@ -72,20 +72,31 @@ impl Diff {
         });
     }
 
-    /// Every row of a part; `next` starts as the file's. `running` is a copy the rows may borrow mutably.
+    /// Every key row of a part; `next` starts as the file's. `running` is copied for the rows to borrow.
     fn rows<C: Clone>(&mut self, rows: &[Row<C>], running: &C, next: &mut C) {
+        self.rows_and_parts(rows, running, next, |_, _, _, _| {});
+    }
+
+    /// Every row of a part, its parts compared by `part`.
+    fn rows_and_parts<C: Clone>(
+        &mut self,
+        rows: &[Row<C>],
+        running: &C,
+        next: &mut C,
+        part: impl Fn(&mut Diff, Part, &C, &mut C),
+    ) {
         let mut r = running.clone();
         for row in rows {
             match row {
                 Row::Key(key, rule, field) => self.setting(key, field(&mut r), field(next), *rule),
-                Row::Part(_, compare) => compare(self, running, next),
+                Row::Part(_, p) => part(self, *p, running, next),
             }
         }
     }
 
     /// An optional section: its rows when it is there before and after; else turning it on or off, which cannot
     /// change in place (named `on → off` when `on_off`, else by its values).
-    pub(super) fn optional<C: Clone + std::fmt::Debug + 'static>(
+    fn optional<C: Clone + std::fmt::Debug + 'static>(
         &mut self,
         key: &str,
         rows: &[Row<C>],
@@ -137,7 +148,7 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
                 let mut next = pc.clone();
                 d.pool = Some(p.name.clone());
                 d.predicted = matches!(p.policy, PolicyConfig::PredictedTtft { .. });
-                d.rows(POOL, p, &mut next);
+                d.rows_and_parts(POOL, p, &mut next, pool_part);
                 d.pool = None;
                 next
             }
@@ -190,11 +201,30 @@ pub(super) fn unlisted_change(running: &Config, new: &Config) -> bool {
     format!("{r:?}") != format!("{new:?}")
 }
 
-/// A pool's policy: its kind and whether it keeps sessions are fixed; its parameters change in place.
-pub(super) fn policy_part(d: &mut Diff, old: &PoolConfig, next: &mut PoolConfig) {
-    policy_settings(d, &old.policy, &mut next.policy);
+/// A pool's parts with rules of their own (`table::Part`).
+fn pool_part(d: &mut Diff, part: Part, old: &PoolConfig, next: &mut PoolConfig) {
+    match part {
+        Part::Policy => policy_settings(d, &old.policy, &mut next.policy),
+        Part::EngineStats => d.optional(
+            "engine_stats",
+            ENGINE_STATS,
+            &old.engine_stats,
+            &mut next.engine_stats,
+            WHY_STATS,
+            false,
+        ),
+        Part::Queue => d.optional(
+            "queue",
+            QUEUE,
+            &old.queue,
+            &mut next.queue,
+            WHY_QUEUE,
+            false,
+        ),
+    }
 }
 
+/// A pool's policy: its kind and whether it keeps sessions are fixed; its parameters change in place.
 fn policy_settings(d: &mut Diff, old: &PolicyConfig, next: &mut PolicyConfig) {
     if old.kind() != next.kind() {
         let (from, to) = (old.kind().as_str(), next.kind().as_str());

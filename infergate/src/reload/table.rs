@@ -4,7 +4,6 @@
 use std::any::Any;
 use std::fmt::Debug;
 
-use super::plan::{policy_part, Diff};
 use crate::config::{
     Config, EngineStatsConfig, PoolConfig, PrefixConfig, QueueConfig, SessionsConfig,
 };
@@ -48,11 +47,21 @@ pub(super) enum Rule {
 /// Where a setting sits in a configuration part `C`.
 pub(super) type Field<C> = fn(&mut C) -> &mut dyn Value;
 
+/// A part of a pool with rules of its own, which the plan compares by itself; the unlisted check takes it whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Part {
+    /// The kind is fixed; its sessions ([`SESSIONS`]) and prefix ([`PREFIX`]) keys change in place.
+    Policy,
+    /// On or off is fixed ([`WHY_STATS`]); its keys ([`ENGINE_STATS`]) change in place.
+    EngineStats,
+    /// On or off is fixed ([`WHY_QUEUE`]); its keys ([`QUEUE`]) change in place.
+    Queue,
+}
+
 /// One row: a key of part `C`, or a part of it with rules of its own.
 pub(super) enum Row<C: 'static> {
     Key(&'static str, Rule, Field<C>),
-    /// Compared by its own function; the unlisted check takes it whole.
-    Part(Field<C>, fn(&mut Diff, &C, &mut C)),
+    Part(Field<C>, Part),
 }
 
 pub(super) const WHY_LISTEN: &str = "listening sockets are bound at start";
@@ -80,7 +89,7 @@ pub(super) const WHY_PREDICTED_PREFIX: &str =
     "predicted_ttft sizes and hashes its prefix index with the prefix settings and \
                                     bytes_per_token it started with";
 
-use Row::{Key, Part};
+use Row::Key;
 use Rule::{AtStart, AtStartUnshown, Elsewhere, InPlace, UnlessPredicted};
 
 /// The router's own settings (pools are matched by name and compared with [`POOL`]).
@@ -136,7 +145,7 @@ pub(super) const TOP: &[Row<Config>] = &[
 pub(super) const POOL: &[Row<PoolConfig>] = &[
     Key("name", Elsewhere, |p| &mut p.name),
     Key("models", AtStart(WHY_MODELS), |p| &mut p.models),
-    Part(|p| &mut p.policy, policy_part),
+    Row::Part(|p| &mut p.policy, Part::Policy),
     Key("outlier_detection.consecutive_failures", InPlace, |p| {
         &mut p.outlier.consecutive_failures
     }),
@@ -180,33 +189,9 @@ pub(super) const POOL: &[Row<PoolConfig>] = &[
     Key("max_in_flight_per_endpoint", InPlace, |p| {
         &mut p.max_in_flight_per_endpoint
     }),
-    Part(
-        |p| &mut p.engine_stats,
-        |d, old, next| {
-            d.optional(
-                "engine_stats",
-                ENGINE_STATS,
-                &old.engine_stats,
-                &mut next.engine_stats,
-                WHY_STATS,
-                false,
-            )
-        },
-    ),
+    Row::Part(|p| &mut p.engine_stats, Part::EngineStats),
     Key("expose_paths", AtStart(WHY_SCREEN), |p| &mut p.expose_paths),
-    Part(
-        |p| &mut p.queue,
-        |d, old, next| {
-            d.optional(
-                "queue",
-                QUEUE,
-                &old.queue,
-                &mut next.queue,
-                WHY_QUEUE,
-                false,
-            )
-        },
-    ),
+    Row::Part(|p| &mut p.queue, Part::Queue),
     Key("endpoints", Elsewhere, |p| &mut p.endpoints),
 ];
 
