@@ -16,6 +16,7 @@ pub const FLOORS: &[(&str, &[&str])] = &[
             "lifecycle",
             "logging",
             "cli",
+            "tokens",
         ],
     ),
     ("config", &["config"]),

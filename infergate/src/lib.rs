@@ -32,3 +32,4 @@ pub mod state;
 pub mod state_file;
 pub mod status;
 pub mod stored_responses;
+pub mod tokens;
