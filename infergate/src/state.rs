@@ -10,6 +10,7 @@ use crate::config::Config;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::pool::Pools;
+use crate::tokens::Tokenizing;
 
 /// Handles to a built router's shared state (tests and the binary read metrics and pools through it).
 #[derive(Clone)]
@@ -27,13 +28,23 @@ pub struct RouterState {
     pub admission: Arc<Admission>,
     /// The replicas' shared store (`cluster`); None = this router places on its own.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Exact prompt token counts for pools with a `tokenizer`, off the proxy's threads.
+    pub tokens: Arc<Tokenizing>,
 }
 
 impl RouterState {
     pub fn new(cfg: Config) -> RouterState {
         let metrics = Metrics::new();
         let pools = Pools::new(&cfg, metrics.clone());
+        let tokens = Arc::new(Tokenizing::new(None));
+        for c in tokens.collectors() {
+            metrics.register(c);
+        }
+        for p in cfg.pools.iter().filter(|p| p.tokenizer.is_some()) {
+            tokens.add_pool(&p.name);
+        }
         RouterState {
+            tokens,
             cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),
             pools,
             admission: Admission::new(&cfg, &metrics),

@@ -35,7 +35,7 @@ pub use policy::{
     SessionsConfig, DEFAULT_MOVE_MARGIN,
 };
 use pool::pools_list;
-pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig};
+pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig, TokenizerConfig};
 pub use queue::QueueConfig;
 use server::server_yaml;
 pub use state_file::StateFileConfig;
@@ -211,6 +211,7 @@ const SECTIONS: &[(&str, Reader)] = &[
     }),
     ("health_check", |n| HealthCheckConfig::read(n).map(drop)),
     ("prefill", |n| PrefillConfig::read(n).map(drop)),
+    ("tokenizer", |n| TokenizerConfig::read(n).map(drop)),
     ("sessions", |n| {
         SessionsConfig::read(n, Policy::LoadAware).map(drop)
     }),

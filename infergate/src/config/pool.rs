@@ -1,6 +1,9 @@
-//! Pools: the `pools` list, each pool's keys, its `endpoints` (URL, address, API key), `health_check` and `prefill`.
+//! Pools: the `pools` list, each pool's keys, its `endpoints` (URL, address, API key), `health_check`, `prefill`
+//! and `tokenizer`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_norway::Value;
@@ -35,6 +38,39 @@ pub struct PoolConfig {
     pub expose_paths: Vec<String>,
     /// The router-side wait queue (needs `max_in_flight_per_endpoint`); None = off.
     pub queue: Option<QueueConfig>,
+    /// The model's tokenizer for exact prompt tokens; None = bytes / `prefill.bytes_per_token`.
+    pub tokenizer: Option<TokenizerConfig>,
+}
+
+/// A pool's `tokenizer`: the model directory, loaded and checked when the file is read (start or reload).
+#[derive(Debug, Clone)]
+pub struct TokenizerConfig {
+    /// The model directory as written.
+    pub path: PathBuf,
+    /// Bodies larger than this are estimated from bytes (`infergate_tokenizer_fallbacks_total{reason="too_large"}`).
+    pub max_bytes: usize,
+    /// Its `Debug` shows the directory and a fingerprint of the files: a reload compares them.
+    pub model: Arc<crate::tokens::ModelTokenizer>,
+}
+
+impl TokenizerConfig {
+    pub(super) fn read(n: Node<'_>) -> Result<TokenizerConfig, ConfigError> {
+        read_keys!(n; path, max_bytes);
+        let dir = path.string()?.trim();
+        if dir.is_empty() {
+            return Err(path.err(
+                "must name the model directory (with tokenizer.json and tokenizer_config.json)",
+            ));
+        }
+        let model =
+            crate::tokens::load(std::path::Path::new(dir)).map_err(|e| path.err(e.to_string()))?;
+        let max_bytes = max_bytes.byte_size_or(crate::tokens::DEFAULT_MAX_BYTES)?;
+        Ok(TokenizerConfig {
+            path: PathBuf::from(dir),
+            max_bytes,
+            model: Arc::new(model),
+        })
+    }
 }
 
 /// `pools`: each pool, then the names and models that must be unique across pools.
@@ -102,6 +138,7 @@ impl PoolConfig {
             outlier_detection,
             expose: "expose_paths",
             queue,
+            tokenizer,
         );
         let name = {
             let s = name.string()?.trim().to_string();
@@ -140,6 +177,10 @@ impl PoolConfig {
             None => None,
             Some(q) => Some(QueueConfig::read(q, max_in_flight_per_endpoint)?),
         };
+        let tokenizer = match tokenizer.optional_section()? {
+            None => None,
+            Some(t) => Some(TokenizerConfig::read(t)?),
+        };
         Ok(PoolConfig {
             name,
             models,
@@ -152,6 +193,7 @@ impl PoolConfig {
             outlier,
             expose_paths: expose_paths(&expose)?,
             queue,
+            tokenizer,
         })
     }
 }

@@ -60,7 +60,8 @@ impl PlacementPolicy for LoadAware {
             key,
             lineage: lineage_of(req.prompt, req.conversation_at),
             body_bytes: req.body_bytes,
-            bytes_per_token: f64::from_bits(self.bytes_per_token.load(Ordering::Relaxed)),
+            bytes_per_token: req
+                .bytes_per_token(f64::from_bits(self.bytes_per_token.load(Ordering::Relaxed))),
         };
         let p = table
             .lock()
@@ -69,6 +70,7 @@ impl PlacementPolicy for LoadAware {
             index: p.index,
             reason: p.reason,
             estimate_bytes: p.estimate_bytes,
+            estimate_tokens: req.exact_tokens(p.estimate_bytes),
             ticket: Ticket {
                 session: Some(p.commit),
                 ..Ticket::NONE

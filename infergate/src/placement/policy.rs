@@ -24,6 +24,42 @@ pub struct PlaceRequest<'a> {
     pub conversation_at: usize,
     /// The whole body's size in bytes.
     pub body_bytes: u64,
+    /// The prompt's exact token count, when the pool has a tokenizer and the body could be counted (`tokens`).
+    /// Policies keep measuring prompts in bytes (the prefix index, session sizes) and turn a part of the body into
+    /// tokens by this count's share of it ([`PlaceRequest::exact_tokens`]).
+    pub tokens: Option<u64>,
+}
+
+impl PlaceRequest<'_> {
+    /// The tokens of `bytes` of this body when its exact count is known: the count scaled by `bytes / body_bytes`
+    /// (rounded up; the whole count for the whole body).
+    pub fn exact_tokens(&self, bytes: u64) -> Option<u64> {
+        let count = self.tokens?;
+        if bytes >= self.body_bytes {
+            return Some(count);
+        }
+        let scaled = (u128::from(count) * u128::from(bytes)).div_ceil(u128::from(self.body_bytes));
+        Some(u64::try_from(scaled).unwrap_or(count))
+    }
+
+    /// The tokens of `bytes` of this body: exact when known, else `bytes / bytes_per_token` (rounded up).
+    pub fn tokens_of(&self, bytes: u64, bytes_per_token: f64) -> u64 {
+        self.exact_tokens(bytes).unwrap_or_else(|| {
+            if bytes_per_token > 0.0 {
+                (bytes as f64 / bytes_per_token).ceil() as u64
+            } else {
+                bytes
+            }
+        })
+    }
+
+    /// Bytes per token of this body: the body over its exact count when known, else `configured`.
+    pub fn bytes_per_token(&self, configured: f64) -> f64 {
+        match self.tokens {
+            Some(t) if t > 0 && self.body_bytes > 0 => self.body_bytes as f64 / t as f64,
+            _ => configured,
+        }
+    }
 }
 
 /// The live view of a pool: `cands[i]` describes endpoint `ids[i]`.
@@ -79,6 +115,9 @@ pub struct Placement {
     pub reason: Reason,
     /// Bytes the prefill estimate is computed from: the whole body or, for a sticky session turn, its growth.
     pub estimate_bytes: u64,
+    /// The same part of the prompt in exact tokens ([`PlaceRequest::exact_tokens`]), when the request's count is
+    /// known: the proxy holds these instead of `estimate_bytes / bytes_per_token`.
+    pub estimate_tokens: Option<u64>,
     pub ticket: Ticket,
 }
 
@@ -88,6 +127,7 @@ impl Placement {
             index,
             reason,
             estimate_bytes: req.body_bytes,
+            estimate_tokens: req.tokens,
             ticket: Ticket::NONE,
         }
     }
@@ -216,6 +256,7 @@ mod tests {
             prompt,
             conversation_at: 0,
             body_bytes: prompt.len() as u64,
+            tokens: None,
         };
         let placed = p
             .place(&req, &snap, &mut fastrand::Rng::with_seed(7))
@@ -223,6 +264,64 @@ mod tests {
         p.dispatched(IDS[placed.index], &placed.ticket, now);
         p.served(IDS[placed.index], &placed.ticket, now);
         placed.reason
+    }
+
+    #[test]
+    fn exact_tokens_scale_a_part_of_the_body_by_the_count() {
+        let req = |tokens| PlaceRequest {
+            body_bytes: 1_000,
+            tokens,
+            ..PlaceRequest::default()
+        };
+        assert_eq!(req(None).exact_tokens(500), None);
+        assert_eq!(req(None).tokens_of(500, 4.0), 125);
+        let exact = req(Some(300));
+        assert_eq!(exact.exact_tokens(1_000), Some(300));
+        assert_eq!(exact.exact_tokens(2_000), Some(300));
+        assert_eq!(exact.exact_tokens(100), Some(30));
+        assert_eq!(exact.exact_tokens(1), Some(1), "rounded up");
+        assert_eq!(exact.exact_tokens(0), Some(0));
+        assert_eq!(exact.tokens_of(500, 4.0), 150);
+        assert!((exact.bytes_per_token(4.0) - 1_000.0 / 300.0).abs() < 1e-9);
+        assert_eq!(req(Some(0)).bytes_per_token(4.0), 4.0);
+    }
+
+    #[test]
+    fn a_sticky_turn_holds_the_exact_tokens_of_its_growth() {
+        let p = build(&pool("    sessions: {}\n"));
+        let cands = cands();
+        let now = Instant::now();
+        let snap = Snapshot {
+            cands: &cands,
+            ids: &IDS,
+            now,
+        };
+        let prompt = vec![b'a'; 1_000];
+        let req = |len: usize, tokens| PlaceRequest {
+            session_key: Some(b"s"),
+            model: "m",
+            prompt: &prompt[..len],
+            conversation_at: 0,
+            body_bytes: len as u64,
+            tokens: Some(tokens),
+        };
+        let first = p
+            .place(&req(600, 150), &snap, &mut fastrand::Rng::with_seed(7))
+            .unwrap();
+        assert_eq!(
+            (first.reason, first.estimate_tokens),
+            (Reason::NewSession, Some(150))
+        );
+        p.dispatched(IDS[first.index], &first.ticket, now);
+        p.served(IDS[first.index], &first.ticket, now);
+        // The turn grew by 400 of its 1,000 bytes: 40% of its 250 exact tokens.
+        let next = p
+            .place(&req(1_000, 250), &snap, &mut fastrand::Rng::with_seed(7))
+            .unwrap();
+        assert_eq!(
+            (next.reason, next.estimate_bytes, next.estimate_tokens),
+            (Reason::Sticky, 400, Some(100))
+        );
     }
 
     #[test]

@@ -50,14 +50,6 @@ impl PredictedTtft {
     fn move_margin(&self) -> f64 {
         f64::from_bits(self.move_margin.load(Ordering::Relaxed))
     }
-
-    fn tokens(&self, bytes: u64) -> u64 {
-        if self.bytes_per_token > 0.0 {
-            (bytes as f64 / self.bytes_per_token).ceil() as u64
-        } else {
-            bytes
-        }
-    }
 }
 
 fn move_margin(sessions: Option<&SessionsConfig>) -> f64 {
@@ -109,7 +101,7 @@ impl PlacementPolicy for PredictedTtft {
             key,
             lineage: lineage_of(req.prompt, req.conversation_at),
             body_bytes: body,
-            bytes_per_token: self.bytes_per_token,
+            bytes_per_token: req.bytes_per_token(self.bytes_per_token),
         });
         let table = self.sessions.table();
         let binding = match (table, &sreq) {
@@ -129,7 +121,10 @@ impl PlacementPolicy for PredictedTtft {
         let bound = Bound::of(binding.map(|(id, _)| id), &cands[..n], &ids[..n]);
 
         let pick = if all_learned(&cands[..n]) {
-            let uncached: Vec<u64> = uncached_bytes.iter().map(|&b| self.tokens(b)).collect();
+            let uncached: Vec<u64> = uncached_bytes
+                .iter()
+                .map(|&b| req.tokens_of(b, self.bytes_per_token))
+                .collect();
             self.by_cost(&cands[..n], &uncached, &uncached_bytes, bound, &sreq, rng)?
         } else {
             return self.as_load_aware(req, snap, sreq, hashes, rng);
@@ -147,6 +142,7 @@ impl PlacementPolicy for PredictedTtft {
             index: pick.index,
             reason: pick.reason,
             estimate_bytes: pick.uncached_bytes,
+            estimate_tokens: req.exact_tokens(pick.uncached_bytes),
             ticket: Ticket {
                 session,
                 hashes,
@@ -267,6 +263,7 @@ impl PredictedTtft {
                     index: p.index,
                     reason: p.reason,
                     estimate_bytes: p.estimate_bytes,
+                    estimate_tokens: req.exact_tokens(p.estimate_bytes),
                     ticket: ticket(Some(p.commit), p.index),
                 })
             }
@@ -281,6 +278,7 @@ impl PredictedTtft {
                     index,
                     reason,
                     estimate_bytes: req.body_bytes,
+                    estimate_tokens: req.tokens,
                     ticket: ticket(None, index),
                 })
             }

@@ -76,6 +76,7 @@ impl PlacementPolicy for PrefixAware {
             index: d.index,
             reason: d.reason,
             estimate_bytes: req.body_bytes,
+            estimate_tokens: req.tokens,
             ticket: Ticket {
                 hashes,
                 ..Ticket::NONE

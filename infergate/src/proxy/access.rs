@@ -58,7 +58,7 @@ impl Router {
             (Some(pool), Some(p))
                 if ctx.kind == CallKind::Generate && pool.policy.counts_tokens() =>
             {
-                Some(self.estimate(pool, p.estimate_bytes))
+                Some(self.placed_tokens(pool, p))
             }
             (Some(_), Some(_)) => Some(0),
             _ => None,

@@ -36,8 +36,8 @@ impl Router {
         self.answer_refusal(session, r).await
     }
 
-    /// Once the body and pool are known: charge the key one request and the body's estimated prompt tokens
-    /// (generate calls only). Ok(false) when the router has answered 429.
+    /// Once the body and pool are known: charge the key one request and the body's prompt tokens, exact when the
+    /// pool has a tokenizer (generate calls only). Ok(false) when the router has answered 429.
     pub(super) async fn admit_with_body(
         &self,
         session: &mut Session,
@@ -45,7 +45,7 @@ impl Router {
         pool: &Pool,
     ) -> Result<bool> {
         let tokens = match ctx.kind {
-            CallKind::Generate => self.estimate(pool, ctx.prompt_bytes(&pool.cfg().prefill)),
+            CallKind::Generate => self.prompt_tokens(pool, ctx),
             _ => 0,
         };
         let r = self.admission.charge(&ctx.admission, tokens);

@@ -12,6 +12,7 @@ use crate::ledger::{Hold, ReleaseCause};
 use crate::placement::policy::{Placement, Ticket};
 use crate::pool::{Endpoint, Pool};
 use crate::request::{self, CallKind};
+use crate::tokens::PromptTokens;
 
 /// Per-request state. `Default` is the state before `request_filter`.
 #[derive(Default)]
@@ -23,6 +24,9 @@ pub struct Ctx {
     /// The whole request body, held for routing and for every forwarding attempt.
     pub(super) body: Option<HeldBody>,
     pub(super) scan: request::BodyScan,
+    /// The prompt's exact tokens, when the pool has a tokenizer and the body could be counted (filled before
+    /// placement; None: estimated from bytes).
+    pub(super) prompt_tokens: Option<Arc<PromptTokens>>,
     pub(super) session_key: Option<Vec<u8>>,
     /// The engine holding the stored response this request needs (stored_responses): it goes there or nowhere.
     pub(super) pinned: Option<Pinned>,

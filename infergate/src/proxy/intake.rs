@@ -86,6 +86,8 @@ impl Router {
                 return Ok(true);
             }
         };
+        // Exact prompt tokens (a pool with a tokenizer) before the key's token limits and placement use them.
+        self.count_tokens(&pool, ctx).await;
         if !self.admit_with_body(session, ctx, &pool).await? {
             return Ok(true);
         }

@@ -87,6 +87,7 @@ impl Router {
             prompt: &ctx.scan.prompt,
             conversation_at: ctx.scan.conversation_at,
             body_bytes: ctx.prompt_bytes(&pool.cfg().prefill),
+            tokens: ctx.prompt_tokens.as_ref().map(|t| t.count),
         };
         if let Some(pin) = &ctx.pinned {
             // Only this endpoint has the stored response: there or nowhere (the caller answers 503).
@@ -139,6 +140,44 @@ impl Router {
     pub(super) fn estimate(&self, pool: &Pool, bytes: u64) -> u64 {
         let prefill = pool.cfg().prefill;
         placement::estimate_tokens(bytes, prefill.bytes_per_token, prefill.max_tokens)
+    }
+
+    /// The prefill tokens a placement holds: its exact tokens when the request was counted, else its bytes over
+    /// `bytes_per_token`; capped at `prefill.max_tokens` either way.
+    pub(super) fn placed_tokens(&self, pool: &Pool, p: &Placement) -> u64 {
+        match p.estimate_tokens {
+            Some(t) => t.min(pool.cfg().prefill.max_tokens),
+            None => self.estimate(pool, p.estimate_bytes),
+        }
+    }
+
+    /// The whole prompt's tokens, for the client key's token limits: exact or estimated as `placed_tokens`.
+    pub(super) fn prompt_tokens(&self, pool: &Pool, ctx: &Ctx) -> u64 {
+        let prefill = pool.cfg().prefill;
+        match &ctx.prompt_tokens {
+            Some(t) => t.count.min(prefill.max_tokens),
+            None => self.estimate(pool, ctx.prompt_bytes(&prefill)),
+        }
+    }
+
+    /// Count a generate request's prompt tokens when its pool has a tokenizer (off the async threads; a body
+    /// that cannot be counted is estimated from bytes, and counted as a fallback).
+    pub(super) async fn count_tokens(&self, pool: &Pool, ctx: &mut Ctx) {
+        if ctx.kind != CallKind::Generate {
+            return;
+        }
+        let (Some(tok), Some(body)) = (pool.cfg().tokenizer.clone(), &ctx.body) else {
+            return;
+        };
+        let api = ctx
+            .target
+            .as_ref()
+            .and_then(|t| crate::tokens::Api::of_path(&t.target.path));
+        let body = body.bytes.clone();
+        ctx.prompt_tokens = self
+            .tokens
+            .count(&pool.name, tok.model, api, body, tok.max_bytes)
+            .await;
     }
 
     pub(super) fn peer(&self, ep: &Endpoint, fresh: bool) -> HttpPeer {

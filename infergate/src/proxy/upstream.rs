@@ -86,11 +86,9 @@ impl Router {
         };
 
         let counts_tokens = ctx.kind == CallKind::Generate && pool.policy.counts_tokens();
-        let estimate_bytes = ctx.placement.as_ref().map_or(0, |p| p.estimate_bytes);
-        let tokens = if counts_tokens {
-            self.estimate(&pool, estimate_bytes)
-        } else {
-            0
+        let tokens = match &ctx.placement {
+            Some(p) if counts_tokens => self.placed_tokens(&pool, p),
+            _ => 0,
         };
         let mut hold = self
             .ledger

@@ -186,6 +186,9 @@ pub(super) const POOL: &[Row<PoolConfig>] = &[
     Key("prefill.tokens_per_image", InPlace, |p| {
         &mut p.prefill.tokens_per_image
     }),
+    // Loaded and checked when the file was read; a changed directory or changed files (their fingerprint) take
+    // effect for the next request.
+    Key("tokenizer", InPlace, |p| &mut p.tokenizer),
     Key("max_in_flight_per_endpoint", InPlace, |p| {
         &mut p.max_in_flight_per_endpoint
     }),

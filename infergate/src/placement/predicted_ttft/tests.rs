@@ -70,6 +70,7 @@ impl Fx {
             prompt: text,
             conversation_at: 0,
             body_bytes: text.len() as u64,
+            tokens: None,
         };
         let snap = Snapshot {
             cands,
