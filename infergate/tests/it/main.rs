@@ -32,3 +32,4 @@ mod sessions;
 mod slow_clients;
 mod soak;
 mod stored_responses;
+mod tokens;
