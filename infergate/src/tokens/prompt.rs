@@ -97,6 +97,30 @@ pub struct Function {
     pub arguments: Value,
 }
 
+/// A tool as vLLM hands it to the template (its `ChatCompletionToolsParam.model_dump()`): `description` and
+/// `parameters` null when absent, `strict` and `defer_loading` only when set, nothing else.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct Tool {
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: ToolFunction,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defer_loading: Option<bool>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct ToolFunction {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defer_loading: Option<bool>,
+}
+
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Content {
@@ -116,7 +140,7 @@ struct Part {
 struct ChatBody {
     messages: Vec<ChatMessage>,
     #[serde(default)]
-    tools: Option<Value>,
+    tools: Option<Vec<Tool>>,
     #[serde(default)]
     add_generation_prompt: Option<bool>,
     #[serde(default)]
@@ -192,7 +216,19 @@ fn chat(body: &[u8]) -> Result<Prompt, Fallback> {
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Prompt::Chat(Conversation {
         messages,
-        tools: b.tools.filter(|t| !t.is_none()),
+        tools: b.tools.map(|tools| {
+            let tools: Vec<Tool> = tools
+                .into_iter()
+                .map(|mut t| {
+                    // A tool's defer_loading reaches its function, as vLLM's validator does.
+                    if t.function.defer_loading.is_none() {
+                        t.function.defer_loading = t.defer_loading;
+                    }
+                    t
+                })
+                .collect();
+            Value::from(minijinja::value::Serde(tools))
+        }),
         add_generation_prompt: b.add_generation_prompt.unwrap_or(true),
         continue_final_message: b.continue_final_message.unwrap_or(false),
         kwargs: b.chat_template_kwargs,

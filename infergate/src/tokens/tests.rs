@@ -115,3 +115,144 @@ fn the_debug_text_changes_with_the_files_and_never_shows_them() {
     std::fs::write(dir.join(TEMPLATE_FILE), "{{ messages[0].content }}").unwrap();
     assert_ne!(a, format!("{:?}", load(&dir).unwrap()));
 }
+
+/// Process CPU seconds so far (utime + stime of /proc/self/stat, in clock ticks of 1/100 s).
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// A measurement, not a check: the CPU and the added latency of counting a ~100k-token chat prompt, and the
+/// longest stall a ticking async task sees meanwhile. Run with a real model directory:
+/// `INFERGATE_BENCH_MODEL_DIR=DIR cargo test -p infergate --release --lib tokens::tests::measure -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn measure_a_100k_token_prompt() {
+    let dir = match std::env::var("INFERGATE_BENCH_MODEL_DIR") {
+        Ok(d) => std::path::PathBuf::from(d),
+        Err(_) => model_dir("bench"),
+    };
+    let model = std::sync::Arc::new(load(&dir).unwrap());
+    let words = [
+        "the", "router", "places", "each", "request", "on", "an", "engine", "whose", "prefill",
+        "queue", "is", "short", "and", "cache", "holds", "prompt", "tokens", "hello", "world",
+        "be", "brief", ".", ",",
+    ];
+    let mut rng = fastrand::Rng::with_seed(1);
+    let mut text = String::new();
+    while text.len() < 520_000 {
+        text.push_str(words[rng.usize(..words.len())]);
+        text.push(' ');
+    }
+    let body = serde_json::json!({"model": "m", "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": text},
+    ]})
+    .to_string();
+    let tokens = model.count(Api::Chat, body.as_bytes()).unwrap().count;
+    const RUNS: u32 = 10;
+    let (cpu0, wall0) = (process_cpu_seconds(), std::time::Instant::now());
+    for _ in 0..RUNS {
+        std::hint::black_box(model.count(Api::Chat, body.as_bytes()).unwrap());
+    }
+    let cpu = (process_cpu_seconds() - cpu0) / f64::from(RUNS);
+    let wall = wall0.elapsed().as_secs_f64() / f64::from(RUNS);
+    let render = {
+        let t = std::time::Instant::now();
+        let Prompt::Chat(c) = prompt::prompt(Api::Chat, body.as_bytes()).unwrap() else {
+            unreachable!()
+        };
+        let parsed = t.elapsed().as_secs_f64();
+        let rendered = model.render(&c).unwrap();
+        let r = t.elapsed().as_secs_f64() - parsed;
+        drop(rendered);
+        (parsed, r)
+    };
+
+    // The proxy's path: the count on the blocking pool while a task on the async threads ticks every ms.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (latency, stall) = rt.block_on(async {
+        let t = Tokenizing::new(None);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ticker = {
+            let done = done.clone();
+            tokio::spawn(async move {
+                let mut worst = std::time::Duration::ZERO;
+                let mut last = std::time::Instant::now();
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    worst = worst.max(last.elapsed());
+                    last = std::time::Instant::now();
+                }
+                worst
+            })
+        };
+        let bytes = bytes::Bytes::from(body.clone());
+        let mut latency = 0.0;
+        for _ in 0..RUNS {
+            let s = std::time::Instant::now();
+            let got = t
+                .count(
+                    "p",
+                    model.clone(),
+                    Some(Api::Chat),
+                    bytes.clone(),
+                    DEFAULT_MAX_BYTES,
+                )
+                .await;
+            latency += s.elapsed().as_secs_f64();
+            assert!(got.is_some());
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (latency / f64::from(RUNS), ticker.await.unwrap())
+    });
+    println!(
+        "model {}: {} bytes of body, {tokens} tokens; per count: {:.1} ms CPU, {:.1} ms wall \
+         (parse {:.1} ms, render {:.1} ms); through Tokenizing::count: {:.1} ms added latency; longest \
+         async tick gap meanwhile {:.1} ms",
+        dir.display(),
+        body.len(),
+        cpu * 1e3,
+        wall * 1e3,
+        render.0 * 1e3,
+        render.1 * 1e3,
+        latency * 1e3,
+        stall.as_secs_f64() * 1e3
+    );
+}
+
+/// A check by hand against vLLM: each line of `INFERGATE_COMPARE_FILE` is `{"api", "body", "ids"}` (the body as
+/// JSON text, so its key order is the client's) with the ids a real vLLM's `/tokenize` gave for the model in
+/// `INFERGATE_BENCH_MODEL_DIR` (`scripts/vllm/tokenize_cases.py` writes them).
+#[test]
+#[ignore]
+fn compare_with_vllm() {
+    let (Ok(dir), Ok(file)) = (
+        std::env::var("INFERGATE_BENCH_MODEL_DIR"),
+        std::env::var("INFERGATE_COMPARE_FILE"),
+    ) else {
+        println!("set INFERGATE_BENCH_MODEL_DIR and INFERGATE_COMPARE_FILE");
+        return;
+    };
+    let model = load(std::path::Path::new(&dir)).unwrap();
+    let text = std::fs::read_to_string(file).unwrap();
+    for (i, line) in text.lines().enumerate() {
+        let case: serde_json::Value = serde_json::from_str(line).unwrap();
+        let api = match case["api"].as_str() {
+            Some("chat") => Api::Chat,
+            _ => Api::Completions,
+        };
+        let body = case["body"].as_str().unwrap().to_string();
+        let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        let got = model.count(api, body.as_bytes()).unwrap();
+        assert_eq!(got.ids, want, "case {i}");
+        println!("case {i}: {} tokens, the same ids as vLLM", got.count);
+    }
+}
