@@ -23,6 +23,7 @@ mod predicted;
 mod prefix;
 mod proxy;
 mod queue;
+mod real_vllm;
 mod reload;
 mod secrets_in_logs;
 mod session_memory;
