@@ -3,7 +3,7 @@
 # integration tests that need them (`tests/it/real_vllm/`, ignored in a plain `cargo test`) through routers the
 # tests start in front of them. Stops the engines on every exit. Logs: target/real-vllm/.
 #
-#   scripts/real-vllm.sh [extra cargo test filter args...]
+#   scripts/real-vllm.sh [FILTER]    (runs the tests whose path under real_vllm:: starts with FILTER)
 #
 # Two engines (2 GB and ~25 s to start each, both at once), serving model "tiny" with prefix caching,
 # prompt-token details in usage and KV-cache events published on a ZMQ socket each.
@@ -71,7 +71,7 @@ export INFERGATE_VLLM_KV_EVENTS=$(IFS=,; echo "${kv[*]}")
 export INFERGATE_VLLM_MODEL_DIR=$VLLM_MODEL INFERGATE_VLLM_PYTHON=$VLLM_PYTHON INFERGATE_VLLM_MODEL=tiny
 out=$LOGS/suite.log
 set +e
-timeout "$SUITE_TIMEOUT" cargo test -p infergate --test it real_vllm:: "$@" -- --ignored --test-threads=1 2>&1 | tee "$out"
+timeout "$SUITE_TIMEOUT" cargo test -p infergate --test it "real_vllm::${1:-}" -- --ignored --test-threads=1 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" -ne 0 ]; then log "FAILED (exit $rc)"; exit "$rc"; fi

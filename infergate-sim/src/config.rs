@@ -59,6 +59,9 @@ pub struct SimConfig {
     /// [`MAX_STORED_RESPONSES`](crate::MAX_STORED_RESPONSES) are kept).
     /// Off (vLLM's default): `store` is ignored, `background` is refused and every stored id is unknown.
     pub responses_store: bool,
+    /// Refuse a generation for any model but `model` with vLLM's 404 (`NotFoundError`). Off by default: the
+    /// router's tests send many model names to one simulated engine.
+    pub only_served_model: bool,
 }
 
 impl Default for SimConfig {
@@ -83,6 +86,7 @@ impl Default for SimConfig {
             max_waiting: None,
             stop_after: None,
             responses_store: false,
+            only_served_model: false,
         }
     }
 }

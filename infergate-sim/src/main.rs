@@ -172,6 +172,9 @@ struct Cli {
     /// GET and cancel by id; the newest 10000 responses per engine [default: off, store ignored as by vLLM]
     #[arg(long, help_heading = KNOBS)]
     responses_store: bool,
+    /// Answer a generation for any model but --model with vLLM's 404 [default: serve any model name]
+    #[arg(long, help_heading = KNOBS)]
+    only_served_model: bool,
 }
 
 #[derive(Debug)]
@@ -244,6 +247,7 @@ where
         max_waiting: cli.max_waiting,
         stop_after: cli.stop_after,
         responses_store: cli.responses_store,
+        only_served_model: cli.only_served_model,
     };
     Ok(Args {
         host: cli.host,
