@@ -22,7 +22,7 @@ ROUTERS = [
 ]
 # A load two CPU engines take: short and medium first turns (the tiny model's context is 16,384 tokens and the
 # real tokenizer counts loadgen's words at about twice loadgen's own rule), a few follow-ups each.
-LOADGEN = ["--scenario", "agent", "--sessions", "12", "--rate", "0.4", "--time-scale", "1", "--max-seconds", "240",
+LOADGEN = ["--scenario", "agent", "--sessions", "24", "--rate", "0.8", "--time-scale", "1", "--max-seconds", "240",
            "--first-short", "300-1500", "--first-long", "2500-4000", "--short-share", "0.6", "--long-share", "0.25",
            "--turns", "2-4", "--append-tokens", "100-600", "--think-seconds", "0.5-2", "--output-tokens", "16-64",
            "--field-order", "messages-first"]
@@ -153,7 +153,7 @@ pools:
             m = get(f"http://127.0.0.1:{mport}/metrics")
             n = metric(m, "infergate_ttft_prediction_error_seconds_count")
             s = metric(m, "infergate_ttft_prediction_error_seconds_sum")
-            row["prediction"] = {"count": n, "mean_abs_error_s": s / n if n else None}
+            row["prediction"] = {"count": n, "mean_error_s": s / n if n else None}
         return row
     except Exception as e:  # a failed run is reported, not fatal
         return {"label": f"{router} {policy}", "failed": str(e)}
@@ -175,7 +175,7 @@ def table(rows):
     bd = max((dec(r) for r in peers if dec(r)), default=None)
     lines = ["| router | policy | requests ok / errors | TTFT p50 ms | TTFT p95 ms | TTFT p95 / best peer | "
              "decode slowest 5% tok/s | decode / best peer | vLLM prefix-hit share | infergate predictions: "
-             "count, mean |error| s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "count, mean signed error s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         router, policy = r["label"].split(" ", 1)
         if "failed" in r:
@@ -184,7 +184,7 @@ def table(rows):
         rep = r["report"]
         t, d = ttft(r), dec(r)
         p = r.get("prediction")
-        pred = f"{p['count']:.0f}, {fmt(p['mean_abs_error_s'], '.3f')}" if p else "-"
+        pred = f"{p['count']:.0f}, {fmt(p['mean_error_s'], '.3f')}" if p else "-"
         lines.append(
             f"| {router} | {policy} | {rep['ok']} / {rep['errors']} | {fmt((rep.get('ttft_ms') or {}).get('p50'))} | "
             f"{fmt(t)} | {fmt(t / bt if t and bt else None, '.2f')}× | {fmt(d)} | "
