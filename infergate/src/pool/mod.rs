@@ -352,6 +352,9 @@ impl Pools {
         let weak: std::sync::Weak<dyn LiveSource> =
             Arc::downgrade(&(pools.clone() as Arc<dyn LiveSource>));
         metrics.register_live(weak);
+        let kv: std::sync::Weak<dyn crate::kv_events::KvSource> =
+            Arc::downgrade(&(pools.clone() as Arc<dyn crate::kv_events::KvSource>));
+        metrics.register(Box::new(crate::kv_events::KvCollector::new(kv)));
         pools
     }
 
@@ -445,3 +448,17 @@ impl LiveSource for Pools {
 
 /// How often the janitor looks for overdue holds.
 pub const JANITOR_PERIOD: Duration = Duration::from_secs(1);
+
+impl crate::kv_events::KvSource for Pools {
+    fn kv_indexes(&self) -> Vec<Arc<crate::kv_events::KvIndex>> {
+        self.pools
+            .iter()
+            .flat_map(|p| {
+                p.endpoints()
+                    .iter()
+                    .map(|e| e.kv.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}
