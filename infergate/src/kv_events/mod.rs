@@ -26,7 +26,6 @@ pub use metrics::{KvCollector, KvSource};
 pub use subscribe::subscribe_loop;
 
 use std::collections::HashMap;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -121,10 +120,10 @@ struct Inner {
 
 impl Inner {
     fn new(sub: Option<KvSubscription>) -> Inner {
-        let cap = sub.as_ref().map_or(1, |s| s.max_blocks.max(1));
         Inner {
             sub,
-            by_hash: LruCache::new(NonZeroUsize::new(cap).unwrap_or(NonZeroUsize::MIN)),
+            // Unbounded and trimmed by hand: `LruCache::new` would allocate the whole bound up front.
+            by_hash: LruCache::unbounded(),
             held: HashMap::new(),
             last_seq: None,
             last_message: None,
@@ -336,7 +335,7 @@ impl KvIndex {
 
     fn store(&self, s: &decode::Stored) {
         let mut i = self.inner.lock();
-        let Some(bs) = i.sub.as_ref().map(|s| s.block_size) else {
+        let Some((bs, max)) = i.sub.as_ref().map(|s| (s.block_size, s.max_blocks.max(1))) else {
             return;
         };
         if s.block_size != bs {
@@ -369,13 +368,14 @@ impl KvIndex {
                 // Stored again (vLLM re-stores a block it had freed and reused): refresh, not count twice.
                 i.unhold(old);
             }
-            if let Some((evicted_hash, evicted)) = i.by_hash.push(*h, key) {
-                if evicted_hash != *h {
+            i.by_hash.push(*h, key);
+            *i.held.entry(key).or_insert(0) += 1;
+            while i.by_hash.len() > max {
+                if let Some((_, evicted)) = i.by_hash.pop_lru() {
                     i.unhold(evicted);
                     self.counters.evicted.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            *i.held.entry(key).or_insert(0) += 1;
         }
     }
 
