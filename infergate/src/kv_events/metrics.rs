@@ -26,7 +26,6 @@ pub struct KvCollector {
     evicted: IntCounterVec,
     orphans: IntCounterVec,
     predicted: IntCounterVec,
-    reported: IntCounterVec,
     blocks: IntGaugeVec,
     stale: IntGaugeVec,
 }
@@ -70,12 +69,6 @@ impl KvCollector {
             "Prompt tokens the KV index said the chosen endpoint already held, summed over placements.",
             &L,
         );
-        let reported = counter(
-            "infergate_kv_reported_cached_tokens_total",
-            "Prompt tokens the engine reported it served from its prefix cache \
-             (usage.prompt_tokens_details.cached_tokens of non-streamed answers).",
-            &L,
-        );
         let blocks = gauge(
             "infergate_kv_index_blocks",
             "Blocks the endpoint's engine holds, by its KV events.",
@@ -86,7 +79,7 @@ impl KvCollector {
              uses the approximate prefix index.",
         );
         let mut descs = Vec::new();
-        for c in [&events, &gaps, &evicted, &orphans, &predicted, &reported] {
+        for c in [&events, &gaps, &evicted, &orphans, &predicted] {
             descs.extend(c.desc().into_iter().cloned());
         }
         for g in [&blocks, &stale] {
@@ -101,7 +94,6 @@ impl KvCollector {
             evicted,
             orphans,
             predicted,
-            reported,
             blocks,
             stale,
         }
@@ -121,7 +113,6 @@ impl Collector for KvCollector {
             &self.evicted,
             &self.orphans,
             &self.predicted,
-            &self.reported,
         ];
         for c in counters {
             c.reset();
@@ -146,7 +137,6 @@ impl Collector for KvCollector {
                     (&self.evicted, &c.evicted),
                     (&self.orphans, &c.orphans),
                     (&self.predicted, &c.predicted_cached_tokens),
-                    (&self.reported, &c.reported_cached_tokens),
                 ] {
                     vec.with_label_values(&l).inc_by(n.load(Ordering::Relaxed));
                 }

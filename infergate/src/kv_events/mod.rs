@@ -90,8 +90,6 @@ pub struct KvCounters {
     pub orphans: AtomicU64,
     /// Tokens placement took as already held by the endpoint it chose.
     pub predicted_cached_tokens: AtomicU64,
-    /// Tokens the engine said it served from its prefix cache (`usage.prompt_tokens_details.cached_tokens`).
-    pub reported_cached_tokens: AtomicU64,
 }
 
 impl KvCounters {

@@ -230,7 +230,10 @@ fn kv_events_keys_defaults_and_errors() {
     assert_eq!((a.bind, a.block_size, a.topic.as_str()), (false, 16, "kv"));
     assert_eq!(a.stale_after, std::time::Duration::from_secs(3));
     let b = p.kv_subscription("127.0.0.1:8102").unwrap();
-    assert_eq!((b.bind, b.replay.as_deref()), (true, Some("tcp://10.0.0.6:5600")));
+    assert_eq!(
+        (b.bind, b.replay.as_deref()),
+        (true, Some("tcp://10.0.0.6:5600"))
+    );
     assert_eq!(p.kv_subscription("127.0.0.1:8103"), None);
     assert_eq!(KvEventsConfig::default().block_size, 128);
     let ep = |kv: &str| {
@@ -241,7 +244,11 @@ fn kv_events_keys_defaults_and_errors() {
         "pools[0].endpoints[0].kv_events",
         &["is not a tcp:// address"],
     );
-    assert_err(&ep("tcp://10.0.0.5"), "pools[0].endpoints[0].kv_events", &["has no port"]);
+    assert_err(
+        &ep("tcp://10.0.0.5"),
+        "pools[0].endpoints[0].kv_events",
+        &["has no port"],
+    );
     assert_err(
         &ep("\"tcp://*:5557\""),
         "pools[0].endpoints[0].kv_events",
