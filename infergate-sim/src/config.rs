@@ -62,6 +62,9 @@ pub struct SimConfig {
     /// Refuse a generation for any model but `model` with vLLM's 404 (`NotFoundError`). Off by default: the
     /// router's tests send many model names to one simulated engine.
     pub only_served_model: bool,
+    /// Publish KV-cache events in vLLM's wire format on this ZMQ address (`tcp://*:P` binds, `tcp://HOST:P`
+    /// connects, as vLLM's `--kv-events-config` endpoint); topic `kv`. None: no events (vLLM's default).
+    pub kv_events: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -87,6 +90,7 @@ impl Default for SimConfig {
             stop_after: None,
             responses_store: false,
             only_served_model: false,
+            kv_events: None,
         }
     }
 }

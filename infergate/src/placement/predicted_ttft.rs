@@ -51,6 +51,16 @@ impl PredictedTtft {
         f64::from_bits(self.move_margin.load(Ordering::Relaxed))
     }
 
+    /// Prompt bytes of `tokens` tokens (the prefill estimate is in bytes until the request's tokens are exact).
+    fn bytes(&self, tokens: u64) -> u64 {
+        let b = tokens as f64 * self.bytes_per_token;
+        if b.is_finite() && b > 0.0 {
+            b.ceil() as u64
+        } else {
+            0
+        }
+    }
+
     fn tokens(&self, bytes: u64) -> u64 {
         if self.bytes_per_token > 0.0 {
             (bytes as f64 / self.bytes_per_token).ceil() as u64
@@ -124,6 +134,12 @@ impl PlacementPolicy for PredictedTtft {
                 .filter(|_| body >= last)
             {
                 uncached_bytes[b] = uncached_bytes[b].min(body - last);
+            }
+        }
+        // What an engine holds by its own KV events is exact: it wins over both guesses above.
+        for (u, c) in uncached_bytes.iter_mut().zip(&cands[..n]) {
+            if let Some(held) = c.kv_held_tokens {
+                *u = body.saturating_sub(self.bytes(held));
             }
         }
         let bound = Bound::of(binding.map(|(id, _)| id), &cands[..n], &ids[..n]);

@@ -24,6 +24,9 @@ pub struct Ctx {
     pub(super) body: Option<HeldBody>,
     pub(super) scan: request::BodyScan,
     pub(super) session_key: Option<Vec<u8>>,
+    /// The prompt's token ids as the engine will see them, when the pool tokenises exactly (None until then):
+    /// placement then reads what each engine holds of them by its KV-cache events.
+    pub(super) prompt_token_ids: Option<Arc<Vec<u32>>>,
     /// The engine holding the stored response this request needs (stored_responses): it goes there or nowhere.
     pub(super) pinned: Option<Pinned>,
     /// This request may create a stored response: learn its id from the answer (stored_responses).

@@ -16,6 +16,7 @@ mod deploy;
 mod exposure;
 mod faults;
 mod forwarded;
+mod kv_events;
 mod lifecycle;
 mod listen;
 mod observe;
