@@ -3,6 +3,7 @@
 //! time (they share the engines, so each uses prompts no other test sends).
 
 mod apis;
+mod exact;
 mod parity;
 mod prefill;
 mod sessions;
@@ -19,6 +20,11 @@ pub const NEEDS_VLLM: &str = "needs real vLLM engines: scripts/real-vllm.sh runs
 pub struct Fleet {
     /// Each engine's base URL.
     pub urls: Vec<String>,
+    /// Each engine's KV-cache event publisher (a ZMQ address vLLM binds: the router connects).
+    pub kv_events: Vec<String>,
+    /// The model directory the engines serve (config.json, tokenizer.json, the chat template).
+    #[allow(dead_code)] // read by the exact-token tests, which land with the tokenizer
+    pub model_dir: PathBuf,
     /// The engines' Python (it has the openai SDK, a vLLM dependency).
     pub python: PathBuf,
     /// The served model name.
@@ -34,6 +40,8 @@ pub fn fleet() -> Fleet {
     let list = |v: String| v.split(',').map(str::to_string).collect::<Vec<_>>();
     Fleet {
         urls: list(var("INFERGATE_VLLM_ENGINES")),
+        kv_events: list(var("INFERGATE_VLLM_KV_EVENTS")),
+        model_dir: var("INFERGATE_VLLM_MODEL_DIR").into(),
         python: var("INFERGATE_VLLM_PYTHON").into(),
         model: var("INFERGATE_VLLM_MODEL"),
     }
@@ -75,6 +83,18 @@ pub fn fleet_yaml(f: &Fleet, policy: &str, extra: &str) -> String {
     let extra =
         format!("    engine_stats: {{ kind: vllm, path: /metrics, interval: 200ms }}\n{extra}");
     pool_yaml(policy, &f.urls, &extra).replace("response_header: 30s", "response_header: 60s")
+}
+
+/// `fleet_yaml`'s pool with each endpoint subscribed to its engine's KV-cache events.
+pub fn kv_fleet_yaml(f: &Fleet, policy: &str, extra: &str) -> String {
+    let mut yaml = fleet_yaml(f, policy, extra);
+    for (u, kv) in f.urls.iter().zip(&f.kv_events) {
+        yaml = yaml.replace(
+            &format!("- url: \"{u}\"\n"),
+            &format!("- url: \"{u}\"\n        kv_events: \"{kv}\"\n"),
+        );
+    }
+    yaml
 }
 
 /// Text no earlier request sent, about `tokens` tokens long for the engines' tokenizer (digits are one token each
