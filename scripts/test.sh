@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): formatting, lints, every unit and integration test, then the conformance
 # run (the openai and anthropic SDKs, each an older and the current release, Codex CLI and curl against the router
-# in front of engine-sim), then the short demo.
+# in front of engine-sim), the real-engine suite (real vLLM, its CPU build), then the short demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
@@ -18,6 +18,9 @@ echo "== cargo test"
 cargo test --all-targets -- --test-threads=2
 echo "== scripts/conformance.sh"
 scripts/conformance.sh
+echo "== scripts/real-vllm.sh"
+# Real vLLM engines (a ~6 GB venv under ~/.cache/infergate, built once, reused while its pins match).
+scripts/real-vllm.sh
 echo "== scripts/check-demo.sh"
 # The README's demo, short and non-interactive: a move under pressure and the round_robin comparison.
 scripts/check-demo.sh

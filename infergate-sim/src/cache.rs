@@ -2,6 +2,13 @@
 
 use lru::LruCache;
 
+/// What one [`PrefixCache::touch`] changed.
+#[derive(Debug, Default, PartialEq)]
+pub struct Touched {
+    pub stored: Vec<usize>,
+    pub evicted: Vec<u64>,
+}
+
 pub struct PrefixCache {
     blocks: LruCache<u64, ()>,
     capacity_blocks: usize,
@@ -25,15 +32,25 @@ impl PrefixCache {
 
     /// Inserts (or refreshes) `hashes`, so that the earliest blocks of a prompt end up most recently used: like
     /// vLLM, eviction then takes a prompt's tail blocks first and keeps its shareable head.
-    pub fn touch(&mut self, hashes: &[u64]) {
-        for h in hashes.iter().rev() {
+    /// Returns what changed: the positions in `hashes` newly stored, and the hashes evicted (what a KV-event
+    /// publisher reports as `BlockStored` / `BlockRemoved`).
+    pub fn touch(&mut self, hashes: &[u64]) -> Touched {
+        let mut t = Touched::default();
+        for (i, h) in hashes.iter().enumerate().rev() {
             if !self.blocks.promote(h) {
                 self.blocks.put(*h, ());
+                t.stored.push(i);
             }
         }
+        t.stored.reverse();
         while self.blocks.len() > self.capacity_blocks {
-            self.blocks.pop_lru();
+            if let Some((h, ())) = self.blocks.pop_lru() {
+                t.evicted.push(h);
+            }
         }
+        // A block stored and evicted in one touch was never really held.
+        t.stored.retain(|&i| self.blocks.contains(&hashes[i]));
+        t
     }
 
     pub fn len(&self) -> usize {

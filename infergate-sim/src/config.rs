@@ -59,6 +59,12 @@ pub struct SimConfig {
     /// [`MAX_STORED_RESPONSES`](crate::MAX_STORED_RESPONSES) are kept).
     /// Off (vLLM's default): `store` is ignored, `background` is refused and every stored id is unknown.
     pub responses_store: bool,
+    /// Refuse a generation for any model but `model` with vLLM's 404 (`NotFoundError`). Off by default: the
+    /// router's tests send many model names to one simulated engine.
+    pub only_served_model: bool,
+    /// Publish KV-cache events in vLLM's wire format on this ZMQ address (`tcp://*:P` binds, `tcp://HOST:P`
+    /// connects, as vLLM's `--kv-events-config` endpoint); topic `kv`. None: no events (vLLM's default).
+    pub kv_events: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -83,6 +89,8 @@ impl Default for SimConfig {
             max_waiting: None,
             stop_after: None,
             responses_store: false,
+            only_served_model: false,
+            kv_events: None,
         }
     }
 }

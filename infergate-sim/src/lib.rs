@@ -17,6 +17,7 @@ mod control;
 mod engine;
 mod errors;
 mod http;
+pub mod kv_events;
 mod metrics;
 mod scheduler;
 mod server;
@@ -152,13 +153,24 @@ pub async fn spawn_engine_on(addr: SocketAddr, cfg: SimConfig) -> io::Result<Eng
         next_id: AtomicU64::new(1),
         responses: Arc::new(ResponseStore::new(MAX_STORED_RESPONSES)),
     });
-    let scheduler = tokio::spawn(scheduler::run(cfg, sched_rx, sched));
+    let kv = cfg.kv_events.clone().map(|endpoint| {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (
+            tx,
+            tokio::spawn(kv_events::publish_loop(endpoint, "kv".to_string(), rx)),
+        )
+    });
+    let (kv_tx, kv_task) = match kv {
+        Some((tx, task)) => (Some(tx), Some(task)),
+        None => (None, None),
+    };
+    let scheduler = tokio::spawn(scheduler::run(cfg, sched_rx, sched, kv_tx));
     let acceptor = tokio::spawn(server::accept_loop(engine.clone()));
     Ok(EngineHandle {
         addr,
         control,
         engine,
-        tasks: vec![acceptor, scheduler],
+        tasks: [acceptor, scheduler].into_iter().chain(kv_task).collect(),
         own_runtime: None,
     })
 }

@@ -172,6 +172,24 @@ struct Cli {
     /// GET and cancel by id; the newest 10000 responses per engine [default: off, store ignored as by vLLM]
     #[arg(long, help_heading = KNOBS)]
     responses_store: bool,
+    /// Answer a generation for any model but --model with vLLM's 404 [default: serve any model name]
+    #[arg(long, help_heading = KNOBS)]
+    only_served_model: bool,
+    /// Publish KV-cache events in vLLM's wire format (ZMQ PUB, topic `kv`) on ADDR: `tcp://*:P` binds,
+    /// `tcp://HOST:P` connects (as vLLM's --kv-events-config endpoint); engine i uses port P + i [default: off]
+    #[arg(long, value_name = "ADDR", help_heading = KNOBS)]
+    kv_events: Option<String>,
+}
+
+/// `tcp://HOST:P` with its port moved up by `by` (vLLM's data-parallel ranks do the same).
+fn offset_port(addr: &str, by: usize) -> String {
+    match addr.rsplit_once(':') {
+        Some((head, port)) => match port.parse::<usize>() {
+            Ok(p) => format!("{head}:{}", p + by),
+            Err(_) => addr.to_string(),
+        },
+        None => addr.to_string(),
+    }
 }
 
 #[derive(Debug)]
@@ -244,6 +262,8 @@ where
         max_waiting: cli.max_waiting,
         stop_after: cli.stop_after,
         responses_store: cli.responses_store,
+        only_served_model: cli.only_served_model,
+        kv_events: cli.kv_events.clone(),
     };
     Ok(Args {
         host: cli.host,
@@ -283,8 +303,10 @@ async fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let mut engines = Vec::new();
-    for port in &args.ports {
-        match spawn_engine_on(SocketAddr::new(args.host, *port), args.cfg.clone()).await {
+    for (i, port) in args.ports.iter().enumerate() {
+        let mut cfg = args.cfg.clone();
+        cfg.kv_events = cfg.kv_events.map(|a| offset_port(&a, i));
+        match spawn_engine_on(SocketAddr::new(args.host, *port), cfg).await {
             Ok(h) => {
                 println!("engine-sim listening on {}", h.url());
                 engines.push(h);

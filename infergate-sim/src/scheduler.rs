@@ -123,6 +123,42 @@ pub struct Core {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     pub counters: SchedCounters,
+    /// KV-cache events since the last flush, when the engine publishes them.
+    pub kv_events: Option<Vec<crate::kv_events::KvEvent>>,
+}
+
+/// Cache `hashes[from..to]` of a prompt, recording what was stored and evicted as KV events.
+fn cache_blocks(
+    cache: &mut PrefixCache,
+    out: &mut Option<Vec<crate::kv_events::KvEvent>>,
+    hashes: &[u64],
+    from: usize,
+    to: usize,
+    block_size: usize,
+) {
+    use crate::kv_events::KvEvent;
+    let t = cache.touch(&hashes[from..to]);
+    let Some(out) = out else { return };
+    if !t.evicted.is_empty() {
+        out.push(KvEvent::Removed { hashes: t.evicted });
+    }
+    // One BlockStored per run of consecutive new blocks, its parent the block before the run.
+    let mut i = 0;
+    while i < t.stored.len() {
+        let start = t.stored[i];
+        let mut end = start + 1;
+        while i + 1 < t.stored.len() && t.stored[i + 1] == end {
+            i += 1;
+            end += 1;
+        }
+        let at = from + start;
+        out.push(KvEvent::Stored {
+            hashes: hashes[at..from + end].to_vec(),
+            parent: at.checked_sub(1).map(|p| hashes[p]),
+            block_size,
+        });
+        i += 1;
+    }
 }
 
 impl Core {
@@ -134,6 +170,7 @@ impl Core {
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters: Default::default(),
+            kv_events: None,
         }
     }
 
@@ -206,7 +243,14 @@ impl Core {
                 .cache
                 .match_len(&s.prompt.block_hashes)
                 .min((s.prompt.len - 1) / bt);
-            self.cache.touch(&s.prompt.block_hashes[..hit_blocks]);
+            cache_blocks(
+                &mut self.cache,
+                &mut self.kv_events,
+                &s.prompt.block_hashes,
+                0,
+                hit_blocks,
+                bt,
+            );
             s.cached = hit_blocks * bt;
             s.computed = s.cached;
             self.counters.prefix_cache_queries += s.prompt.len as u64;
@@ -243,12 +287,26 @@ impl Core {
                     // vLLM caches each block as soon as it is full, so an aborted prefill still leaves its blocks.
                     let full = (s.computed / bt).min(s.prompt.block_hashes.len());
                     if full > before_blocks {
-                        self.cache
-                            .touch(&s.prompt.block_hashes[before_blocks..full]);
+                        cache_blocks(
+                            &mut self.cache,
+                            &mut self.kv_events,
+                            &s.prompt.block_hashes,
+                            before_blocks,
+                            full,
+                            bt,
+                        );
                     }
                     if s.prefill_done() {
                         // Once, at the end: the whole prompt becomes most recent, its head most of all.
-                        self.cache.touch(&s.prompt.block_hashes);
+                        let all = s.prompt.block_hashes.len();
+                        cache_blocks(
+                            &mut self.cache,
+                            &mut self.kv_events,
+                            &s.prompt.block_hashes,
+                            0,
+                            all,
+                            bt,
+                        );
                         self.counters.prompt_tokens += s.prompt.len as u64;
                         self.counters.cached_prompt_tokens += s.cached as u64;
                         self.counters.computed_prompt_tokens += (s.prompt.len - s.cached) as u64;
@@ -301,9 +359,20 @@ pub async fn run(
     cfg: SimConfig,
     mut rx: mpsc::UnboundedReceiver<SchedRequest>,
     shared: Arc<SchedShared>,
+    kv_events: Option<mpsc::UnboundedSender<Vec<crate::kv_events::KvEvent>>>,
 ) {
     let scale = cfg.time_scale;
     let mut core = Core::new(cfg);
+    if kv_events.is_some() {
+        core.kv_events = Some(Vec::new());
+    }
+    let flush = |core: &mut Core| {
+        if let (Some(tx), Some(buf)) = (&kv_events, core.kv_events.as_mut()) {
+            if !buf.is_empty() {
+                let _ = tx.send(std::mem::take(buf));
+            }
+        }
+    };
     // End of the previous step: steps are chained on this deadline so timer rounding does not accumulate.
     let mut last_deadline: Option<tokio::time::Instant> = None;
     let publish = |core: &Core| *shared.counters.lock().unwrap() = core.counters.clone();
@@ -313,7 +382,9 @@ pub async fn run(
             core.enqueue(r);
         }
         core.reap();
-        let Some(step) = core.schedule() else {
+        let scheduled = core.schedule();
+        flush(&mut core);
+        let Some(step) = scheduled else {
             publish(&core);
             last_deadline = None;
             match rx.recv().await {
@@ -340,6 +411,7 @@ pub async fn run(
         }
         last_deadline = Some(deadline);
         core.apply(scaled);
+        flush(&mut core);
         publish(&core);
         debug_assert!(core.counters.running <= core.cfg.max_num_seqs || core.is_idle());
     }

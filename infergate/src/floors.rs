@@ -24,7 +24,7 @@ pub const FLOORS: &[(&str, &[&str])] = &[
         "rules",
         &["placement", "outlier", "cors", "forwarded", "listen"],
     ),
-    ("observation", &["metrics", "engine_stats"]),
+    ("observation", &["metrics", "engine_stats", "kv_events"]),
     (
         "domain",
         &[

@@ -14,6 +14,7 @@ pub mod exposure;
 mod floors;
 pub mod forwarded;
 pub mod housekeeping;
+pub mod kv_events;
 pub mod ledger;
 pub mod lifecycle;
 pub mod listen;

@@ -24,10 +24,13 @@ fn context_length_error(
     max_tokens: Option<usize>,
 ) -> Option<(String, &'static str)> {
     if prompt >= max_model_len {
+        // vLLM 0.32 tokenises at most one token past the context, hence "at least".
+        let seen = prompt.min(max_model_len + 1);
         return Some((
             format!(
-                "This model's maximum context length is {max_model_len} tokens. However, your request has \
-                 {prompt} input tokens. Please reduce the length of the input messages."
+                "This model's maximum context length is {max_model_len} tokens. However, your prompt contains at \
+                 least {seen} input tokens, which exceeds this limit even without any output tokens. Please reduce \
+                 the length of the input prompt. (parameter=input_tokens, value={seen})"
             ),
             "input_tokens",
         ));
@@ -86,6 +89,15 @@ pub(super) async fn generate(
             return respond_invalid(io, rb, &req, status, &m, param).await;
         }
     };
+    if let Some(m) = parsed
+        .model
+        .as_deref()
+        .filter(|m| eng.cfg.only_served_model && *m != eng.cfg.model)
+    {
+        eng.refuse(seq, Refusal::Invalid, 404);
+        let msg = format!("The model `{m}` does not exist.");
+        return respond_gen_error(io, rb, &req, kind, 404, &msg, Some("model")).await;
+    }
     let requested = match parsed.max_tokens {
         None => None,
         Some(n) if n >= 1 => Some(n as usize),
@@ -281,8 +293,9 @@ mod tests {
         assert_eq!(param, "input_tokens");
         assert_eq!(
             msg,
-            "This model's maximum context length is 100 tokens. However, your request has 100 input \
-             tokens. Please reduce the length of the input messages."
+            "This model's maximum context length is 100 tokens. However, your prompt contains at least 100 \
+             input tokens, which exceeds this limit even without any output tokens. Please reduce the length of \
+             the input prompt. (parameter=input_tokens, value=100)"
         );
         assert!(context_length_error(100, 99, None).is_none());
     }

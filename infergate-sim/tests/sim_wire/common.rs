@@ -14,12 +14,19 @@ pub fn scaled(time_scale: f64) -> SimConfig {
     }
 }
 
-/// `n` distinct words, one token each by the simulator's rule.
+/// `n` distinct words, one token each by the simulator's rule: `salt` and `i` in letters (digits are a token each).
 pub fn words(n: usize, salt: &str) -> String {
     let mut s = String::with_capacity(n * 8);
     for i in 0..n {
         s.push_str(salt);
-        s.push_str(&i.to_string());
+        let mut x = i;
+        loop {
+            s.push((b'a' + (x % 26) as u8) as char);
+            x /= 26;
+            if x == 0 {
+                break;
+            }
+        }
         s.push(' ');
     }
     s

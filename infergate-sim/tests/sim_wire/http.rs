@@ -13,7 +13,7 @@ use super::common::*;
 async fn big_bodies_with_content_length_and_chunked() {
     let e = spawn_engine(scaled(0.002)).await.unwrap();
     let c = reqwest::Client::new();
-    let prompt = words(560_000, "w"); // ~4.3 MiB
+    let prompt = words(560_000, "wor"); // ~4.7 MiB
     let body = serde_json::to_vec(&json!({"prompt": prompt, "max_tokens": 1})).unwrap();
     assert!(body.len() >= 4 << 20);
     let r = c

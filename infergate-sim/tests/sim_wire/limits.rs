@@ -59,14 +59,16 @@ async fn context_length_is_vllms_400_before_any_prefill() {
     // A prompt that fills the context leaves no room for output, whatever max_tokens says.
     let long = json!({"messages": [{"role": "user", "content": words(120, "d")}]});
     let lp = prompt_tokens(&c, &e, &long).await;
+    let seen = lp.min(101);
     let r = c.post(&url).json(&long).send().await.unwrap();
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.unwrap();
     assert_eq!(
         v["error"]["message"],
         format!(
-            "This model's maximum context length is 100 tokens. However, your request has {lp} input tokens. \
-             Please reduce the length of the input messages."
+            "This model's maximum context length is 100 tokens. However, your prompt contains at least {seen} \
+             input tokens, which exceeds this limit even without any output tokens. Please reduce the length of \
+             the input prompt. (parameter=input_tokens, value={seen})"
         )
     );
     assert_eq!(

@@ -11,6 +11,7 @@ mod clients;
 mod cluster;
 mod cors;
 mod expose_paths;
+mod kv_events;
 mod outlier;
 mod policy;
 mod pool;
@@ -29,6 +30,7 @@ pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
 pub use cluster::ClusterConfig;
 pub use cors::CorsOrigins;
 use expose_paths::expose_paths;
+pub use kv_events::{KvEndpointConfig, KvEventsConfig, KvSubscription};
 pub use outlier::OutlierConfig;
 pub use policy::{
     EngineKind, EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, PrefixFallback,
@@ -216,6 +218,7 @@ const SECTIONS: &[(&str, Reader)] = &[
         SessionsConfig::read(n, Policy::LoadAware).map(drop)
     }),
     ("engine_stats", |n| EngineStatsConfig::read(n).map(drop)),
+    ("kv_events", |n| KvEventsConfig::read(n).map(drop)),
     ("prefix", |n| PrefixConfig::read(n).map(drop)),
     ("outlier_detection", |n| OutlierConfig::read(n).map(drop)),
     ("auth", |n| AuthConfig::read(n).map(drop)),

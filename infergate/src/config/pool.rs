@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_norway::Value;
 
 use super::expose_paths::expose_paths;
+use super::kv_events::{KvEndpointConfig, KvEventsConfig, KvSubscription};
 use super::outlier::OutlierConfig;
 use super::policy::{EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, SessionsConfig};
 use super::queue::QueueConfig;
@@ -38,6 +39,8 @@ pub struct PoolConfig {
     pub expose_paths: Vec<String>,
     /// The router-side wait queue (needs `max_in_flight_per_endpoint`); None = off.
     pub queue: Option<QueueConfig>,
+    /// Defaults of the KV-event subscribers of the endpoints that name a publisher (`endpoints[N].kv_events`).
+    pub kv_events: KvEventsConfig,
     /// The model's tokenizer for exact prompt tokens; None = bytes / `prefill.bytes_per_token`.
     pub tokenizer: Option<TokenizerConfig>,
 }
@@ -138,6 +141,7 @@ impl PoolConfig {
             outlier_detection,
             expose: "expose_paths",
             queue,
+            kv_events,
             tokenizer,
         );
         let name = {
@@ -160,7 +164,8 @@ impl PoolConfig {
                 Some(n)
             }
         };
-        let endpoints = endpoint_list(&endpoints)?;
+        let endpoints_at = endpoints;
+        let endpoints = endpoint_list(&endpoints_at)?;
         let health_check = HealthCheckConfig::read(health_check.section()?)?;
         let prefill = PrefillConfig::read(prefill.section()?)?;
         let sessions = match sessions.optional_section()? {
@@ -177,11 +182,14 @@ impl PoolConfig {
             None => None,
             Some(q) => Some(QueueConfig::read(q, max_in_flight_per_endpoint)?),
         };
+        let kv_events = KvEventsConfig::read(kv_events.section()?)?;
+        check_kv_publishers(&endpoints_at, &endpoints, &kv_events)?;
         let tokenizer = match tokenizer.optional_section()? {
             None => None,
             Some(t) => Some(TokenizerConfig::read(t)?),
         };
         Ok(PoolConfig {
+            kv_events,
             name,
             models,
             policy: PolicyConfig::new(policy, sessions, prefix),
@@ -196,6 +204,50 @@ impl PoolConfig {
             tokenizer,
         })
     }
+}
+
+impl PoolConfig {
+    /// The KV-event subscription of the endpoint labelled `label`, if it names a publisher.
+    pub fn kv_subscription(&self, label: &str) -> Option<KvSubscription> {
+        let ep = self.endpoints.iter().find(|e| e.label == label)?;
+        Some(KvSubscription::of(&self.kv_events, ep.kv_events.as_ref()?))
+    }
+}
+
+/// Each endpoint's publisher once, and a `*` host only where the router binds.
+fn check_kv_publishers(
+    at: &Field<'_>,
+    endpoints: &[EndpointConfig],
+    cfg: &KvEventsConfig,
+) -> Result<(), ConfigError> {
+    for (i, ep) in endpoints.iter().enumerate() {
+        let Some(kv) = &ep.kv_events else { continue };
+        if !kv.bind.unwrap_or(cfg.bind) && kv.endpoint.contains("://*:") {
+            return Err(at.err_in_item(
+                i,
+                "kv_events",
+                format!(
+                    "`{}`: a `*` host can only be bound; set `bind: true`, or write the engine's address to connect to it",
+                    kv.endpoint
+                ),
+            ));
+        }
+        if let Some(j) = endpoints[..i].iter().position(|o| {
+            o.kv_events
+                .as_ref()
+                .is_some_and(|k| k.endpoint == kv.endpoint)
+        }) {
+            return Err(at.err_in_item(
+                i,
+                "kv_events",
+                format!(
+                    "publisher `{}` is already endpoints[{j}]'s; each engine publishes on its own port",
+                    kv.endpoint
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A pool's `models`: `["*"]` when absent.
@@ -236,6 +288,8 @@ pub struct EndpointConfig {
     pub addr: SocketAddr,
     /// Bearer token for the endpoint, read from api_key_env or api_key_file at load time. Never logged.
     pub api_key: Option<String>,
+    /// The engine's KV-event publisher, if the router subscribes to it.
+    pub kv_events: Option<KvEndpointConfig>,
 }
 
 impl std::fmt::Debug for EndpointConfig {
@@ -246,6 +300,7 @@ impl std::fmt::Debug for EndpointConfig {
             .field("host", &self.host)
             .field("addr", &self.addr)
             .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .field("kv_events", &self.kv_events)
             .finish()
     }
 }
@@ -289,9 +344,10 @@ impl EndpointConfig {
     }
 
     pub(super) fn read_mapping(n: Node<'_>) -> Result<EndpointConfig, ConfigError> {
-        read_keys!(n; url, api_key_env, api_key_file);
+        read_keys!(n; url, api_key_env, api_key_file, kv_events);
         let mut ep = EndpointConfig::at_url(&url)?;
         ep.api_key = api_key(&n, &api_key_env, &api_key_file)?;
+        ep.kv_events = KvEndpointConfig::read(&kv_events)?;
         Ok(ep)
     }
 
@@ -306,6 +362,7 @@ impl EndpointConfig {
             host,
             addr,
             api_key: None,
+            kv_events: None,
         })
     }
 }

@@ -162,6 +162,17 @@ impl<'a> Field<'a> {
         self.w.err(&join(&self.path, key), reason)
     }
 
+    /// An error at `key` under item `i` of this field's list (e.g. `endpoints` + 1 + `kv_events`).
+    pub(super) fn err_in_item(
+        &self,
+        i: usize,
+        key: &str,
+        reason: impl Into<String>,
+    ) -> ConfigError {
+        self.w
+            .err(&join(&format!("{}[{i}]", self.path), key), reason)
+    }
+
     /// "expected {expected}, found {what `found` is}".
     pub(super) fn type_err(&self, expected: &str, found: &Value) -> ConfigError {
         self.err(format!("expected {expected}, found {}", kind(found)))

@@ -1,8 +1,9 @@
 //! The router's background services, one per concern (as pingora-load-balancing's `background.rs`): health
-//! checks and discovery, engine-stats scrapes, the prefill janitor with session expiry, and SIGHUP reloads.
+//! checks and discovery, engine-stats scrapes, KV-event subscribers, the prefill janitor with session expiry, and SIGHUP reloads.
 
 mod health;
 mod janitor;
+mod kv_events;
 mod reloads;
 mod scrapes;
 
@@ -31,6 +32,12 @@ pub fn install(server: &mut Server, state: &RouterState) -> ServiceHandle {
     server.add_service(background_service(
         "infergate engine stats",
         scrapes::Scrapes {
+            pools: state.pools.clone(),
+        },
+    ));
+    server.add_service(background_service(
+        "infergate kv events",
+        kv_events::KvEvents {
             pools: state.pools.clone(),
         },
     ));

@@ -68,6 +68,10 @@ pub struct Candidate {
     /// Learned time to first byte as a line over the prefill tokens to compute first (tokens ahead at dispatch
     /// plus the request's own): overhead and tokens per second; None until observed. Read by `predicted_ttft`.
     pub prefill_speed: Option<throughput::Fitted>,
+    /// Tokens of this request the endpoint's engine holds, exactly, by its KV-cache events (`kv_events`): None
+    /// when unknown (no events, an untrusted index, no token ids), and then the approximate prefix index stands.
+    /// `predicted_ttft` and `prefix_aware` read it before their own index.
+    pub kv_held_tokens: Option<u64>,
 }
 
 impl Candidate {

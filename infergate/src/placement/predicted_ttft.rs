@@ -52,6 +52,17 @@ impl PredictedTtft {
     }
 }
 
+/// Prompt bytes of `tokens` tokens at `bytes_per_token` (the request's own when its tokens are exact): what the
+/// policy's byte measures (prefix index, session sizes) compare with.
+fn bytes_of(tokens: u64, bytes_per_token: f64) -> u64 {
+    let b = tokens as f64 * bytes_per_token;
+    if b.is_finite() && b > 0.0 {
+        b.ceil() as u64
+    } else {
+        0
+    }
+}
+
 fn move_margin(sessions: Option<&SessionsConfig>) -> f64 {
     sessions.map_or(DEFAULT_MOVE_MARGIN, |s| s.move_margin)
 }
@@ -116,6 +127,12 @@ impl PlacementPolicy for PredictedTtft {
                 .filter(|_| body >= last)
             {
                 uncached_bytes[b] = uncached_bytes[b].min(body - last);
+            }
+        }
+        // What an engine holds by its own KV events is exact: it wins over both guesses above.
+        for (u, c) in uncached_bytes.iter_mut().zip(&cands[..n]) {
+            if let Some(held) = c.kv_held_tokens {
+                *u = body.saturating_sub(bytes_of(held, req.bytes_per_token(self.bytes_per_token)));
             }
         }
         let bound = Bound::of(binding.map(|(id, _)| id), &cands[..n], &ids[..n]);

@@ -65,6 +65,8 @@ pub struct PrefixIndex {
     cfg: PrefixConfig,
     /// Blocks each endpoint may hold (capacity_tokens_per_endpoint × bytes_per_token / block_bytes, ≥ 1).
     capacity_blocks: usize,
+    /// Prompt bytes per token, to read a candidate's exact held tokens as blocks of this index.
+    bytes_per_token: f64,
     /// Endpoint id → the block hashes it is believed to cache, least recently used first out.
     /// Unbounded LRUs trimmed by hand: `LruCache::new` would preallocate the full capacity per endpoint.
     endpoints: std::collections::HashMap<u64, LruCache<u64, ()>>,
@@ -94,6 +96,7 @@ impl PrefixIndex {
         PrefixIndex {
             cfg: cfg.clone(),
             capacity_blocks,
+            bytes_per_token: bpt,
             endpoints: std::collections::HashMap::new(),
         }
     }
@@ -105,6 +108,12 @@ impl PrefixIndex {
     /// How many blocks one endpoint may hold.
     pub fn capacity_blocks(&self) -> usize {
         self.capacity_blocks
+    }
+
+    /// `tokens` as whole blocks of this index (at most `of`, the prompt's).
+    fn blocks_of_tokens(&self, tokens: u64, of: usize) -> usize {
+        let blocks = (tokens as f64 * self.bytes_per_token / self.block_bytes() as f64).floor();
+        (blocks as usize).min(of)
     }
 
     fn block_bytes(&self) -> usize {
@@ -168,8 +177,10 @@ impl PrefixIndex {
         let matched: Vec<usize> = cands
             .iter()
             .enumerate()
-            .map(|(i, c)| match ids.get(i) {
-                Some(&id) if c.eligible => self.matched_one(hashes, id),
+            .map(|(i, c)| match (ids.get(i), c.kv_held_tokens) {
+                // What the engine holds by its own events, in this index's blocks, before the guess.
+                (Some(_), Some(held)) if c.eligible => self.blocks_of_tokens(held, hashes.len()),
+                (Some(&id), None) if c.eligible => self.matched_one(hashes, id),
                 _ => 0,
             })
             .collect();

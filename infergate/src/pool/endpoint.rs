@@ -11,6 +11,7 @@ use pingora_load_balancing::Backend;
 use super::{HealthTracker, PrefillSpeed};
 use crate::config::{EndpointConfig, HealthCheckConfig};
 use crate::engine_stats::StatsCell;
+use crate::kv_events::KvIndex;
 use crate::ledger::{EndpointLoad, PeerLoad};
 use crate::metrics::EndpointSeries;
 use crate::outlier::Outlier;
@@ -75,6 +76,8 @@ pub struct Endpoint {
     pub health: HealthTracker,
     pub outlier: Outlier,
     pub stats: StatsCell,
+    /// What its engine holds, from its KV-cache events (`kv_events`; off unless the endpoint names a publisher).
+    pub kv: Arc<KvIndex>,
     /// Set when the endpoint left its pool; holds still release into it harmlessly.
     pub removed: AtomicBool,
     /// Observed prefill speed, for releasing non-streaming requests' tokens at their estimated prefill end.
@@ -95,7 +98,9 @@ impl std::fmt::Debug for Endpoint {
 
 impl Endpoint {
     pub(super) fn new(pool: Arc<str>, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Endpoint {
+        let kv = Arc::new(KvIndex::new(&pool, &cfg.label));
         Endpoint {
+            kv,
             id: NEXT_ENDPOINT_ID.fetch_add(1, Ordering::Relaxed),
             pool,
             label: cfg.label.clone(),

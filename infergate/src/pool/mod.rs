@@ -216,6 +216,7 @@ impl Pool {
                     engine: e.stats.fresh(now),
                     max_in_flight,
                     prefill_speed: line,
+                    kv_held_tokens: None,
                 }
             })
             .collect();
@@ -232,6 +233,32 @@ impl Pool {
             }
         }
         cands
+    }
+
+    /// Fill each candidate's exact held tokens from its endpoint's KV index, for a request of `token_ids`
+    /// (`candidates` leaves them None: the approximate index stands where this finds nothing trusted).
+    pub fn fill_kv_held(
+        &self,
+        endpoints: &[Arc<Endpoint>],
+        cands: &mut [Candidate],
+        token_ids: &[u32],
+        now: Instant,
+    ) {
+        // Keys per block size (one, in practice), computed once.
+        let mut keys: Vec<(usize, Vec<u64>)> = Vec::new();
+        for (e, c) in endpoints.iter().zip(cands.iter_mut()) {
+            let Some(bs) = e.kv.block_size() else {
+                continue;
+            };
+            let k = match keys.iter().position(|(b, _)| *b == bs) {
+                Some(i) => &keys[i].1,
+                None => {
+                    keys.push((bs, crate::kv_events::block_keys(token_ids, bs)));
+                    &keys[keys.len() - 1].1
+                }
+            };
+            c.kv_held_tokens = e.kv.held_tokens(k, now);
+        }
     }
 
     /// Record a failure of `ep` (5xx answer, failed connect); ejects it when its streak is long enough and the
@@ -352,6 +379,9 @@ impl Pools {
         let weak: std::sync::Weak<dyn LiveSource> =
             Arc::downgrade(&(pools.clone() as Arc<dyn LiveSource>));
         metrics.register_live(weak);
+        let kv: std::sync::Weak<dyn crate::kv_events::KvSource> =
+            Arc::downgrade(&(pools.clone() as Arc<dyn crate::kv_events::KvSource>));
+        metrics.register(Box::new(crate::kv_events::KvCollector::new(kv)));
         pools
     }
 
@@ -445,3 +475,17 @@ impl LiveSource for Pools {
 
 /// How often the janitor looks for overdue holds.
 pub const JANITOR_PERIOD: Duration = Duration::from_secs(1);
+
+impl crate::kv_events::KvSource for Pools {
+    fn kv_indexes(&self) -> Vec<Arc<crate::kv_events::KvIndex>> {
+        self.pools
+            .iter()
+            .flat_map(|p| {
+                p.endpoints()
+                    .iter()
+                    .map(|e| e.kv.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}

@@ -25,7 +25,8 @@ pub struct Ctx {
     pub(super) body: Option<HeldBody>,
     pub(super) scan: request::BodyScan,
     /// The prompt's exact tokens, when the pool has a tokenizer and the body could be counted (filled before
-    /// placement; None: estimated from bytes).
+    /// placement; None: estimated from bytes). Placement also reads what each engine holds of its ids by the
+    /// engine's KV-cache events.
     pub(super) prompt_tokens: Option<Arc<PromptTokens>>,
     pub(super) session_key: Option<Vec<u8>>,
     /// The engine holding the stored response this request needs (stored_responses): it goes there or nowhere.

@@ -99,7 +99,10 @@ impl Router {
             let placement = Placement::whole(i, Reason::StoredResponse, &req);
             return Some((ep.clone(), placement));
         }
-        let cands = pool.candidates(&endpoints, &ctx.tried, now);
+        let mut cands = pool.candidates(&endpoints, &ctx.tried, now);
+        if let Some(tokens) = &ctx.prompt_tokens {
+            pool.fill_kv_held(&endpoints, &mut cands, &tokens.ids, now);
+        }
         let ids: Vec<u64> = endpoints.iter().map(|e| e.id).collect();
         let mut rng = fastrand::Rng::new();
         let placement = if ctx.kind == CallKind::Generate {
@@ -124,7 +127,18 @@ impl Router {
             let i = placement::least_request(&cands, &mut rng)?;
             Placement::whole(i, Reason::LeastRequest, &req)
         };
-        Some((endpoints[placement.index].clone(), placement))
+        let ep = endpoints.get(placement.index)?.clone();
+        if ctx.kind == CallKind::Generate {
+            // Its engine will publish what it stores: the KV index's silence clock starts.
+            ep.kv.note_dispatch(now);
+            if let Some(held) = cands.get(placement.index).and_then(|c| c.kv_held_tokens) {
+                ep.kv
+                    .counters
+                    .predicted_cached_tokens
+                    .fetch_add(held, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        Some((ep, placement))
     }
 
     /// The same endpoint again for a fresh-connection retry, if it can still take work.

@@ -195,6 +195,8 @@ pub(super) const POOL: &[Row<PoolConfig>] = &[
     Row::Part(|p| &mut p.engine_stats, Part::EngineStats),
     Key("expose_paths", AtStart(WHY_SCREEN), |p| &mut p.expose_paths),
     Row::Part(|p| &mut p.queue, Part::Queue),
+    // The subscribers re-read it every second; a changed subscription restarts with an empty index.
+    Key("kv_events", InPlace, |p| &mut p.kv_events),
     Key("endpoints", Elsewhere, |p| &mut p.endpoints),
 ];
 

@@ -219,3 +219,59 @@ fn numeric_limits() {
         &["at least 1"],
     );
 }
+
+#[test]
+fn kv_events_keys_defaults_and_errors() {
+    use crate::config::{Config, KvEventsConfig};
+    let ok = "pools:\n  - name: a\n    kv_events: { stale_after: 3s, block_size: 16 }\n    endpoints:\n      - url: http://127.0.0.1:8101\n        kv_events: tcp://10.0.0.5:5557\n      - url: http://127.0.0.1:8102\n        kv_events: { endpoint: \"tcp://*:5558\", bind: true, replay: tcp://10.0.0.6:5600 }\n      - http://127.0.0.1:8103\n";
+    let cfg = Config::parse(std::path::Path::new("t.yaml"), ok).unwrap();
+    let p = &cfg.pools[0];
+    let a = p.kv_subscription("127.0.0.1:8101").unwrap();
+    assert_eq!((a.bind, a.block_size, a.topic.as_str()), (false, 16, "kv"));
+    assert_eq!(a.stale_after, std::time::Duration::from_secs(3));
+    let b = p.kv_subscription("127.0.0.1:8102").unwrap();
+    assert_eq!(
+        (b.bind, b.replay.as_deref()),
+        (true, Some("tcp://10.0.0.6:5600"))
+    );
+    assert_eq!(p.kv_subscription("127.0.0.1:8103"), None);
+    assert_eq!(KvEventsConfig::default().block_size, 128);
+    let ep = |kv: &str| {
+        format!("pools:\n  - name: a\n    endpoints:\n      - url: http://127.0.0.1:8101\n        kv_events: {kv}\n")
+    };
+    assert_err(
+        &ep("http://10.0.0.5:5557"),
+        "pools[0].endpoints[0].kv_events",
+        &["is not a tcp:// address"],
+    );
+    assert_err(
+        &ep("tcp://10.0.0.5"),
+        "pools[0].endpoints[0].kv_events",
+        &["has no port"],
+    );
+    assert_err(
+        &ep("\"tcp://*:5557\""),
+        "pools[0].endpoints[0].kv_events",
+        &["a `*` host can only be bound"],
+    );
+    assert_err(
+        &ep("{ endpoint: tcp://h:1, replay: \"tcp://*:2\" }"),
+        "pools[0].endpoints[0].kv_events.replay",
+        &["needs a host"],
+    );
+    assert_err(
+        "pools:\n  - name: a\n    endpoints:\n      - { url: http://127.0.0.1:1, kv_events: tcp://h:9 }\n      - { url: http://127.0.0.1:2, kv_events: tcp://h:9 }\n",
+        "pools[0].endpoints[1].kv_events",
+        &["already endpoints[0]'s"],
+    );
+    assert_err(
+        "pools:\n  - name: a\n    kv_events: { block_size: 0 }\n    endpoints: [http://127.0.0.1:1]\n",
+        "pools[0].kv_events.block_size",
+        &["must be at least 1"],
+    );
+    assert_err(
+        "pools:\n  - name: a\n    kv_events: { stale: 1s }\n    endpoints: [http://127.0.0.1:1]\n",
+        "pools[0].kv_events.stale",
+        &["did you mean `stale_after`"],
+    );
+}

@@ -268,3 +268,29 @@ fn ties_are_random_and_nothing_latches() {
     let p = fx.place(Some("s"), &text, &cands);
     assert_eq!((p.index, p.reason), (1 - home, Reason::Migrate));
 }
+
+#[test]
+fn exact_held_tokens_from_kv_events_win_over_the_prefix_index_and_none_falls_back() {
+    let mut fx = Fx::new();
+    let text = prompt("kv", 40_000);
+    let even = [cand(0, 0), cand(0, 0)];
+    // The approximate index learns that endpoint 0 holds the prompt.
+    let first = fx.serve(None, &text, &even);
+    let guess = first.index;
+    let other = 1 - guess;
+    // No exact figures (no events, or a stale index): the approximate index decides.
+    let p = fx.place(None, &text, &even);
+    assert_eq!(p.index, guess);
+    // The engines' own events say the other one holds 9,000 of the 10,000 tokens and the guessed one nothing
+    // (it evicted them): the exact figures win, and the estimate is what is left to compute.
+    let mut exact = even;
+    exact[guess].kv_held_tokens = Some(0);
+    exact[other].kv_held_tokens = Some(9_000);
+    let p = fx.place(None, &text, &exact);
+    assert_eq!(p.index, other);
+    assert_eq!(p.estimate_bytes, 40_000 - 36_000);
+    // Only one endpoint's index is trusted: the other keeps its approximate figure.
+    let mut mixed = even;
+    mixed[other].kv_held_tokens = Some(0);
+    assert_eq!(fx.place(None, &text, &mixed).index, guess);
+}

@@ -459,3 +459,27 @@ fn no_eligible_candidate_places_nothing() {
         .unwrap();
     assert_eq!((d.index, d.reason), (1, Reason::PrefixMiss));
 }
+
+#[test]
+fn exact_held_tokens_replace_the_guess_per_candidate() {
+    let mut ix = PrefixIndex::new(&cfg(256, PrefixFallback::LeastInflight), 4.0);
+    let h = ix.block_hashes("m", &text("a", 8));
+    // The guess: endpoint 10 holds all 8 blocks.
+    ix.insert(10, &h, now());
+    let mut rng = fastrand::Rng::with_seed(1);
+    let place = |ix: &mut PrefixIndex, cands: &[Candidate], rng: &mut fastrand::Rng| {
+        ix.place(&h, cands, &IDS2, &[0, 0], rng).unwrap()
+    };
+    let d = place(&mut ix, &[cand(0), cand(0)], &mut rng);
+    assert_eq!((d.index, d.reason), (0, Reason::PrefixHit));
+    // Its engine's events say it holds nothing; endpoint 11's say 96 tokens (384 bytes = 6 blocks).
+    let mut exact = [cand(0), cand(0)];
+    exact[0].kv_held_tokens = Some(0);
+    exact[1].kv_held_tokens = Some(96);
+    let d = place(&mut ix, &exact, &mut rng);
+    assert_eq!((d.index, d.reason), (1, Reason::PrefixHit));
+    // Exact and below the threshold (32 tokens = 128 bytes < 256): a miss, whatever the guess said.
+    exact[1].kv_held_tokens = Some(32);
+    let d = place(&mut ix, &exact, &mut rng);
+    assert_eq!(d.reason, Reason::PrefixMiss);
+}

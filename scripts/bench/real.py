@@ -1,0 +1,215 @@
+"""Agent sessions on real vLLM engines (the CPU build) through each router, one fresh pair of engines per run:
+TTFT, decode, vLLM's own prefix-cache hit share, and infergate's predicted-vs-measured TTFT error.
+
+Run by scripts/bench-real.sh, which builds the binaries, the vLLM venv and the peers; arguments:
+  real.py --python VLLM_PYTHON --model-dir DIR --bin DIR --out DIR [--vllm-router PATH] [--smg PATH]
+Only 127.0.0.1 is used; every process started gets its own process group and is stopped after its run."""
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROUTERS = [
+    ("infergate", "predicted_ttft"),
+    ("infergate", "load_aware"),
+    ("vllm-router", "cache_aware"),
+    ("smg", "cache_aware"),
+]
+# A load two CPU engines take: short and medium first turns (the tiny model's context is 16,384 tokens and the
+# real tokenizer counts loadgen's words at about twice loadgen's own rule), a few follow-ups each.
+LOADGEN = ["--scenario", "agent", "--sessions", "24", "--rate", "0.8", "--time-scale", "1", "--max-seconds", "240",
+           "--first-short", "300-1500", "--first-long", "2500-4000", "--short-share", "0.6", "--long-share", "0.25",
+           "--turns", "2-4", "--append-tokens", "100-600", "--think-seconds", "0.5-2", "--output-tokens", "16-64",
+           "--field-order", "messages-first"]
+ENGINE_ENV = dict(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1",
+                  VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_HOST_IP="127.0.0.1", HF_HUB_OFFLINE="1",
+                  VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd, log, env=None):
+    f = open(log, "w")
+    return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+
+
+def stop(procs):
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def get(url, timeout=2.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def wait_up(url, limit, proc):
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited")
+        try:
+            get(url)
+            return
+        except Exception:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url}: not up after {limit}s")
+
+
+def metric(text, name, want=None):
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] == name and (want is None or want in head):
+            total += float(value)
+    return total
+
+
+def vllm_counts(urls):
+    out = []
+    for u in urls:
+        m = get(u + "/metrics")
+        out.append((metric(m, "vllm:prefix_cache_hits_total"), metric(m, "vllm:prefix_cache_queries_total")))
+    return out
+
+
+def one_run(a, router, policy, run_dir):
+    os.makedirs(run_dir, exist_ok=True)
+    procs = []
+    try:
+        urls = []
+        for i in range(2):
+            port = free_port()
+            urls.append(f"http://127.0.0.1:{port}")
+            procs.append(start([a.python, "scripts/vllm/serve.py", "serve", a.model_dir, "--load-format", "dummy",
+                                "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
+                                "--max-model-len", "16384", "--enforce-eager", "--kv-cache-memory-bytes", "512M",
+                                "--max-num-seqs", "8", "--enable-prompt-tokens-details"],
+                               f"{run_dir}/engine-{i}.log", ENGINE_ENV))
+        for u, p in zip(urls, procs):
+            wait_up(u + "/health", 180, p)
+        port, mport = free_port(), free_port()
+        if router == "infergate":
+            cfg = f"""listen: "127.0.0.1:{port}"
+metrics_listen: "127.0.0.1:{mport}"
+server: {{ threads: 2, grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 1,
+          pid_file: {run_dir}/infergate.pid, upgrade_sock: {run_dir}/infergate.sock }}
+timeouts: {{ connect: 2s, response_header: 600s, stream_idle: 120s }}
+pools:
+  - name: default
+    models: ["*"]
+    policy: {policy}
+    endpoints: [{", ".join('{url: "%s"}' % u for u in urls)}]
+    health_check: {{ path: /health, interval: 1s, timeout: 1s, healthy_after: 1, unhealthy_after: 3 }}
+    engine_stats: {{ kind: vllm, path: /metrics, interval: 200ms }}
+    sessions: {{ header: x-session-id }}
+"""
+            with open(f"{run_dir}/infergate.yaml", "w") as f:
+                f.write(cfg)
+            cmd = [f"{a.bin}/infergate", "-c", f"{run_dir}/infergate.yaml"]
+        else:
+            exe = a.vllm_router if router == "vllm-router" else a.smg
+            if not exe:
+                return {"label": f"{router} {policy}", "failed": f"{router} is not installed"}
+            sub = [] if router == "vllm-router" else ["launch"]
+            cmd = [exe, *sub, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", policy,
+                   "--prometheus-host", "127.0.0.1", "--prometheus-port", str(mport), "--request-timeout-secs", "600"]
+        procs.append(start(cmd, f"{run_dir}/router.log"))
+        wait_up(f"http://127.0.0.1:{port}/health", 60, procs[-1])
+        time.sleep(2)  # health checks see both engines
+        before = vllm_counts(urls)
+        out = f"{run_dir}/loadgen.json"
+        subprocess.run([f"{a.bin}/loadgen", "--url", f"http://127.0.0.1:{port}", "--model", "tiny", "--seed", "7",
+                        "--label", f"{router} {policy}", "--json", out, "--quiet", *LOADGEN],
+                       check=True, timeout=400, stdout=subprocess.DEVNULL)
+        after = vllm_counts(urls)
+        rep = json.load(open(out))
+        hits = sum(b[0] - a_[0] for a_, b in zip(before, after))
+        queries = sum(b[1] - a_[1] for a_, b in zip(before, after))
+        row = {"label": f"{router} {policy}", "report": rep,
+               "vllm_hit_share": hits / queries if queries else None}
+        if router == "infergate":
+            m = get(f"http://127.0.0.1:{mport}/metrics")
+            n = metric(m, "infergate_ttft_prediction_error_seconds_count")
+            s = metric(m, "infergate_ttft_prediction_error_seconds_sum")
+            row["prediction"] = {"count": n, "mean_error_s": s / n if n else None}
+        return row
+    except Exception as e:  # a failed run is reported, not fatal
+        return {"label": f"{router} {policy}", "failed": str(e)}
+    finally:
+        stop(procs)
+
+
+def fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+def table(rows):
+    ok = [r for r in rows if "report" in r]
+    best = lambda f, lo: (min if lo else max)((f(r) for r in ok if f(r)), default=None)
+    ttft = lambda r: (r["report"].get("ttft_ms") or {}).get("p95")
+    dec = lambda r: (r["report"].get("decode") or {}).get("slowest5_mean_tok_s")
+    peers = [r for r in ok if not r["label"].startswith("infergate")]
+    bt = min((ttft(r) for r in peers if ttft(r)), default=None)
+    bd = max((dec(r) for r in peers if dec(r)), default=None)
+    lines = ["| router | policy | requests ok / errors | TTFT p50 ms | TTFT p95 ms | TTFT p95 / best peer | "
+             "decode slowest 5% tok/s | decode / best peer | vLLM prefix-hit share | infergate predictions: "
+             "count, mean signed error s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        router, policy = r["label"].split(" ", 1)
+        if "failed" in r:
+            lines.append(f"| {router} | {policy} | failed: {r['failed']} | | | | | | | |")
+            continue
+        rep = r["report"]
+        t, d = ttft(r), dec(r)
+        p = r.get("prediction")
+        pred = f"{p['count']:.0f}, {fmt(p['mean_error_s'], '.3f')}" if p else "-"
+        lines.append(
+            f"| {router} | {policy} | {rep['ok']} / {rep['errors']} | {fmt((rep.get('ttft_ms') or {}).get('p50'))} | "
+            f"{fmt(t)} | {fmt(t / bt if t and bt else None, '.2f')}× | {fmt(d)} | "
+            f"{fmt(d / bd if d and bd else None, '.2f')}× | {fmt(r['vllm_hit_share'], '.3f')} | {pred} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for k in ("--python", "--model-dir", "--bin", "--out"):
+        ap.add_argument(k, required=True)
+    ap.add_argument("--vllm-router")
+    ap.add_argument("--smg")
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    rows = []
+    for router, policy in ROUTERS:
+        if a.only and a.only not in f"{router} {policy}":
+            continue
+        print(f"== bench-real: {router} {policy}", file=sys.stderr, flush=True)
+        rows.append(one_run(a, router, policy, f"{a.out}/{router}-{policy}"))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "report"}), file=sys.stderr, flush=True)
+    json.dump(rows, open(f"{a.out}/real.json", "w"), indent=1)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
