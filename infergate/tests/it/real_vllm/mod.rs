@@ -23,7 +23,6 @@ pub struct Fleet {
     /// Each engine's KV-cache event publisher (a ZMQ address vLLM binds: the router connects).
     pub kv_events: Vec<String>,
     /// The model directory the engines serve (config.json, tokenizer.json, the chat template).
-    #[allow(dead_code)] // read by the exact-token tests, which land with the tokenizer
     pub model_dir: PathBuf,
     /// The engines' Python (it has the openai SDK, a vLLM dependency).
     pub python: PathBuf,
