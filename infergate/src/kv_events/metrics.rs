@@ -51,7 +51,7 @@ impl KvCollector {
         );
         let gaps = counter(
             "infergate_kv_event_gaps_total",
-            "Sequence gaps in the endpoint's KV-event stream (lost messages, or a first message after seq 0).",
+            "Sequence gaps in the endpoint's KV-event stream (lost messages).",
             &L,
         );
         let evicted = counter(

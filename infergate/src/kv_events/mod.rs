@@ -8,7 +8,9 @@
 //! Trust: an index is used only while it is in step with its engine ([`KvIndex::held_tokens`] is None otherwise,
 //! and placement falls back to its approximate prefix index; never "holds nothing"):
 //! - no publisher connected (never yet, or it vanished): not trusted;
-//! - a sequence gap (lost messages, or a first message after seq 0): the replay socket is asked when configured;
+//! - joining a running publisher (a first message after seq 0) is not a gap: the index starts there and can only
+//!   hold less than the engine (the replay socket is asked for the rest when configured);
+//! - a sequence gap (lost messages): the replay socket is asked when configured;
 //!   a gap it does not fill leaves the index untrusted for `stale_after`, then trusted again, the gap counted
 //!   (what was missed is wrong both ways: blocks stored then are absent, blocks removed then linger until
 //!   evicted; a full resync does not exist in vLLM's protocol beyond its replay buffer);
@@ -185,6 +187,10 @@ impl std::fmt::Debug for KvIndex {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
     InOrder,
+    /// The first message seen, after seq 0: the publisher was running before this subscriber.
+    Joined {
+        at: u64,
+    },
     /// Batches `from..to` were missed (`to` is this message's).
     Gap {
         from: u64,
@@ -281,9 +287,11 @@ impl KvIndex {
         i.last_message = Some(now);
         i.pending_since = None;
         let applied = match i.last_seq {
-            // The first message: anything before seq 0 was missed.
             None if seq == 0 => Applied::InOrder,
-            None => Applied::Gap { from: 0, to: seq },
+            // Subscribed to a publisher already running (the router started or reconnected after the engine):
+            // what it stored before is unknown, which can only make the index hold less than the engine does,
+            // never claim a block it lacks (a block removed before we joined was never in the index).
+            None => Applied::Joined { at: seq },
             Some(last) if seq == last.wrapping_add(1) => Applied::InOrder,
             Some(last) if seq > last => Applied::Gap {
                 from: last + 1,

@@ -114,6 +114,12 @@ async fn on_message(index: &KvIndex, sub: &KvSubscription, msg: ZmqMessage, who:
     let now = Instant::now();
     match index.sequence(seq, now) {
         Applied::InOrder => {}
+        Applied::Joined { at } => {
+            // Not a gap: the index starts here. A replay socket may still tell what came before.
+            if let Some(addr) = &sub.replay {
+                replay(index, addr, 0, at, who).await;
+            }
+        }
         Applied::Duplicate => return,
         Applied::Restarted => {
             log::info!(

@@ -123,7 +123,7 @@ fn the_bound_evicts_the_oldest_and_counts_it() {
 }
 
 #[test]
-fn untrusted_until_connected_and_seq_0_then_a_gap_for_stale_after() {
+fn untrusted_until_connected_then_a_gap_untrusted_for_stale_after() {
     let t0 = Instant::now();
     let ix = KvIndex::new("p", "e:1");
     let keys = block_keys(&[1, 2, 3, 4], 4);
@@ -132,8 +132,10 @@ fn untrusted_until_connected_and_seq_0_then_a_gap_for_stale_after() {
     assert_eq!(ix.stale_reason(t0), Some("no publisher connected"));
     ix.peer_connected();
     assert_eq!(ix.stale_reason(t0), Some("no message yet"));
-    // The first message is seq 3: batches 0..3 were missed.
-    assert_eq!(ix.sequence(3, t0), Applied::Gap { from: 0, to: 3 });
+    // The first message is seq 3: the publisher ran before we joined; trusted from here, no gap.
+    assert_eq!(ix.sequence(3, t0), Applied::Joined { at: 3 });
+    assert_eq!(ix.held_tokens(&keys, t0), Some(0));
+    assert_eq!(ix.sequence(7, t0), Applied::Gap { from: 4, to: 7 });
     ix.gap(t0);
     assert_eq!(ix.held_tokens(&keys, t0), None);
     let later = t0 + Duration::from_secs(10);
@@ -142,9 +144,9 @@ fn untrusted_until_connected_and_seq_0_then_a_gap_for_stale_after() {
         Some(0),
         "trusted again after stale_after"
     );
-    assert_eq!(ix.sequence(4, later), Applied::InOrder);
-    assert_eq!(ix.sequence(4, later), Applied::Duplicate);
-    assert_eq!(ix.sequence(9, later), Applied::Gap { from: 5, to: 9 });
+    assert_eq!(ix.sequence(8, later), Applied::InOrder);
+    assert_eq!(ix.sequence(8, later), Applied::Duplicate);
+    assert_eq!(ix.sequence(9, later), Applied::InOrder);
     // Backwards: a restarted engine, whose cache is empty.
     ix.apply(&stored(&[1], None, &[1, 2, 3, 4], 4));
     assert_eq!(ix.sequence(0, later), Applied::Restarted);
