@@ -71,7 +71,7 @@ export INFERGATE_VLLM_KV_EVENTS=$(IFS=,; echo "${kv[*]}")
 export INFERGATE_VLLM_MODEL_DIR=$VLLM_MODEL INFERGATE_VLLM_PYTHON=$VLLM_PYTHON INFERGATE_VLLM_MODEL=tiny
 out=$LOGS/suite.log
 set +e
-timeout "$SUITE_TIMEOUT" cargo test -p infergate --test it "real_vllm::${1:-}" -- --ignored --test-threads=1 2>&1 | tee "$out"
+timeout "$SUITE_TIMEOUT" cargo test -p infergate --test it "real_vllm::${1:-}" -- --ignored --test-threads=1 --nocapture 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" -ne 0 ]; then log "FAILED (exit $rc)"; exit "$rc"; fi

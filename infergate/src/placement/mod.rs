@@ -209,6 +209,14 @@ pub fn prompt_bytes(
 }
 
 /// Estimated prompt tokens for a body of `bytes` bytes: bytes / bytes_per_token, capped.
+/// The prefill a placement holds when the chosen engine's KV events say it has `held` of the request's exact
+/// `tokens`: what is left to compute (at least one token: vLLM recomputes the last one of a full hit), or the
+/// policy's own estimate when that is smaller (a session turn's growth). Unchanged without an exact count.
+pub fn uncached_by_kv(estimate: Option<u64>, tokens: Option<u64>, held: u64) -> Option<u64> {
+    let exact = tokens?.saturating_sub(held).max(1);
+    Some(estimate.map_or(exact, |e| e.min(exact)))
+}
+
 pub fn estimate_tokens(bytes: u64, bytes_per_token: f64, max_tokens: u64) -> u64 {
     if bytes == 0 || bytes_per_token.is_nan() || bytes_per_token <= 0.0 {
         return 0;
@@ -292,6 +300,17 @@ pub fn round_robin(cands: &[Candidate], counter: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_the_kv_index_says_is_held_is_not_held_as_prefill() {
+        // 1,053 exact tokens, 1,024 of them in the engine's cache: 29 to compute.
+        assert_eq!(uncached_by_kv(Some(1_053), Some(1_053), 1_024), Some(29));
+        // A session turn's growth, smaller than that, stands.
+        assert_eq!(uncached_by_kv(Some(10), Some(1_053), 1_024), Some(10));
+        // A full hit still computes one token; without an exact count nothing changes.
+        assert_eq!(uncached_by_kv(Some(1_024), Some(1_024), 1_024), Some(1));
+        assert_eq!(uncached_by_kv(None, None, 1_024), None);
+    }
 
     pub(crate) fn cand(requests: u64, prefill: u64) -> Candidate {
         Candidate {

@@ -105,7 +105,7 @@ impl Router {
         }
         let ids: Vec<u64> = endpoints.iter().map(|e| e.id).collect();
         let mut rng = fastrand::Rng::new();
-        let placement = if ctx.kind == CallKind::Generate {
+        let mut placement = if ctx.kind == CallKind::Generate {
             let snap = Snapshot {
                 cands: &cands,
                 ids: &ids,
@@ -136,6 +136,8 @@ impl Router {
                     .counters
                     .predicted_cached_tokens
                     .fetch_add(held, std::sync::atomic::Ordering::Relaxed);
+                placement.estimate_tokens =
+                    placement::uncached_by_kv(placement.estimate_tokens, req.tokens, held);
             }
         }
         Some((ep, placement))

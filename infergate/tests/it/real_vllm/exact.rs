@@ -69,6 +69,16 @@ async fn vllms_kv_events_fill_the_index_of_the_engine_that_served() {
 /// Send `body` to `path` and return vLLM's `usage.prompt_tokens` and what the router charged the endpoint for it
 /// (`infergate_prefill_tokens_estimated_total`, the hold's tokens once served).
 async fn prompt_and_charged(router: &TestRouter, path: &str, body: String) -> (f64, f64) {
+    let (prompt, charged, _) = answer_and_charged(router, path, body).await;
+    (prompt, charged)
+}
+
+/// `prompt_and_charged`, with vLLM's answer.
+async fn answer_and_charged(
+    router: &TestRouter,
+    path: &str,
+    body: String,
+) -> (f64, f64, serde_json::Value) {
     let before = router
         .metric_sum("infergate_prefill_tokens_estimated_total", &[])
         .await;
@@ -84,18 +94,17 @@ async fn prompt_and_charged(router: &TestRouter, path: &str, body: String) -> (f
     let after = router
         .metric_sum("infergate_prefill_tokens_estimated_total", &[])
         .await;
-    (prompt, after - before)
+    (prompt, after - before, v)
 }
 
-/// Named to run after `vllms_kv_events_fill_the_index_of_the_engine_that_served` (the suite runs one test at a
-/// time, in name order): that test expects engines that have published no whole block yet, and this one fills
-/// blocks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs real vLLM engines: scripts/real-vllm.sh runs it"]
 async fn with_a_tokenizer_the_held_prompt_tokens_are_vllms_own_count() {
     let f = fleet();
     let tokenizer = format!("    tokenizer: {{ path: \"{}\" }}\n", f.model_dir.display());
-    let router = start_router(&kv_fleet_yaml(&f, "predicted_ttft", &tokenizer)).await;
+    // prefix_aware places a request where the most of it is held (by the KV index when it is trusted), from the
+    // first request on; predicted_ttft does so only once it learned both engines' speeds.
+    let router = start_router(&kv_fleet_yaml(&f, "prefix_aware", &tokenizer)).await;
     router.all_healthy().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let messages = serde_json::json!([
@@ -118,16 +127,27 @@ async fn with_a_tokenizer_the_held_prompt_tokens_are_vllms_own_count() {
         charged, prompt,
         "a completion's hold is vLLM's own prompt_tokens (BOS included)"
     );
-    // The same conversation again: what the engine's KV events say it holds of the exact ids. Printed, not
-    // checked: a router that subscribes after the engines published whole blocks (an earlier test's) finds its
-    // index stale and falls back to the approximate one (seen: 0 predicted; on fresh engines: its whole blocks).
+    // The same conversation again: what the engine's KV events say it holds of the exact ids is what vLLM
+    // then serves from its cache (both count whole 128-token blocks).
     let m = router.metrics_text().await;
     let before = metric_sum(&m, "infergate_kv_predicted_cached_tokens_total", &[]);
-    let (prompt, charged) = prompt_and_charged(&router, CHAT, chat(&f, messages, false, 2)).await;
+    let (prompt, charged, v) =
+        answer_and_charged(&router, CHAT, chat(&f, messages, false, 2)).await;
     let m = router.metrics_text().await;
     let predicted = metric_sum(&m, "infergate_kv_predicted_cached_tokens_total", &[]) - before;
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_f64()
+        .unwrap_or(-1.0);
     eprintln!(
-        "second turn: {prompt} prompt tokens, predicted cached {predicted}, charged {charged}"
+        "second turn: {prompt} prompt tokens, predicted cached {predicted}, vLLM cached {cached}, charged {charged}"
+    );
+    assert!(
+        cached >= 1_024.0,
+        "vLLM served {cached} of {prompt} from its cache"
+    );
+    assert_eq!(
+        predicted, cached,
+        "the KV index predicted what vLLM served from cache"
     );
     assert_eq!(
         metric_sum(&m, "infergate_tokenizer_fallbacks_total", &[]),
