@@ -14,12 +14,20 @@ import sys
 import time
 import urllib.request
 
-ROUTERS = [
-    ("infergate", "predicted_ttft"),
-    ("infergate", "load_aware"),
-    ("vllm-router", "cache_aware"),
-    ("smg", "cache_aware"),
+# (scenario, router, policy); an infergate policy ending in +kv also counts exact tokens with the model's own
+# tokenizer and reads each engine's KV-cache events (the engines then publish them).
+RUNS = [
+    ("agent", "infergate", "predicted_ttft"),
+    ("agent", "infergate", "predicted_ttft+kv"),
+    ("agent", "infergate", "load_aware"),
+    ("agent", "vllm-router", "cache_aware"),
+    ("agent", "smg", "cache_aware"),
+    ("shared-prefix", "infergate", "predicted_ttft"),
+    ("shared-prefix", "infergate", "predicted_ttft+kv"),
+    ("shared-prefix", "vllm-router", "cache_aware"),
 ]
+# Every session of shared-prefix opens with one system prompt of this many (loadgen) tokens.
+SHARED_PREFIX = ["--system-prompt-tokens", "1500"]
 # A load two CPU engines take: short and medium first turns (the tiny model's context is 16,384 tokens and the
 # real tokenizer counts loadgen's words at about twice loadgen's own rule), a few follow-ups each.
 LOADGEN = ["--scenario", "agent", "--sessions", "24", "--rate", "0.8", "--time-scale", "1", "--max-seconds", "240",
@@ -94,23 +102,37 @@ def vllm_counts(urls):
     return out
 
 
-def one_run(a, router, policy, run_dir):
+def one_run(a, scenario, router, policy, run_dir):
     os.makedirs(run_dir, exist_ok=True)
     procs = []
+    kv = policy.endswith("+kv")
+    label = f"{router} {policy}"
     try:
-        urls = []
+        urls, kv_urls = [], []
         for i in range(2):
             port = free_port()
             urls.append(f"http://127.0.0.1:{port}")
+            events = []
+            if kv:
+                kv_port = free_port()
+                kv_urls.append(f"tcp://127.0.0.1:{kv_port}")
+                events = ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                            "endpoint": f"tcp://*:{kv_port}", "topic": "kv"})]
             procs.append(start([a.python, "scripts/vllm/serve.py", "serve", a.model_dir, "--load-format", "dummy",
                                 "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
                                 "--max-model-len", "16384", "--enforce-eager", "--kv-cache-memory-bytes", "512M",
-                                "--max-num-seqs", "8", "--enable-prompt-tokens-details"],
+                                "--max-num-seqs", "8", "--enable-prompt-tokens-details", *events],
                                f"{run_dir}/engine-{i}.log", ENGINE_ENV))
         for u, p in zip(urls, procs):
             wait_up(u + "/health", 180, p)
         port, mport = free_port(), free_port()
         if router == "infergate":
+            if kv:
+                eps = ", ".join('{url: "%s", kv_events: "%s"}' % p for p in zip(urls, kv_urls))
+                extra = f'    tokenizer: {{ path: "{a.model_dir}" }}\n'
+            else:
+                eps = ", ".join('{url: "%s"}' % u for u in urls)
+                extra = ""
             cfg = f"""listen: "127.0.0.1:{port}"
 metrics_listen: "127.0.0.1:{mport}"
 server: {{ threads: 2, grace_period_seconds: 1, graceful_shutdown_timeout_seconds: 1,
@@ -119,19 +141,19 @@ timeouts: {{ connect: 2s, response_header: 600s, stream_idle: 120s }}
 pools:
   - name: default
     models: ["*"]
-    policy: {policy}
-    endpoints: [{", ".join('{url: "%s"}' % u for u in urls)}]
+    policy: {policy.removesuffix("+kv")}
+    endpoints: [{eps}]
     health_check: {{ path: /health, interval: 1s, timeout: 1s, healthy_after: 1, unhealthy_after: 3 }}
     engine_stats: {{ kind: vllm, path: /metrics, interval: 200ms }}
     sessions: {{ header: x-session-id }}
-"""
+{extra}"""
             with open(f"{run_dir}/infergate.yaml", "w") as f:
                 f.write(cfg)
             cmd = [f"{a.bin}/infergate", "-c", f"{run_dir}/infergate.yaml"]
         else:
             exe = a.vllm_router if router == "vllm-router" else a.smg
             if not exe:
-                return {"label": f"{router} {policy}", "failed": f"{router} is not installed"}
+                return {"label": label, "scenario": scenario, "failed": f"{router} is not installed"}
             sub = [] if router == "vllm-router" else ["launch"]
             cmd = [exe, *sub, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", policy,
                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(mport), "--request-timeout-secs", "600"]
@@ -140,23 +162,27 @@ pools:
         time.sleep(2)  # health checks see both engines
         before = vllm_counts(urls)
         out = f"{run_dir}/loadgen.json"
+        extra = SHARED_PREFIX if scenario == "shared-prefix" else []
         subprocess.run([f"{a.bin}/loadgen", "--url", f"http://127.0.0.1:{port}", "--model", "tiny", "--seed", "7",
-                        "--label", f"{router} {policy}", "--json", out, "--quiet", *LOADGEN],
+                        "--label", label, "--json", out, "--quiet", *LOADGEN, *extra],
                        check=True, timeout=400, stdout=subprocess.DEVNULL)
         after = vllm_counts(urls)
         rep = json.load(open(out))
         hits = sum(b[0] - a_[0] for a_, b in zip(before, after))
         queries = sum(b[1] - a_[1] for a_, b in zip(before, after))
-        row = {"label": f"{router} {policy}", "report": rep,
-               "vllm_hit_share": hits / queries if queries else None}
+        row = {"label": label, "scenario": scenario, "report": rep,
+               "vllm_hit_share": hits / queries if queries else None, "vllm_cached_tokens": hits}
         if router == "infergate":
             m = get(f"http://127.0.0.1:{mport}/metrics")
             n = metric(m, "infergate_ttft_prediction_error_seconds_count")
             s = metric(m, "infergate_ttft_prediction_error_seconds_sum")
             row["prediction"] = {"count": n, "mean_error_s": s / n if n else None}
+            if kv:
+                row["kv_predicted_cached"] = metric(m, "infergate_kv_predicted_cached_tokens_total")
+                row["tokenizer_fallbacks"] = metric(m, "infergate_tokenizer_fallbacks_total")
         return row
     except Exception as e:  # a failed run is reported, not fatal
-        return {"label": f"{router} {policy}", "failed": str(e)}
+        return {"label": label, "scenario": scenario, "failed": str(e)}
     finally:
         stop(procs)
 
@@ -166,8 +192,14 @@ def fmt(x, spec=".1f"):
 
 
 def table(rows):
+    out = []
+    for sc in dict.fromkeys(r["scenario"] for r in rows):
+        out += [f"**{sc}**", "", one_table([r for r in rows if r["scenario"] == sc]), ""]
+    return "\n".join(out)
+
+
+def one_table(rows):
     ok = [r for r in rows if "report" in r]
-    best = lambda f, lo: (min if lo else max)((f(r) for r in ok if f(r)), default=None)
     ttft = lambda r: (r["report"].get("ttft_ms") or {}).get("p95")
     dec = lambda r: (r["report"].get("decode") or {}).get("slowest5_mean_tok_s")
     peers = [r for r in ok if not r["label"].startswith("infergate")]
@@ -175,20 +207,23 @@ def table(rows):
     bd = max((dec(r) for r in peers if dec(r)), default=None)
     lines = ["| router | policy | requests ok / errors | TTFT p50 ms | TTFT p95 ms | TTFT p95 / best peer | "
              "decode slowest 5% tok/s | decode / best peer | vLLM prefix-hit share | infergate predictions: "
-             "count, mean signed error s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "count, mean signed error s | KV index: predicted cached / vLLM cached tokens |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         router, policy = r["label"].split(" ", 1)
         if "failed" in r:
-            lines.append(f"| {router} | {policy} | failed: {r['failed']} | | | | | | | |")
+            lines.append(f"| {router} | {policy} | failed: {r['failed']} | | | | | | | | |")
             continue
         rep = r["report"]
         t, d = ttft(r), dec(r)
         p = r.get("prediction")
         pred = f"{p['count']:.0f}, {fmt(p['mean_error_s'], '.3f')}" if p else "-"
+        kv = r.get("kv_predicted_cached")
+        kv = f"{kv:.0f} / {r['vllm_cached_tokens']:.0f}" if kv is not None else "-"
         lines.append(
             f"| {router} | {policy} | {rep['ok']} / {rep['errors']} | {fmt((rep.get('ttft_ms') or {}).get('p50'))} | "
             f"{fmt(t)} | {fmt(t / bt if t and bt else None, '.2f')}× | {fmt(d)} | "
-            f"{fmt(d / bd if d and bd else None, '.2f')}× | {fmt(r['vllm_hit_share'], '.3f')} | {pred} |")
+            f"{fmt(d / bd if d and bd else None, '.2f')}× | {fmt(r['vllm_hit_share'], '.3f')} | {pred} | {kv} |")
     return "\n".join(lines)
 
 
@@ -201,11 +236,11 @@ def main():
     ap.add_argument("--only", default="")
     a = ap.parse_args()
     rows = []
-    for router, policy in ROUTERS:
-        if a.only and a.only not in f"{router} {policy}":
+    for scenario, router, policy in RUNS:
+        if a.only and a.only not in f"{scenario} {router} {policy}":
             continue
-        print(f"== bench-real: {router} {policy}", file=sys.stderr, flush=True)
-        rows.append(one_run(a, router, policy, f"{a.out}/{router}-{policy}"))
+        print(f"== bench-real: {scenario}: {router} {policy}", file=sys.stderr, flush=True)
+        rows.append(one_run(a, scenario, router, policy, f"{a.out}/{scenario}-{router}-{policy}"))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "report"}), file=sys.stderr, flush=True)
     json.dump(rows, open(f"{a.out}/real.json", "w"), indent=1)
     print(table(rows))

@@ -66,7 +66,8 @@ impl KvCollector {
         );
         let predicted = counter(
             "infergate_kv_predicted_cached_tokens_total",
-            "Prompt tokens the KV index said the chosen endpoint already held, summed over placements.",
+            "Prompt tokens the KV index said the chosen endpoint already held, summed over placements (compare with \
+             vllm:prompt_tokens_by_source_total{source=\"local_cache_hit\"}).",
             &L,
         );
         let blocks = gauge(
