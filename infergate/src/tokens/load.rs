@@ -115,6 +115,7 @@ pub fn load(dir: &Path) -> Result<ModelTokenizer, LoadError> {
     };
     let model = ModelTokenizer {
         dir: dir.to_path_buf(),
+        reuse: super::reuse::Reuse::new(&tokenizer),
         tokenizer,
         template,
         bos,

@@ -15,6 +15,7 @@ const BUCKETS: [f64; 14] = [
 pub(super) struct TokenMetrics {
     pub(super) seconds: HistogramVec,
     pub(super) fallbacks: IntCounterVec,
+    pub(super) reused: IntCounterVec,
 }
 
 impl TokenMetrics {
@@ -39,6 +40,15 @@ impl TokenMetrics {
                 &["pool", "reason"],
             )
             .expect("static metric definition"),
+            reused: IntCounterVec::new(
+                Opts::new(
+                    "infergate_tokenizer_reused_tokens_total",
+                    "Prompt tokens of a chat taken from an earlier turn's count instead of tokenised again (the \
+                     turn's prompt starts with that turn's, up to a special token), per pool with a tokenizer.",
+                ),
+                &["pool"],
+            )
+            .expect("static metric definition"),
         }
     }
 
@@ -46,12 +56,14 @@ impl TokenMetrics {
         vec![
             Box::new(self.seconds.clone()),
             Box::new(self.fallbacks.clone()),
+            Box::new(self.reused.clone()),
         ]
     }
 
     /// Create pool `name`'s series at 0.
     pub(super) fn add_pool(&self, name: &str) {
         self.seconds.with_label_values(&[name]);
+        self.reused.with_label_values(&[name]);
         for r in Fallback::ALL {
             self.fallbacks.with_label_values(&[name, r.as_str()]);
         }

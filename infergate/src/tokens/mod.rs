@@ -8,6 +8,7 @@
 mod load;
 mod metrics;
 mod prompt;
+mod reuse;
 mod run;
 mod template;
 
@@ -24,6 +25,8 @@ pub use template::ChatTemplate;
 pub struct PromptTokens {
     pub ids: Vec<u32>,
     pub count: u64,
+    /// Of them, the ids of a prefix counted before and not encoded again (`reuse`).
+    pub reused: u64,
 }
 
 impl PromptTokens {
@@ -31,6 +34,7 @@ impl PromptTokens {
         PromptTokens {
             count: ids.len() as u64,
             ids,
+            reused: 0,
         }
     }
 }
@@ -83,6 +87,8 @@ pub struct ModelTokenizer {
     dir: PathBuf,
     tokenizer: tokenizers::Tokenizer,
     template: Option<ChatTemplate>,
+    /// Prefixes of chat prompts counted before (None: reuse would not be exact for this tokenizer).
+    reuse: Option<reuse::Reuse>,
     bos: Option<String>,
     eos: Option<String>,
     /// A hash of the files read: a reload that finds them changed loads them again.
@@ -150,14 +156,25 @@ impl ModelTokenizer {
     /// The prompt tokens of a request body to `api`, as vLLM tokenises them. CPU-bound: call it off the async
     /// threads (`Tokenizing::count`).
     pub fn count(&self, api: Api, body: &[u8]) -> Result<PromptTokens, Fallback> {
-        let (text, special) = match prompt::prompt(api, body)? {
+        let (text, special, chat) = match prompt::prompt(api, body)? {
             Prompt::Ids(ids) => return Ok(PromptTokens::new(ids)),
-            Prompt::Text { text, special } => (text, special),
+            Prompt::Text { text, special } => (text, special, false),
             Prompt::Chat(conv) => (
                 self.render(&conv).map_err(|_| Fallback::Template)?,
                 conv.special,
+                true,
             ),
         };
+        // A chat's next turn renders as this one plus what it adds: only that is encoded again.
+        if let Some(reuse) = self.reuse.as_ref().filter(|_| chat && !special) {
+            let (ids, reused) = reuse
+                .encode(&text, |t| self.encode(t, false).ok())
+                .ok_or(Fallback::Encode)?;
+            return Ok(PromptTokens {
+                reused,
+                ..PromptTokens::new(ids)
+            });
+        }
         Ok(PromptTokens::new(self.encode(&text, special)?))
     }
 }

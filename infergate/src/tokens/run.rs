@@ -115,6 +115,12 @@ impl Tokenizing {
             .seconds
             .with_label_values(&[pool])
             .observe(started.elapsed().as_secs_f64());
+        if let Ok(t) = &counted {
+            self.metrics
+                .reused
+                .with_label_values(&[pool])
+                .inc_by(t.reused);
+        }
         counted
     }
 }

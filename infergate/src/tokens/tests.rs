@@ -147,16 +147,21 @@ fn measure_a_100k_token_prompt() {
         text.push_str(words[rng.usize(..words.len())]);
         text.push(' ');
     }
-    let body = serde_json::json!({"model": "m", "messages": [
-        {"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": text},
-    ]})
-    .to_string();
+    // Each count a prompt of its own (a system prompt per run), so that none reuses another's prefix.
+    let body_of = |run: u32| {
+        serde_json::json!({"model": "m", "messages": [
+            {"role": "system", "content": format!("You are helpful assistant {run}.")},
+            {"role": "user", "content": text},
+        ]})
+        .to_string()
+    };
+    let body = body_of(0);
     let tokens = model.count(Api::Chat, body.as_bytes()).unwrap().count;
     const RUNS: u32 = 10;
+    let bodies: Vec<String> = (1..=RUNS).map(body_of).collect();
     let (cpu0, wall0) = (process_cpu_seconds(), std::time::Instant::now());
-    for _ in 0..RUNS {
-        std::hint::black_box(model.count(Api::Chat, body.as_bytes()).unwrap());
+    for b in &bodies {
+        std::hint::black_box(model.count(Api::Chat, b.as_bytes()).unwrap());
     }
     let cpu = (process_cpu_seconds() - cpu0) / f64::from(RUNS);
     let wall = wall0.elapsed().as_secs_f64() / f64::from(RUNS);
@@ -194,9 +199,9 @@ fn measure_a_100k_token_prompt() {
                 worst
             })
         };
-        let bytes = bytes::Bytes::from(body.clone());
         let mut latency = 0.0;
-        for _ in 0..RUNS {
+        for run in 0..RUNS {
+            let bytes = bytes::Bytes::from(body_of(RUNS + 1 + run));
             let s = std::time::Instant::now();
             let got = t
                 .count(
@@ -213,6 +218,31 @@ fn measure_a_100k_token_prompt() {
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         (latency / f64::from(RUNS), ticker.await.unwrap())
     });
+    // The next turn of the first conversation: its reply and a new user message of ~2k tokens.
+    let next = {
+        let mut more = String::new();
+        while more.len() < 10_000 {
+            more.push_str(words[rng.usize(..words.len())]);
+            more.push(' ');
+        }
+        serde_json::json!({"model": "m", "messages": [
+            {"role": "system", "content": "You are helpful assistant 1."},
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": "Done."},
+            {"role": "user", "content": more},
+        ]})
+        .to_string()
+    };
+    let (cpu1, wall1) = (process_cpu_seconds(), std::time::Instant::now());
+    let t = model.count(Api::Chat, next.as_bytes()).unwrap();
+    let (next_cpu, next_wall) = (process_cpu_seconds() - cpu1, wall1.elapsed().as_secs_f64());
+    println!(
+        "next turn: {} tokens, {} of them reused: {:.1} ms CPU, {:.1} ms wall",
+        t.count,
+        t.reused,
+        next_cpu * 1e3,
+        next_wall * 1e3
+    );
     println!(
         "model {}: {} bytes of body, {tokens} tokens; per count: {:.1} ms CPU, {:.1} ms wall \
          (parse {:.1} ms, render {:.1} ms); through Tokenizing::count: {:.1} ms added latency; longest \
@@ -254,5 +284,37 @@ fn compare_with_vllm() {
         let got = model.count(api, body.as_bytes()).unwrap();
         assert_eq!(got.ids, want, "case {i}");
         println!("case {i}: {} tokens, the same ids as vLLM", got.count);
+    }
+}
+
+#[test]
+fn a_growing_chat_reuses_its_earlier_turns_and_gives_the_same_ids_as_a_whole_encode() {
+    let m = load(&model_dir("reuse")).unwrap();
+    let mut messages =
+        vec![serde_json::json!({"role": "system", "content": "be brief . ".repeat(500)})];
+    for turn in 0..6 {
+        messages.push(
+            serde_json::json!({"role": "user", "content": "hello world . ".repeat(50 + turn)}),
+        );
+        let body = serde_json::json!({"model": "m", "messages": messages});
+        let t = m.count(Api::Chat, body.to_string().as_bytes()).unwrap();
+        let conv = match prompt::prompt(Api::Chat, body.to_string().as_bytes()).unwrap() {
+            Prompt::Chat(c) => c,
+            _ => unreachable!(),
+        };
+        let whole = m.encode(&m.render(&conv).unwrap(), false).unwrap();
+        assert_eq!(t.ids, whole, "turn {turn}");
+        if turn > 0 {
+            // Everything up to the previous turn's last `</s>` came from its count.
+            assert!(
+                t.reused > 1_000 && t.reused < t.count,
+                "turn {turn}: {} of {}",
+                t.reused,
+                t.count
+            );
+        } else {
+            assert_eq!(t.reused, 0);
+        }
+        messages.push(serde_json::json!({"role": "assistant", "content": "hello . ".repeat(20)}));
     }
 }

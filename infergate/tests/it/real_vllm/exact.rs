@@ -155,3 +155,46 @@ async fn with_a_tokenizer_the_held_prompt_tokens_are_vllms_own_count() {
         "{m}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs real vLLM engines: scripts/real-vllm.sh runs it"]
+async fn a_growing_conversation_counts_what_vllm_tokenises_with_earlier_turns_reused() {
+    use infergate::tokens::{load, Api};
+    let f = fleet();
+    let model = load(&f.model_dir).expect("the engines' model directory loads");
+    let mixed = "naïve café — “quoted” text, tabs\tand\n\nblank lines; code: fn main() { println!(\"{}\", 42); } ";
+    let mut messages = vec![serde_json::json!({"role": "system", "content": cold_text(3_000)})];
+    for turn in 0..5 {
+        let user = format!("{mixed}{}", cold_text(300));
+        messages.push(serde_json::json!({"role": "user", "content": user}));
+        let body = serde_json::json!({"model": f.model, "messages": messages});
+        let ours = model
+            .count(Api::Chat, body.to_string().as_bytes())
+            .expect("counted");
+        let req = serde_json::json!({"model": f.model, "messages": messages, "add_generation_prompt": true});
+        let theirs: serde_json::Value = post_json(&client(), &f.urls[0], "/tokenize")
+            .body(req.to_string())
+            .send()
+            .await
+            .expect("vLLM's /tokenize answers")
+            .json()
+            .await
+            .expect("JSON");
+        let ids: Vec<u32> = theirs["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .filter_map(|t| t.as_u64().map(|t| t as u32))
+            .collect();
+        eprintln!(
+            "turn {turn}: {} tokens, {} reused from the turn before",
+            ours.count, ours.reused
+        );
+        assert_eq!(ours.ids, ids, "turn {turn}: our ids are vLLM's");
+        if turn > 0 {
+            assert!(ours.reused > 1_000, "turn {turn} reused {}", ours.reused);
+        }
+        messages
+            .push(serde_json::json!({"role": "assistant", "content": format!("{mixed} {turn}")}));
+    }
+}
