@@ -6,7 +6,7 @@
 #   scripts/real-vllm.sh [FILTER]    (runs the tests whose path under real_vllm:: starts with FILTER)
 #
 # Two engines (2 GB and ~25 s to start each, both at once), serving model "tiny" with prefix caching,
-# prompt-token details in usage and KV-cache events published on a ZMQ socket each.
+# prompt-token details in usage and KV-cache events published on a ZMQ socket each (with a replay socket).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -32,10 +32,10 @@ stop() {
 }
 trap stop EXIT
 
-urls=() kv=()
+urls=() kv=() replay=()
 for i in $(seq "$ENGINES"); do
-  port=$(free_port) kvport=$(free_port)
-  urls+=("http://127.0.0.1:$port") kv+=("tcp://127.0.0.1:$kvport")
+  port=$(free_port) kvport=$(free_port) replayport=$(free_port)
+  urls+=("http://127.0.0.1:$port") kv+=("tcp://127.0.0.1:$kvport") replay+=("tcp://127.0.0.1:$replayport")
   log "starting engine $i on 127.0.0.1:$port (KV events on $kvport); log $LOGS/engine-$i.log"
   # One compute thread and the model inside the engine-core process (real-vllm-cpu.md): the 3-process layout
   # busy-waits and costs ~1.8 cores.
@@ -44,7 +44,7 @@ for i in $(seq "$ENGINES"); do
     setsid "$VLLM_PYTHON" scripts/vllm/serve.py serve "$VLLM_MODEL" --load-format dummy \
       --host 127.0.0.1 --port "$port" --served-model-name tiny --max-model-len 16384 --enforce-eager \
       --kv-cache-memory-bytes 512M --max-num-seqs 8 --enable-prompt-tokens-details \
-      --kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$kvport\",\"topic\":\"kv\"}" \
+      --kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$kvport\",\"topic\":\"kv\",\"replay_endpoint\":\"tcp://*:$replayport\"}" \
       >"$LOGS/engine-$i.log" 2>&1 &
   PIDS+=($!)
 done
@@ -68,6 +68,7 @@ log "engines healthy after $((SECONDS - start))s: ${urls[*]}"
 
 export INFERGATE_VLLM_ENGINES=$(IFS=,; echo "${urls[*]}")
 export INFERGATE_VLLM_KV_EVENTS=$(IFS=,; echo "${kv[*]}")
+export INFERGATE_VLLM_KV_REPLAY=$(IFS=,; echo "${replay[*]}")
 export INFERGATE_VLLM_MODEL_DIR=$VLLM_MODEL INFERGATE_VLLM_PYTHON=$VLLM_PYTHON INFERGATE_VLLM_MODEL=tiny
 out=$LOGS/suite.log
 set +e

@@ -189,8 +189,12 @@ async fn replay(index: &KvIndex, addr: &str, from: u64, to: u64, who: &str) -> b
         let mut next = from;
         loop {
             let msg = dealer.recv().await.map_err(|e| e.to_string())?;
-            // [ "", seq, payload ]; the end is seq -1 with an empty payload.
-            let frames: Vec<&[u8]> = msg.iter().map(|b| b.as_ref()).collect();
+            // vLLM 0.32 sends ["", topic, seq, payload], older releases ["", seq, payload]; the end is seq -1
+            // with an empty payload.
+            let mut frames: Vec<&[u8]> = msg.iter().map(|b| b.as_ref()).collect();
+            if frames.len() == 4 && frames[0].is_empty() {
+                frames.remove(0);
+            }
             let (seq, payload) = match split_frames(&frames) {
                 Ok(x) => x,
                 Err(e) => return Err(e.to_string()),

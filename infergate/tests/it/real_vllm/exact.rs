@@ -198,3 +198,53 @@ async fn a_growing_conversation_counts_what_vllm_tokenises_with_earlier_turns_re
             .push(serde_json::json!({"role": "assistant", "content": format!("{mixed} {turn}")}));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs real vLLM engines: scripts/real-vllm.sh runs it"]
+async fn a_router_started_after_its_engine_learns_what_it_holds_from_the_replay_socket() {
+    let f = fleet();
+    let prompt_of = |v: serde_json::Value| v["usage"]["prompt_tokens"].as_f64().expect("usage");
+    // Blocks stored before any router here listens: a cold prompt straight to engine 0.
+    let before: serde_json::Value = post_json(&client(), &f.urls[0], CHAT)
+        .body(chat(&f, user(&cold_text(2_000)), false, 2))
+        .send()
+        .await
+        .expect("a response")
+        .json()
+        .await
+        .expect("JSON");
+    let early = (prompt_of(before) / 128.0).floor();
+    // A router over engine 0 alone, subscribed with its replay socket.
+    let u = &f.urls[0];
+    let yaml = pool_yaml("load_aware", std::slice::from_ref(u), "").replace(
+        &format!("- url: \"{u}\"\n"),
+        &format!(
+            "- url: \"{u}\"\n        kv_events: {{ endpoint: \"{}\", replay: \"{}\" }}\n",
+            f.kv_events[0], f.kv_replay[0]
+        ),
+    );
+    let router = start_router(&yaml).await;
+    router.all_healthy().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Its first message comes with the next store: it joins there and asks the replay socket for the rest.
+    let resp = post_json(&client(), &router.url(), CHAT)
+        .body(chat(&f, user(&cold_text(1_000)), false, 2))
+        .send()
+        .await
+        .expect("a response");
+    let late = (prompt_of(resp.json().await.expect("JSON")) / 128.0).floor();
+    let m = router
+        .metrics_when(|m| index_blocks(m, u) >= early + late)
+        .await;
+    assert!(
+        index_blocks(&m, u) >= early + late,
+        "{early} blocks stored before the router, {late} after: the index has {}\n{m}",
+        index_blocks(&m, u)
+    );
+    assert_eq!(
+        metric_sum(&m, "infergate_kv_event_gaps_total", &[]),
+        0.0,
+        "{m}"
+    );
+    router.wait_idle().await;
+}

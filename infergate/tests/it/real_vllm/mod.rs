@@ -22,6 +22,8 @@ pub struct Fleet {
     pub urls: Vec<String>,
     /// Each engine's KV-cache event publisher (a ZMQ address vLLM binds: the router connects).
     pub kv_events: Vec<String>,
+    /// Each engine's KV-event replay socket (vLLM's `replay_endpoint`, a ROUTER it binds).
+    pub kv_replay: Vec<String>,
     /// The model directory the engines serve (config.json, tokenizer.json, the chat template).
     pub model_dir: PathBuf,
     /// The engines' Python (it has the openai SDK, a vLLM dependency).
@@ -40,6 +42,7 @@ pub fn fleet() -> Fleet {
     Fleet {
         urls: list(var("INFERGATE_VLLM_ENGINES")),
         kv_events: list(var("INFERGATE_VLLM_KV_EVENTS")),
+        kv_replay: list(var("INFERGATE_VLLM_KV_REPLAY")),
         model_dir: var("INFERGATE_VLLM_MODEL_DIR").into(),
         python: var("INFERGATE_VLLM_PYTHON").into(),
         model: var("INFERGATE_VLLM_MODEL"),
