@@ -193,6 +193,8 @@ pub fn limits(state: &Sessions) -> Limits {
 }
 
 /// Write `bytes` to `path` atomically: a temporary file beside it (mode 0600), fsync, rename, fsync the directory.
+/// The temporary file's name is random and it is created exclusively, never through a link: a file or symlink
+/// planted at a name it might take makes it pick another, never write where the link points.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -202,13 +204,8 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let (tmp, mut f) = create_temporary(dir, &name)?;
     let written = (|| {
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-        let mut f = opts.open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
@@ -222,6 +219,43 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+/// A new file `.{name}.{random}.tmp` in `dir`, created exclusively (O_EXCL, O_NOFOLLOW), mode 0600.
+fn create_temporary(dir: &Path, name: &str) -> std::io::Result<(PathBuf, std::fs::File)> {
+    let mut last = None;
+    for _ in 0..8 {
+        let tmp = dir.join(format!(".{name}.{:016x}.tmp", fastrand::u64(..)));
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+        }
+        match opts.open(&tmp) {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no temporary name was free")))
+}
+
+/// Open the state file to read it without ever blocking: a FIFO or a device at the path is refused, not waited on.
+fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut opts, libc::O_NONBLOCK);
+    let f = opts.open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "is not a regular file",
+        ));
+    }
+    Ok(f)
 }
 
 impl StateFile {
@@ -241,7 +275,7 @@ impl StateFile {
 
     /// The whole file within `limits`; None when there is none.
     fn read(&self, limits: Limits) -> Result<Option<Vec<u8>>, String> {
-        let f = match std::fs::File::open(&self.path) {
+        let f = match open_regular(&self.path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(format!("cannot read: {e}")),
@@ -256,7 +290,7 @@ impl StateFile {
 
     /// The header of the file now: (writer, written_at_ms); None when there is no readable header.
     fn peek(&self) -> Option<(u64, u64)> {
-        let f = std::fs::File::open(&self.path).ok()?;
+        let f = open_regular(&self.path).ok()?;
         let mut first = Vec::new();
         std::io::BufReader::new(f.take(4096))
             .read_until(b'\n', &mut first)

@@ -250,3 +250,49 @@ fn limits_follow_the_configured_sessions() {
     assert_eq!(l.max_sessions, 100_000, "10 sessions configured: the floor");
     assert_eq!(l.max_bytes, 100_000 * format::MAX_ROW_BYTES + SLACK_BYTES);
 }
+
+#[cfg(unix)]
+#[test]
+fn a_link_planted_where_the_temporary_file_went_is_never_written_through() {
+    let p = path("planted");
+    let victim = path("victim");
+    std::fs::write(&victim, b"not the router's\n").unwrap();
+    // The name the temporary file had before its name was random: `.{name}.{pid}.tmp`.
+    let name = p.file_name().unwrap().to_string_lossy().into_owned();
+    let planted = p
+        .parent()
+        .unwrap()
+        .join(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&planted);
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    write_atomically(&p, b"state\n").unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not the router's\n");
+    assert_eq!(std::fs::read(&p).unwrap(), b"state\n");
+    for f in [&p, &victim, &planted] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_at_the_state_file_path_is_refused_at_once_not_waited_on() {
+    let p = path("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&p)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo (coreutils)");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sf = file(&p);
+    let s = state(&[8101], "1h");
+    std::thread::spawn(move || {
+        let _ = tx.send((sf.read(limits(&s)), sf.peek()));
+    });
+    let (read, peek) = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("reading a FIFO state file returned at once");
+    let err = read.expect_err("a FIFO is not a state file");
+    assert!(err.contains("not a regular file"), "{err}");
+    assert_eq!(peek, None);
+    let _ = std::fs::remove_file(&p);
+}
