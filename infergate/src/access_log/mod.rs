@@ -192,7 +192,7 @@ impl Line<'_> {
             user_agent: self.user_agent.map(|u| bounded(u, MAX_VALUE_BYTES)),
         };
         // Strings, numbers and options only: serialisation cannot fail.
-        serde_json::to_string(&line).unwrap_or_default()
+        escape_forging(serde_json::to_string(&line).unwrap_or_default())
     }
 }
 
@@ -238,6 +238,36 @@ fn bounded(s: &str, max: usize) -> Cow<'_, str> {
     format!("{}...", &s[..end]).into()
 }
 
+/// Characters a line splitter or a terminal may honour as a line break or a change of direction, beyond the ASCII
+/// controls: NEL, the Unicode line and paragraph separators, and the bidirectional marks, embeddings, overrides and
+/// isolates. Written escaped in both formats, so a client's text cannot forge or disguise a line.
+fn forging(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}' | '\u{061c}' | '\u{200e}' | '\u{200f}'
+        )
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// A JSON line with every [`forging`] character as a `\uXXXX` escape (serde_json escapes only the ASCII controls;
+/// the others can only stand inside strings, where the escape means the same character).
+fn escape_forging(line: String) -> String {
+    if !line.chars().any(forging) {
+        return line;
+    }
+    let mut out = String::with_capacity(line.len() + 16);
+    for c in line.chars() {
+        if forging(c) {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn push_logfmt(out: &mut String, v: Option<&str>) {
     let Some(v) = v else {
         out.push('-');
@@ -246,7 +276,7 @@ fn push_logfmt(out: &mut String, v: Option<&str>) {
     let plain = !v.is_empty()
         && v != "-"
         && v.chars()
-            .all(|c| !c.is_control() && !c.is_whitespace() && !matches!(c, '"' | '=' | '\\'));
+            .all(|c| !forging(c) && !c.is_whitespace() && !matches!(c, '"' | '=' | '\\'));
     if plain {
         out.push_str(v);
         return;
@@ -259,7 +289,7 @@ fn push_logfmt(out: &mut String, v: Option<&str>) {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if c.is_control() => out.push_str(&format!("\\u{{{:04x}}}", u32::from(c))),
+            c if forging(c) => out.push_str(&format!("\\u{{{:04x}}}", u32::from(c))),
             c => out.push(c),
         }
     }

@@ -139,3 +139,26 @@ fn a_full_queue_drops_and_counts_instead_of_blocking() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn line_separators_and_bidi_controls_are_escaped_in_both_formats() {
+    let forged = "m\u{2028}time=x\u{2029}y\u{85}z\u{202e}txt.exe\u{2066}\u{200f}\u{7f}";
+    let mut l = sample();
+    l.model = Some(forged);
+    l.path = "/v1/chat/completions\u{2028}injected";
+    for line in [l.text(), l.json()] {
+        for c in [
+            '\u{2028}', '\u{2029}', '\u{85}', '\u{202e}', '\u{2066}', '\u{200f}', '\u{7f}',
+        ] {
+            assert!(!line.contains(c), "U+{:04X} raw in {line:?}", u32::from(c));
+        }
+    }
+    // The JSON line still says exactly what the client sent.
+    let v: serde_json::Value = serde_json::from_str(&l.json()).unwrap();
+    assert_eq!(v["model"], forged);
+    assert!(
+        l.text().contains("model=\"m\\u{2028}time=x"),
+        "{}",
+        l.text()
+    );
+}
