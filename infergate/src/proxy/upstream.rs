@@ -135,6 +135,20 @@ impl Router {
         remove_if_present(req, "expect");
         // The router reads the start of answers (the first output, a stored response's id): plain bytes, always.
         remove_if_present(req, "accept-encoding");
+        // An API call is never a protocol switch: the engine must not answer 101 and hand the client a raw tunnel.
+        remove_if_present(req, "upgrade");
+        let asks_upgrade = req
+            .headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .any(|v| {
+                v.as_bytes()
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
+            });
+        if asks_upgrade {
+            req.remove_header("connection");
+        }
         if let Some(b) = &ctx.body {
             remove_if_present(req, "transfer-encoding");
             let len = b.bytes.len().to_string();

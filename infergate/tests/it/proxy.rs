@@ -718,3 +718,35 @@ async fn chunked_body_over_the_limit_is_a_json_413_and_releases_everything() {
     }
     router.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_asked_on_an_api_call_never_reaches_the_engine() {
+    use tokio::io::AsyncWriteExt;
+    let eng = engines(1, SimConfig::default()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
+    router.all_healthy().await;
+    let body = chat_body(200, false, 2);
+    let mut s = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+    let head = format!(
+        "POST {CHAT} HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body.as_bytes()).await.unwrap();
+    let got = read_raw_until(&mut s, Duration::from_secs(10), |b| {
+        b.windows(4).any(|w| w == b"\r\n\r\n")
+    })
+    .await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let seen = last_generate(&eng[0]).expect("the engine got the call");
+    for (name, value) in &seen.headers {
+        assert_ne!(name, "upgrade", "{:?}", seen.headers);
+        assert!(
+            !(name == "connection" && value.to_ascii_lowercase().contains("upgrade")),
+            "{:?}",
+            seen.headers
+        );
+    }
+}
