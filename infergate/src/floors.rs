@@ -10,6 +10,7 @@ pub const FLOORS: &[(&str, &[&str])] = &[
         &[
             "request",
             "request_id",
+            "fnv",
             "ledger",
             "paths",
             "errors",

@@ -12,6 +12,7 @@ pub mod errors;
 pub mod exposure;
 #[cfg(test)]
 mod floors;
+pub mod fnv;
 pub mod forwarded;
 pub mod housekeeping;
 pub mod kv_events;

@@ -254,11 +254,7 @@ fn hash(v: &Value) -> Result<u64, DecodeError> {
 
 /// FNV-1a over bytes, finished with `super::mix`.
 fn fold(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    super::mix(h)
+    super::mix(crate::fnv::fnv1a(crate::fnv::OFFSET, bytes))
 }
 
 #[cfg(test)]

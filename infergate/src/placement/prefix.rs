@@ -39,16 +39,7 @@ pub const GATE_ABS: f64 = 2.0;
 /// saturates, which only matters for two different prompts sharing more than this much prefix.
 pub const MAX_BLOCKS_PER_REQUEST: usize = 4096;
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(FNV_PRIME);
-    }
-    h
-}
+use crate::fnv::{fnv1a, OFFSET as FNV_OFFSET};
 
 /// MurmurHash3's 64-bit finaliser: spreads FNV's weak high bits so the hashes are well mixed.
 fn fmix64(mut h: u64) -> u64 {

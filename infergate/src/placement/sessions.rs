@@ -81,14 +81,8 @@ pub const LINEAGE_PREFIX_BYTES: usize = 256;
 /// start from different system prompts or first messages get different lineages, also behind one long shared
 /// system prompt, and later turns (which only append) keep theirs. Deterministic across processes and builds.
 pub fn lineage_of(prompt: &[u8], conversation_at: usize) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let fnv = |h: u64, bytes: &[u8]| {
-        let n = bytes.len().min(LINEAGE_PREFIX_BYTES);
-        bytes[..n]
-            .iter()
-            .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME))
-    };
+    use crate::fnv::{fnv1a, OFFSET};
+    let fnv = |h: u64, bytes: &[u8]| fnv1a(h, &bytes[..bytes.len().min(LINEAGE_PREFIX_BYTES)]);
     match prompt.get(conversation_at..) {
         Some(conversation) if conversation_at > 0 => {
             let system = prompt.get(..conversation_at - 1).unwrap_or_default();

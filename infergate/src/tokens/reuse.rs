@@ -15,6 +15,8 @@ use std::sync::Mutex;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
+use crate::fnv;
+
 /// Bytes of text and ids the kept prefixes may take per model.
 pub const MAX_BYTES: usize = 64 << 20;
 /// A prefix shorter than this is not worth keeping.
@@ -39,17 +41,6 @@ struct Kept {
     by_hash: HashMap<u64, (String, Vec<u32>)>,
     order: VecDeque<u64>,
     bytes: usize,
-}
-
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(FNV_PRIME);
-    }
-    h
 }
 
 impl Reuse {
@@ -95,10 +86,10 @@ impl Reuse {
         }
         // Every added token in the text, and the hash of the text up to the end of each plain one.
         let mut boundaries = Vec::new();
-        let (mut h, mut at) = (FNV_OFFSET, 0);
+        let (mut h, mut at) = (fnv::OFFSET, 0);
         for (k, m) in self.tokens.find_iter(text).enumerate() {
             let (_, plain) = self.patterns[m.pattern().as_usize()];
-            h = fnv(h, &text.as_bytes()[at..m.end()]);
+            h = fnv::fnv1a(h, &text.as_bytes()[at..m.end()]);
             at = m.end();
             if plain {
                 boundaries.push((m.end(), h, k, m.pattern().as_usize()));
