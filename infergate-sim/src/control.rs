@@ -22,6 +22,7 @@ pub struct Control {
     health_status: AtomicU32,
     slow_headers_us: AtomicU64,
     close_mid_stream_after: AtomicUsize,
+    drop_mid_stream_after: AtomicUsize,
     extra_waiting: AtomicU64,
     extra_running: AtomicU64,
     pub(crate) net: Net,
@@ -36,6 +37,7 @@ impl Control {
             health_status: AtomicU32::new(200),
             slow_headers_us: AtomicU64::new(0),
             close_mid_stream_after: AtomicUsize::new(NONE),
+            drop_mid_stream_after: AtomicUsize::new(NONE),
             extra_waiting: AtomicU64::new(0),
             extra_running: AtomicU64::new(0),
             net,
@@ -87,6 +89,20 @@ impl Control {
         }
     }
 
+    /// Streaming responses end the connection cleanly (FIN, without the final chunk or `[DONE]`) right after this
+    /// many SSE events: a stream cut short with no reset.
+    pub fn set_drop_mid_stream_after(&self, n: Option<usize>) {
+        self.drop_mid_stream_after
+            .store(n.unwrap_or(NONE), Ordering::SeqCst);
+    }
+
+    pub fn drop_mid_stream_after(&self) -> Option<usize> {
+        match self.drop_mid_stream_after.load(Ordering::SeqCst) {
+            NONE => None,
+            n => Some(n),
+        }
+    }
+
     /// Added to the reported `num_requests_waiting` (to fake a queue).
     pub fn set_extra_waiting(&self, n: u64) {
         self.extra_waiting.store(n, Ordering::SeqCst);
@@ -111,6 +127,7 @@ impl Control {
         self.set_health_status(200);
         self.set_slow_headers(Duration::ZERO);
         self.set_close_mid_stream_after(None);
+        self.set_drop_mid_stream_after(None);
         self.set_extra_waiting(0);
         self.set_extra_running(0);
     }
@@ -168,6 +185,7 @@ impl Control {
             "health_status": self.health_status(),
             "slow_headers_ms": self.slow_headers().as_secs_f64() * 1000.0,
             "close_mid_stream_after": self.close_mid_stream_after(),
+            "drop_mid_stream_after": self.drop_mid_stream_after(),
             "extra_waiting": self.extra_waiting(),
             "extra_running": self.extra_running(),
             "refusing_connections": self.is_refusing(),
@@ -206,6 +224,10 @@ impl Control {
                 "close_mid_stream_after" if x.is_null() => self.set_close_mid_stream_after(None),
                 "close_mid_stream_after" => {
                     self.set_close_mid_stream_after(Some(num(k, x)? as usize))
+                }
+                "drop_mid_stream_after" if x.is_null() => self.set_drop_mid_stream_after(None),
+                "drop_mid_stream_after" => {
+                    self.set_drop_mid_stream_after(Some(num(k, x)? as usize))
                 }
                 "extra_waiting" => self.set_extra_waiting(num(k, x)?),
                 "extra_running" => self.set_extra_running(num(k, x)?),

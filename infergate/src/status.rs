@@ -57,6 +57,10 @@ pub struct EndpointStatus {
     pub health: &'static str,
     /// Kept out of placement by outlier detection.
     pub ejected: bool,
+    /// A stream got no headers in time: set aside while others can take the work (outlier detection).
+    pub hung: bool,
+    /// Failed requests that still weigh on it in placement until it serves one.
+    pub failed_requests_weighing: u64,
     /// May take work: healthy (or failing during the pool's health panic) and not ejected.
     pub available: bool,
     pub engine_stats: EngineStatsStatus,
@@ -119,6 +123,8 @@ fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStat
                     Health::Unknown => "unknown",
                 },
                 ejected: e.outlier.is_ejected(),
+                hung: e.outlier.is_hung(now),
+                failed_requests_weighing: e.outlier.debt(now).0,
                 available: gate.available(e),
                 engine_stats: EngineStatsStatus {
                     state: state.as_str(),

@@ -232,6 +232,7 @@ pub(super) async fn generate(
         return false;
     }
     let close_after = eng.control.close_mid_stream_after();
+    let drop_after = eng.control.drop_mid_stream_after();
     let mut sent = 0usize;
     let frame = |e: &[u8]| if chunked { http::chunk(e) } else { e.to_vec() };
     if close_after == Some(0) {
@@ -275,6 +276,10 @@ pub(super) async fn generate(
             sent += 1;
             if close_after.is_some_and(|c| sent >= c) && !last {
                 io.0.reset();
+                return false;
+            }
+            if drop_after.is_some_and(|c| sent >= c) && !last {
+                // Not kept alive: the connection closes with a FIN, mid-body.
                 return false;
             }
         }

@@ -11,6 +11,15 @@ use super::ConfigError;
 impl Field<'_> {
     /// A duration with a unit (`500ms`, `2s`, `2h`), greater than zero; `default` when absent.
     pub(super) fn duration_or(&self, default: Duration) -> Result<Duration, ConfigError> {
+        let d = self.duration_or_off(default)?;
+        if d.is_zero() {
+            return Err(self.err("must be greater than zero"));
+        }
+        Ok(d)
+    }
+
+    /// A duration with a unit, where `0s` turns the setting off; `default` when absent.
+    pub(super) fn duration_or_off(&self, default: Duration) -> Result<Duration, ConfigError> {
         let d = match self.value() {
             None => return Ok(default),
             Some(Value::String(s)) => humantime::parse_duration(s.trim()).map_err(|e| {
@@ -21,9 +30,6 @@ impl Field<'_> {
             }
             Some(other) => return Err(self.type_err("a duration such as `2s`", other)),
         };
-        if d.is_zero() {
-            return Err(self.err("must be greater than zero"));
-        }
         Ok(d)
     }
 

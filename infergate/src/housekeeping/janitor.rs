@@ -1,5 +1,5 @@
-//! The prefill janitor: non-streaming holds released at their estimated prefill end, overdue holds expired, and
-//! the pools' idle sessions expired.
+//! The prefill janitor: non-streaming holds released at their estimated prefill end, streams whose headers are
+//! overdue reported, overdue holds expired, and the pools' idle sessions expired.
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,7 @@ impl BackgroundService for Janitor {
             }
             let now = Instant::now();
             state.ledger.release_due(now);
+            state.ledger.report_late_headers(now);
             if now.duration_since(last_janitor) < JANITOR_PERIOD {
                 continue;
             }

@@ -197,6 +197,10 @@ struct HoldState {
     served: bool,
     /// Release at this instant even without a first byte (non-streaming requests: estimated prefill end).
     release_at: Option<Instant>,
+    /// Response headers are due by then (a stream: an engine sends them before prefill); past it without them,
+    /// the janitor calls the hook once (`Ledger::report_late_headers`).
+    headers_due: Option<(Instant, LateHookBox)>,
+    late: bool,
 }
 
 /// The part of a hold the janitor can see.
@@ -247,6 +251,19 @@ pub struct Ledger {
 /// Called when tokens are released: (tokens, served, cause). The proxy wires metrics through it.
 pub type ReleaseHook = Arc<dyn Fn(u64, bool, ReleaseCause) + Send + Sync>;
 
+/// Called once when a hold's response headers are overdue, with the hold's estimated prefill tokens.
+pub type LateHook = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// A `LateHook` in a hold's state (Debug shows only that there is one).
+#[derive(Clone)]
+struct LateHookBox(LateHook);
+
+impl std::fmt::Debug for LateHookBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LateHook")
+    }
+}
+
 /// Called once a hold's request slot was given back: wakes a request waiting for room (the pool's wait queue).
 pub type FinishHook = Arc<dyn Fn() + Send + Sync>;
 
@@ -278,6 +295,8 @@ impl Ledger {
                 prefill_released: false,
                 served: false,
                 release_at: None,
+                headers_due: None,
+                late: false,
             }),
             on_release,
         });
@@ -307,6 +326,28 @@ impl Ledger {
         due.iter()
             .filter(|e| e.release_prefill(ReleaseCause::EstimatedDone))
             .count()
+    }
+
+    /// Call the late hook of every hold whose response headers are overdue at `now` (once per hold). Returns how
+    /// many were late.
+    pub fn report_late_headers(&self, now: Instant) -> usize {
+        let late: Vec<(LateHook, u64)> = self
+            .holds()
+            .values()
+            .filter_map(|e| {
+                let mut st = e.state();
+                if st.served || st.late || st.headers_due.as_ref().is_none_or(|(t, _)| *t > now) {
+                    return None;
+                }
+                st.late = true;
+                let (_, hook) = st.headers_due.take()?;
+                Some((hook.0, st.tokens))
+            })
+            .collect();
+        for (hook, tokens) in &late {
+            hook(*tokens);
+        }
+        late.len()
     }
 
     /// Number of holds not yet finished (requests in flight across all endpoints).
@@ -390,7 +431,19 @@ impl Hold {
 
     /// The endpoint answered with response headers: from now on the estimate counts as work it did.
     pub fn mark_served(&self) {
-        self.entry.state().served = true;
+        let mut st = self.entry.state();
+        st.served = true;
+        st.headers_due = None;
+    }
+
+    /// Response headers are due by `at`: past it without them, `hook` is called once (by the janitor).
+    pub fn headers_due(&self, at: Instant, hook: LateHook) {
+        self.entry.state().headers_due = Some((at, LateHookBox(hook)));
+    }
+
+    /// The janitor found this hold's headers overdue.
+    pub fn was_late(&self) -> bool {
+        self.entry.state().late
     }
 
     /// Release the prefill tokens (idempotent). Returns true if this call released them.

@@ -233,3 +233,27 @@ fn concurrent_holds_end_at_zero() {
     assert_eq!((load.requests(), load.prefill_tokens()), (0, 0));
     assert_eq!(ledger.outstanding(), 0);
 }
+
+#[test]
+fn overdue_headers_are_reported_once_and_never_after_the_headers_came() {
+    let ledger = Ledger::new();
+    let load = Arc::new(EndpointLoad::default());
+    let (hook, _) = counting_hook();
+    let late = Arc::new(AtomicU64::new(0));
+    let counted = late.clone();
+    let on_late: LateHook = Arc::new(move |tokens| {
+        counted.fetch_add(tokens, Ordering::SeqCst);
+    });
+    let t0 = Instant::now();
+    let a = ledger.hold(load.clone(), 100, hook.clone());
+    a.headers_due(t0 + Duration::from_secs(3), on_late.clone());
+    let b = ledger.hold(load.clone(), 7, hook.clone());
+    b.headers_due(t0 + Duration::from_secs(3), on_late.clone());
+    b.mark_served();
+    let _c = ledger.hold(load, 9, hook);
+    assert_eq!(ledger.report_late_headers(t0 + Duration::from_secs(2)), 0);
+    assert_eq!(ledger.report_late_headers(t0 + Duration::from_secs(4)), 1);
+    assert_eq!(ledger.report_late_headers(t0 + Duration::from_secs(5)), 0);
+    assert_eq!(late.load(Ordering::SeqCst), 100);
+    assert!(a.was_late() && !b.was_late());
+}

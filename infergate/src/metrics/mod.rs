@@ -41,6 +41,13 @@ pub const ROUTER_CODES: [&str; 7] = ["200", "400", "404", "413", "502", "503", "
 pub const RELOAD_RESULTS: [&str; 3] = ["applied", "partial", "failed"];
 
 /// Causes of `infergate_session_evictions_total`.
+/// The `kind` label of `infergate_endpoint_failures_total`: what an engine-owned failure was.
+pub const FAILURE_KINDS: [&str; 5] = ["connect", "status_5xx", "reset", "cut", "timeout"];
+
+/// The kind of a stream whose headers were overdue (counted apart from `FAILURE_KINDS`' request endings: the
+/// request may still end in one of those).
+pub const FAILURE_NO_HEADERS: &str = "no_headers";
+
 pub const EVICTION_CAUSES: [&str; 2] = ["ttl", "capacity"];
 
 /// Buckets of the latency histograms (seconds): 5 ms to about two minutes, roughly doubling.
@@ -85,6 +92,8 @@ pub struct Metrics {
     pub janitor_released_total: IntCounterVec,
     pub retries_total: IntCounterVec,
     pub ejections_total: IntCounterVec,
+    /// {pool, endpoint, kind}: failures the engine owns, which feed outlier detection.
+    pub failures_total: IntCounterVec,
     pub config_info: IntGauge,
     /// SIGHUP reloads by result (`RELOAD_RESULTS`).
     pub config_reloads_total: IntCounterVec,
@@ -219,8 +228,16 @@ impl Metrics {
             ejections_total: counter(
                 &registry,
                 "infergate_endpoint_ejections_total",
-                "Endpoints ejected by outlier detection (consecutive 5xx answers or refused connects).",
+                "Endpoints ejected by outlier detection (consecutive failures or a failure rate).",
                 &["pool", "endpoint"],
+            ),
+            failures_total: counter(
+                &registry,
+                "infergate_endpoint_failures_total",
+                "Failures the engine owns, which feed outlier detection, by kind: connect (refused or reset), \
+                 status_5xx, reset (closed before any answer), cut (the answer ended early), timeout, no_headers \
+                 (a stream's headers later than outlier_detection.stream_headers_within).",
+                &["pool", "endpoint", "kind"],
             ),
             config_info,
             config_reloads_total: {
@@ -301,6 +318,10 @@ impl Metrics {
             self.requests_total
                 .with_label_values(&[pool, endpoint, code]);
         }
+        for kind in FAILURE_KINDS.iter().chain([&FAILURE_NO_HEADERS]) {
+            self.failures_total
+                .with_label_values(&[pool, endpoint, kind]);
+        }
     }
 
     /// Run `write` (which writes series of one endpoint) unless the endpoint has left its pool (`removed`). The
@@ -323,6 +344,7 @@ impl Metrics {
             &self.janitor_released_total,
             &self.retries_total,
             &self.ejections_total,
+            &self.failures_total,
         ] {
             remove_series_matching(vec, &[("pool", pool), ("endpoint", endpoint)]);
         }

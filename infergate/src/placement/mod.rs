@@ -72,17 +72,27 @@ pub struct Candidate {
     /// when unknown (no events, an untrusted index, no token ids), and then the approximate prefix index stands.
     /// `predicted_ttft` and `prefix_aware` read it before their own index.
     pub kv_held_tokens: Option<u64>,
+    /// Requests that failed on this endpoint (or whose client left before any answer) since it last served one:
+    /// they weigh as requests in flight, so a fast failure never makes it look idle (`outlier`).
+    pub debt_requests: u64,
+    /// Their prefill tokens.
+    pub debt_tokens: u64,
 }
 
 impl Candidate {
-    /// Requests in flight from this replica and its peers (live counts, exact up to a publish interval).
+    /// Requests in flight from this replica and its peers (live counts, exact up to a publish interval), and the
+    /// failed ones that still weigh on the endpoint.
     pub fn live_requests(&self) -> u64 {
-        self.requests.saturating_add(self.peer_requests)
+        self.requests
+            .saturating_add(self.peer_requests)
+            .saturating_add(self.debt_requests)
     }
 
-    /// Estimated prefill tokens in flight from this replica and its peers.
+    /// Estimated prefill tokens in flight from this replica and its peers, and the failed requests' debt.
     pub fn live_prefill_tokens(&self) -> u64 {
-        self.prefill_tokens.saturating_add(self.peer_prefill_tokens)
+        self.prefill_tokens
+            .saturating_add(self.peer_prefill_tokens)
+            .saturating_add(self.debt_tokens)
     }
 
     /// Requests in flight, counting traffic from other routers: the live count (ours and our peers') plus the

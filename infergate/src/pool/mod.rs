@@ -28,6 +28,7 @@ use crate::config::{Config, EndpointConfig, PoolConfig};
 use prometheus::{IntCounterVec, Opts};
 
 use crate::metrics::{EndpointSample, LiveSource, Metrics, PoolSample, EVICTION_CAUSES};
+use crate::outlier::Ejection;
 use crate::placement::throughput::{Fitted, ThroughputFit};
 use crate::placement::Candidate;
 use crate::placement::{factory, policy::PlacementPolicy};
@@ -207,6 +208,7 @@ impl Pool {
             .zip(lines)
             .map(|(e, line)| {
                 let (peer_requests, peer_prefill_tokens) = e.peers.get();
+                let (debt_requests, debt_tokens) = e.outlier.debt(now);
                 Candidate {
                     eligible: gate.admits(e) && !excluded.contains(&e.id),
                     requests: e.load.requests(),
@@ -217,18 +219,35 @@ impl Pool {
                     max_in_flight,
                     prefill_speed: line,
                     kv_held_tokens: None,
+                    debt_requests,
+                    debt_tokens,
                 }
             })
             .collect();
-        // Per endpoint: ejected, saturated. Each filter applies only if something eligible survives it.
-        let state: Vec<(bool, bool)> = endpoints
+        // Per endpoint: ejected, saturated, hung (a stream got no headers in time). Each filter applies only if
+        // something eligible survives it; in a health panic, ejected and hung endpoints are out regardless: the
+        // checks fail and so do requests, and an engine that never answers must not hold clients for the whole
+        // header timeout (they get a 503 at once).
+        let state: Vec<[bool; 3]> = endpoints
             .iter()
-            .map(|e| (e.outlier.is_ejected(), e.outlier.is_saturated(now)))
+            .map(|e| {
+                [
+                    e.outlier.is_ejected(),
+                    e.outlier.is_saturated(now),
+                    e.outlier.is_hung(now),
+                ]
+            })
             .collect();
-        for out in [|s: &(bool, bool)| s.0, |s: &(bool, bool)| s.1] {
-            if cands.iter().zip(&state).any(|(c, s)| c.eligible && !out(s)) {
+        for which in 0..3 {
+            let strict = gate.panic && which != 1;
+            if strict
+                || cands
+                    .iter()
+                    .zip(&state)
+                    .any(|(c, s)| c.eligible && !s[which])
+            {
                 for (c, s) in cands.iter_mut().zip(&state) {
-                    c.eligible &= !out(s);
+                    c.eligible &= !s[which];
                 }
             }
         }
@@ -261,22 +280,29 @@ impl Pool {
         }
     }
 
-    /// Record a failure of `ep` (5xx answer, failed connect); ejects it when its streak is long enough and the
-    /// pool's cap leaves room. Returns the ejection time if it was ejected now.
-    pub fn record_failure(&self, ep: &Endpoint, now: Instant) -> Option<Duration> {
+    /// Record a failure of `ep` the engine owns, carrying `tokens` of debt; ejects it when its streak or its
+    /// failure rate says so and the pool's cap leaves room. Returns the ejection if it was ejected now.
+    pub fn record_failure(&self, ep: &Endpoint, now: Instant, tokens: u64) -> Option<Ejection> {
         let endpoints = self.endpoints();
         let ejected = endpoints.iter().filter(|e| e.outlier.is_ejected()).count();
         let cfg = self.cfg();
         let may_eject = ejected < cfg.outlier.max_ejected(endpoints.len());
-        let d = ep.outlier.record_failure(&cfg.outlier, now, may_eject)?;
+        let e = ep
+            .outlier
+            .record_failure(&cfg.outlier, now, may_eject, tokens)?;
         log::warn!(
-            "pool {} endpoint {}: ejected for {:?} after {} consecutive failures",
+            "pool {} endpoint {}: ejected for {} after {}",
             self.name,
             ep.label,
-            d,
-            cfg.outlier.consecutive_failures
+            humantime::format_duration(e.duration),
+            e.cause.describe(&cfg.outlier)
         );
-        Some(d)
+        Some(e)
+    }
+
+    /// `ep` served a request to its end.
+    pub fn record_success(&self, ep: &Endpoint, now: Instant) {
+        ep.outlier.record_success(&self.cfg().outlier, now);
     }
 
     /// Another endpoint than `excluded` could take a request now.

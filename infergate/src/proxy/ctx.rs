@@ -74,6 +74,20 @@ pub(super) struct Attempt {
     /// A background Responses request (answered at once, generated afterwards): its hold outlives the answer until
     /// this estimated prefill end.
     pub(super) background_until: Option<Instant>,
+    /// A failure the engine owns was counted against this attempt (once per attempt).
+    pub(super) failed: bool,
+    /// What the first output taught, applied when the request ends without the engine failing it.
+    pub(super) learned: Option<Learned>,
+}
+
+/// A successful stream's prefill as measured at its first output: learned only once the request has ended well
+/// (a stream cut after its first chunk teaches nothing).
+#[derive(Debug)]
+pub(super) struct Learned {
+    pub(super) tokens: u64,
+    pub(super) ttft: std::time::Duration,
+    /// `predicted_ttft`'s prediction and the tokens that were ahead at dispatch.
+    pub(super) prediction: Option<(Option<f64>, u64)>,
 }
 
 impl Ctx {

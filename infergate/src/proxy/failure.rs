@@ -14,7 +14,7 @@ impl Router {
         // Refused or reset: the engine is not there. A connect timeout is not counted: a burst of connections
         // overflowing an engine's accept queue looks the same, and ejecting for it would shrink the pool under load.
         if *e.etype() != ErrorType::ConnectTimedout {
-            self.record_failure(ctx);
+            self.record_failure(ctx, "connect");
         }
         ctx.log.upstream_error = Some(e.etype().as_str());
         // Nothing was sent: always safe to try elsewhere.
@@ -68,8 +68,22 @@ impl Router {
             e.set_retry(true);
             return e;
         }
-        if !downstream_gone && !timed_out && nothing_back {
-            self.record_failure(ctx);
+        if downstream_gone {
+            if ctx.attempt.upstream_status.is_none() {
+                self.record_abandoned(ctx);
+            }
+        } else if *e.esource() == ErrorSource::Upstream || nothing_back {
+            // The engine's: closed or reset before the answer ended, or no answer in time. A stream whose
+            // headers were overdue was counted when they were (the janitor).
+            let late = ctx.hold.as_ref().is_some_and(|h| h.was_late());
+            let kind = match (timed_out, nothing_back) {
+                (true, _) => "timeout",
+                (false, true) => "reset",
+                (false, false) => "cut",
+            };
+            if !(late && nothing_back) {
+                self.record_failure(ctx, kind);
+            }
         }
         e.set_retry(false);
         ctx.release_prefill(ReleaseCause::Aborted);

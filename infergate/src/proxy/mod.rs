@@ -24,19 +24,23 @@
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count, the binding is queued for the replicas'
 //!                          store); 429/503: refused → retry elsewhere (not a pinned request);
-//!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once
+//!                          5xx: failure (outlier detection); any 4xx/5xx releases the tokens at once; a
+//!                          stream's headers later than stream_headers_within: failure (the janitor)
 //! response_filter          while draining (upgrade, stop): `Connection: close` (lifecycle)
 //! response_filter          x-request-id, x-infergate-endpoint and the router's CORS headers (not the engine's)
 //!                          on the client's response (access, cors)
 //! response_body_filter     a created stored response's id, from the answer's start (stored_responses);
 //!                          first body byte: TTFB; first output byte (past the events an engine sends before
 //!                          prefill: first_output): release the prefill tokens, learn prefill speed
-//! fail_to_connect /        decide retries (only where the engine cannot have started the work)
-//!   error_while_proxy
+//! fail_to_connect /        decide retries (only where the engine cannot have started the work); what the
+//!   error_while_proxy      engine owns (refused, reset, cut, timed out) is a failure, a client gone before
+//!                          any answer leaves the request's cost on the endpoint (outlier)
 //! fail_to_proxy            answer an OpenAI-style error
-//! logging                  count the request, write its access-log line (access; also for the router's own
-//!                          answers); the hold's Drop releases whatever is left on every path (a background
-//!                          Responses answer's hold lives on to its estimated prefill end)
+//! logging                  settle the attempt (a whole answer is the endpoint's success; a stream that ended
+//!                          well teaches its prefill speed), count the request, write its access-log line
+//!                          (access; also for the router's own answers); the hold's Drop releases whatever is
+//!                          left on every path (a background Responses answer's hold lives on to its
+//!                          estimated prefill end)
 //! request_summary          what Pingora's warn/error lines show: method, normalised path, Host (no query)
 //! persist_connection_context
 //!                          the connection waits for another request: header deadline on (crate::clients)
@@ -247,6 +251,7 @@ impl ProxyHttp for Router {
         if ctx.kind != CallKind::RouterHealth {
             self.admission.count(&ctx.admission, code);
         }
+        self.settle(ctx, e);
         let ep = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());
         if let (Some(_), Some(ep)) = (&ctx.pool, ep) {
             self.metrics.request_done(ep.series(), code, ctx.log.start);

@@ -5,6 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use pingora_error::Result;
 
+use super::ctx::Learned;
 use super::Ctx;
 use super::Router;
 use crate::ledger::ReleaseCause;
@@ -43,21 +44,16 @@ impl Router {
             && (!success || ctx.attempt.preamble.output_in(chunk))
         {
             ctx.attempt.first_output_seen = true;
-            if let (Some(h), Some(ep)) = (&ctx.hold, &ctx.endpoint) {
-                // A successful stream's first output marks the end of prefill: learn the endpoint's speed from it.
+            if let Some(h) = &ctx.hold {
+                // A successful stream's first output marks the end of prefill: what it teaches is applied once
+                // the request has ended well (`settle`).
                 if h.release_prefill(ReleaseCause::FirstByte) && success && ctx.is_stream() {
-                    ep.prefill_speed.observe(h.estimate(), h.age());
-                    // predicted_ttft: the prefill that was ahead plus this one's, over the wait, is the
-                    // throughput it predicts with; and how far off its prediction was.
-                    let ticket = ctx.placement.as_ref().map(|p| &p.ticket);
-                    if let Some((predicted, ahead)) = ticket.and_then(|t| t.prediction()) {
-                        ep.prefill_speed
-                            .observe_throughput(ahead.saturating_add(h.estimate()), h.age());
-                        if let Some(p) = predicted {
-                            self.metrics
-                                .observe_ttft_prediction(ep.series(), p, h.age());
-                        }
-                    }
+                    let prediction = ctx.placement.as_ref().and_then(|p| p.ticket.prediction());
+                    ctx.attempt.learned = Some(Learned {
+                        tokens: h.estimate(),
+                        ttft: h.age(),
+                        prediction,
+                    });
                 }
             }
         }

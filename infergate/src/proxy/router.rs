@@ -232,16 +232,78 @@ impl Router {
         }
     }
 
-    /// Count a failure of the attempt's endpoint for outlier detection (and the ejection it may cause).
-    pub(super) fn record_failure(&self, ctx: &Ctx) {
+    /// Count a failure the engine owns against the attempt's endpoint (once per attempt), with the attempt's
+    /// tokens as its debt; outlier detection may eject it.
+    pub(super) fn record_failure(&self, ctx: &mut Ctx, kind: &'static str) {
+        if std::mem::replace(&mut ctx.attempt.failed, true) {
+            return;
+        }
         if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
-            if pool.record_failure(ep, Instant::now()).is_some() {
-                self.metrics.unless_removed(&ep.removed, || {
-                    self.metrics
-                        .ejections_total
-                        .with_label_values(&[&*pool.name, &ep.label])
-                        .inc();
-                });
+            let tokens = ctx.hold.as_ref().map_or(0, |h| h.estimate());
+            count_failure(&self.metrics, pool, ep, kind, tokens);
+        }
+    }
+
+    /// The client left before the engine answered: no fault of the engine's proven, but the request keeps
+    /// weighing on the endpoint until it serves again (a wedged engine must not look idle).
+    pub(super) fn record_abandoned(&self, ctx: &Ctx) {
+        if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
+            let tokens = ctx.hold.as_ref().map_or(0, |h| h.estimate());
+            ep.outlier
+                .record_abandoned(&pool.cfg().outlier, Instant::now(), tokens);
+        }
+    }
+
+    /// A streamed generation's response headers are due within `outlier_detection.stream_headers_within`: past
+    /// it, the janitor counts a failure and sets the endpoint aside (`outlier::Outlier::record_hung`).
+    pub(super) fn watch_headers(&self, ctx: &Ctx, now: Instant) {
+        let (Some(pool), Some(ep), Some(hold)) = (&ctx.pool, &ctx.endpoint, &ctx.hold) else {
+            return;
+        };
+        let within = pool.cfg().outlier.stream_headers_within;
+        if within.is_zero() || !ctx.is_stream() || ctx.kind != CallKind::Generate {
+            return;
+        }
+        let (metrics, pool, ep) = (self.metrics.clone(), pool.clone(), ep.clone());
+        hold.headers_due(
+            now + within,
+            Arc::new(move |tokens| {
+                log::warn!(
+                    "pool {} endpoint {}: no response headers for a stream within {}; counted as a failure",
+                    pool.name,
+                    ep.label,
+                    humantime::format_duration(within)
+                );
+                ep.outlier
+                    .record_hung(&pool.cfg().outlier, Instant::now());
+                count_failure(&metrics, &pool, &ep, crate::metrics::FAILURE_NO_HEADERS, tokens);
+            }),
+        );
+    }
+
+    /// Apply what the attempt taught once the request has ended: a success clears the endpoint's failures, and a
+    /// stream's prefill speed is learned unless the engine failed it.
+    pub(super) fn settle(&self, ctx: &mut Ctx, e: Option<&pingora_error::Error>) {
+        let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) else {
+            return;
+        };
+        if ctx.attempt.failed {
+            return;
+        }
+        let answered = ctx.attempt.upstream_status.is_some_and(|s| s < 500);
+        if e.is_none() && answered {
+            pool.record_success(ep, Instant::now());
+        }
+        if let Some(l) = ctx.attempt.learned.take() {
+            ep.prefill_speed.observe(l.tokens, l.ttft);
+            // predicted_ttft: the prefill that was ahead plus this one's, over the wait, is the throughput it
+            // predicts with; and how far off its prediction was.
+            if let Some((predicted, ahead)) = l.prediction {
+                ep.prefill_speed
+                    .observe_throughput(ahead.saturating_add(l.tokens), l.ttft);
+                if let Some(p) = predicted {
+                    self.metrics.observe_ttft_prediction(ep.series(), p, l.ttft);
+                }
             }
         }
     }
@@ -295,6 +357,28 @@ impl Router {
             Err(BodyError::ClientGone(e)) => Err(e),
         }
     }
+}
+
+/// Count an engine-owned failure of `ep` (`infergate_endpoint_failures_total{kind}`) and the ejection it may
+/// cause.
+pub(super) fn count_failure(
+    metrics: &crate::metrics::Metrics,
+    pool: &Pool,
+    ep: &Endpoint,
+    kind: &str,
+    tokens: u64,
+) {
+    let ejected = pool.record_failure(ep, Instant::now(), tokens).is_some();
+    metrics.unless_removed(&ep.removed, || {
+        let l = [&*pool.name, ep.label.as_str()];
+        metrics
+            .failures_total
+            .with_label_values(&[l[0], l[1], kind])
+            .inc();
+        if ejected {
+            metrics.ejections_total.with_label_values(&l).inc();
+        }
+    });
 }
 
 /// When a non-streaming request's tokens are released: its response starts only when generation ends, so at the

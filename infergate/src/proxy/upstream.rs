@@ -107,6 +107,7 @@ impl Router {
         ctx.attempt.dispatched_at = Some(now);
         let peer = self.peer(&ep, fresh);
         ctx.endpoint = Some(ep);
+        self.watch_headers(ctx, now);
         Ok(Box::new(peer))
     }
 
@@ -190,7 +191,6 @@ impl Router {
         };
         let now = Instant::now();
         if (200..300).contains(&status) {
-            ep.outlier.record_success();
             if let Some(h) = &ctx.hold {
                 // Headers arrive before prefill (vLLM): tokens stay held until the first body byte.
                 h.mark_served();
@@ -211,7 +211,7 @@ impl Router {
             ep.outlier
                 .record_refusal(now, pool.cfg().outlier.saturation_cooldown);
             if status == 503 {
-                self.record_failure(ctx);
+                self.record_failure(ctx, "status_5xx");
             }
             let mut excluded = ctx.tried.clone();
             excluded.push(ep.id);
@@ -227,11 +227,9 @@ impl Router {
                 );
             }
         } else if status >= 500 {
-            self.record_failure(ctx);
-        } else {
-            // A 4xx is the client's: the engine works.
-            ep.outlier.record_success();
+            self.record_failure(ctx, "status_5xx");
         }
+        // A 4xx is the client's: the engine works (`settle` counts the success once the answer has ended).
         Ok(())
     }
 }

@@ -161,6 +161,21 @@ pub(super) const POOL: &[Row<PoolConfig>] = &[
     Key("outlier_detection.saturation_cooldown", InPlace, |p| {
         &mut p.outlier.saturation_cooldown
     }),
+    Key("outlier_detection.failure_percent", InPlace, |p| {
+        &mut p.outlier.failure_percent
+    }),
+    Key("outlier_detection.failure_min_requests", InPlace, |p| {
+        &mut p.outlier.failure_min_requests
+    }),
+    Key("outlier_detection.failure_window", InPlace, |p| {
+        &mut p.outlier.failure_window
+    }),
+    Key("outlier_detection.failure_penalty", InPlace, |p| {
+        &mut p.outlier.failure_penalty
+    }),
+    Key("outlier_detection.stream_headers_within", InPlace, |p| {
+        &mut p.outlier.stream_headers_within
+    }),
     // The next round of checks takes these (a wrong `path` fixed without losing the session bindings), except
     // the interval, which pingora-load-balancing's check loop is built with.
     Key("health_check.path", InPlace, |p| &mut p.health_check.path),

@@ -5,6 +5,7 @@ mod common;
 
 mod access_log;
 mod auth;
+mod black_holes;
 mod bodies;
 mod cli;
 mod clients;

@@ -454,7 +454,8 @@ async fn sighup_applies_outlier_detection_and_names_what_needs_an_upgrade() {
     let never = keyed_conf(
         &eps,
         "",
-        "    outlier_detection: { consecutive_failures: 0 }\n    engine_stats: { interval: 1s }\n",
+        "    outlier_detection: { consecutive_failures: 0, failure_percent: 0, failure_penalty: 0s }\n    \
+         engine_stats: { interval: 1s }\n",
     );
     let b = Binary::start("partial", &never, &format!("bob:{BOB}\n")).await;
     until_served(&b).await;
@@ -486,7 +487,8 @@ async fn sighup_applies_outlier_detection_and_names_what_needs_an_upgrade() {
     let text = keyed_conf(
         &eps,
         "",
-        "    outlier_detection: { consecutive_failures: 1 }\n    engine_stats: { interval: 100ms }\n    \
+        "    outlier_detection: { consecutive_failures: 1, failure_penalty: 0s }\n    \
+         engine_stats: { interval: 100ms }\n    \
          policy: round_robin\n",
     )
     .replace(

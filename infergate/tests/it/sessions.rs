@@ -107,10 +107,15 @@ async fn non_streaming_tokens_are_released_at_the_estimated_prefill_end() {
     router.ready().await;
     // A streaming request teaches the router this endpoint's prefill speed.
     post_chat(&router.url(), chat_body(60_000, true, 1)).await;
-    assert!(router.state.pools.pools[0].endpoints()[0]
-        .prefill_speed
-        .estimate(1000)
-        .is_some());
+    // Learned once the request has ended (its logging hook), just after the client has the whole answer.
+    router
+        .wait_for("the prefill speed learned", Duration::from_secs(5), |r| {
+            r.state.pools.pools[0].endpoints()[0]
+                .prefill_speed
+                .estimate(1000)
+                .is_some()
+        })
+        .await;
     // A non-streaming request with a long generation: its body comes only at the end.
     let req = post_json(&client(), &router.url(), CHAT).body(chat_body(60_000, false, 150));
     let pending = tokio::spawn(async move {

@@ -1,0 +1,286 @@
+//! Engines that fail without failing their health check (issue 27): one that accepts requests and never answers,
+//! one that drops every stream after its first chunk, one that resets it. None of them may draw the traffic, a
+//! session bound to one moves, and a health panic over engines that never answer fails fast.
+
+use std::time::Duration;
+
+use crate::common::*;
+use infergate_sim::{EngineHandle, SimConfig};
+
+/// Streams whose headers are later than this count as failures in these tests (the default is 3 s).
+const WITHIN: &str = "    outlier_detection: { stream_headers_within: 500ms }\n";
+
+/// One request of a client that gives up after `patience`, as impatient agents do; its status (0: gave up).
+async fn impatient(base: &str, session: Option<&str>, body: String, patience: Duration) -> u16 {
+    let mut req = post_json(&client(), base, CHAT).body(body);
+    if let Some(s) = session {
+        req = req.header(SESSION_HEADER, s);
+    }
+    match tokio::time::timeout(patience, async {
+        let resp = req.send().await.ok()?;
+        let status = resp.status().as_u16();
+        drain(resp).await.ok()?;
+        Some(status)
+    })
+    .await
+    {
+        Ok(Some(status)) => status,
+        _ => 0,
+    }
+}
+
+fn bound_engine(eng: &[EngineHandle]) -> usize {
+    eng.iter()
+        .position(|e| generate_requests(e) > 0)
+        .expect("one engine served")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_engine_draws_no_traffic_from_impatient_clients() {
+    for policy in ["load_aware", "predicted_ttft"] {
+        let eng = engines(2, SimConfig::default()).await;
+        let yaml = pool_yaml(
+            policy,
+            &urls(&eng),
+            &format!("{}{WITHIN}", sessions_yaml(100)),
+        );
+        let router = start_router(&yaml).await;
+        router.all_healthy().await;
+        // Three sessions open while both engines work.
+        for s in 0..3 {
+            let body = chat_body(3000 + s * 100, true, 2);
+            assert_eq!(
+                post_chat_in_session(&router.url(), &format!("s{s}"), body).await,
+                200
+            );
+        }
+        // Engine 0 wedges: it takes requests and never answers, while its /health still says 200.
+        eng[0].control.set_slow_headers(Duration::from_secs(60));
+        eng[0].clear_requests();
+        let mut served = 0;
+        for i in 0..30usize {
+            // Turns of bound sessions, new sessions, header-less calls; streamed and not.
+            let session = match i % 3 {
+                0 => Some(format!("s{}", i % 9 / 3)),
+                1 => Some(format!("new{i}")),
+                _ => None,
+            };
+            let body = chat_body(3000 + i * 37, i % 2 == 0, 2);
+            let status = impatient(
+                &router.url(),
+                session.as_deref(),
+                body,
+                Duration::from_millis(1500),
+            )
+            .await;
+            served += usize::from(status == 200);
+        }
+        let to_hung = generate_requests(&eng[0]);
+        assert!(
+            to_hung <= 3,
+            "{policy}: the hung engine received {to_hung} of 30 requests"
+        );
+        assert!(served >= 27, "{policy}: {served} of 30 served");
+        // The status page shows why it is passed over.
+        let base = format!("http://{}", router.metrics_addr);
+        let status = get_json(&base, "/status.json").await;
+        let hung = &status["pools"][0]["endpoints"][0];
+        assert!(
+            hung["hung"] == true || hung["failed_requests_weighing"].as_u64() > Some(0),
+            "{policy}: {hung}"
+        );
+        eng[0].control.set_slow_headers(Duration::ZERO);
+        router.wait_idle().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patient_clients_do_not_queue_on_a_hung_engine() {
+    let eng = engines(3, SimConfig::default()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), WITHIN)).await;
+    router.all_healthy().await;
+    eng[0].control.set_slow_headers(Duration::from_secs(60));
+    // Patient clients: one waits on the wedged engine; 500 ms later its stream counts as a failure and the
+    // engine is set aside, so the others are served elsewhere.
+    let mut waiting = tokio::task::JoinSet::new();
+    for i in 0..12 {
+        let url = router.url();
+        waiting.spawn(async move {
+            impatient(
+                &url,
+                None,
+                chat_body(2000 + i, true, 2),
+                Duration::from_secs(4),
+            )
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let base = format!("http://{}", router.metrics_addr);
+    let status = get_json(&base, "/status.json").await;
+    let hung: Vec<bool> = status["pools"][0]["endpoints"]
+        .as_array()
+        .map(|a| a.iter().map(|e| e["hung"] == true).collect())
+        .unwrap_or_default();
+    assert_eq!(hung.iter().filter(|h| **h).count(), 1, "{status}");
+    let to_hung = generate_requests(&eng[0]);
+    assert!(to_hung <= 2, "the hung engine received {to_hung} of 12");
+    let mut served = 0;
+    while let Some(r) = waiting.join_next().await {
+        served += usize::from(r.unwrap() == 200);
+    }
+    assert_eq!(served, 12 - to_hung, "every request elsewhere is served");
+    eng[0].control.set_slow_headers(Duration::ZERO);
+    router.wait_idle().await;
+}
+
+/// Engine 0 cuts every stream after its first event (`how`); 30 streamed requests sent one at a time.
+async fn cut_streams_draw_no_traffic(policy: &str, how: fn(&EngineHandle)) {
+    let eng = engines(2, SimConfig::default()).await;
+    let router = start_router(&pool_yaml(policy, &urls(&eng), "")).await;
+    router.all_healthy().await;
+    how(&eng[0]);
+    let mut intact = 0;
+    for i in 0..30 {
+        let resp = send_chat(&router.url(), chat_body(4000 + i * 11, true, 4)).await;
+        intact += usize::from(resp.status() == 200 && drain(resp).await.is_ok());
+    }
+    let to_bad = generate_requests(&eng[0]);
+    assert!(
+        to_bad <= 3,
+        "{policy}: the engine cutting streams received {to_bad} of 30"
+    );
+    assert_eq!(
+        intact,
+        30 - to_bad,
+        "{policy}: every other stream arrives whole"
+    );
+    let m = router.metrics_text().await;
+    assert!(metric_sum(&m, "infergate_endpoint_failures_total", &[]) >= to_bad as f64);
+    // A stream cut after its first chunk teaches no prefill speed.
+    let ep0 = format!("endpoint=\"{}\"", eng[0].addr);
+    assert_eq!(
+        metric_sum(&m, "infergate_ttft_prediction_error_seconds_count", &[&ep0]),
+        0.0,
+        "{policy}"
+    );
+    let base = format!("http://{}", router.metrics_addr);
+    let status = get_json(&base, "/status.json").await;
+    let eps = status["pools"][0]["endpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let bad = eps
+        .iter()
+        .find(|e| e["endpoint"].as_str() == Some(&eng[0].addr.to_string()))
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        bad["prefill_tokens_per_second"].is_null(),
+        "{policy}: learned a speed from cut streams: {bad}"
+    );
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_dropping_streams_after_the_first_chunk_draws_no_traffic() {
+    for policy in ["load_aware", "predicted_ttft"] {
+        cut_streams_draw_no_traffic(policy, |e| e.control.set_drop_mid_stream_after(Some(1))).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_resetting_streams_after_the_first_chunk_draws_no_traffic() {
+    cut_streams_draw_no_traffic("load_aware", |e| {
+        e.control.set_close_mid_stream_after(Some(1))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_on_a_hung_engine_moves_to_a_working_one() {
+    let eng = engines(2, SimConfig::default()).await;
+    let yaml = pool_yaml(
+        "load_aware",
+        &urls(&eng),
+        &format!("{}{WITHIN}", sessions_yaml(100)),
+    );
+    let router = start_router(&yaml).await;
+    router.all_healthy().await;
+    assert_eq!(
+        post_chat_in_session(&router.url(), "s", chat_body(2000, true, 2)).await,
+        200
+    );
+    let bound = bound_engine(&eng);
+    eng[bound].control.set_slow_headers(Duration::from_secs(60));
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        let body = chat_body(2100 + i * 100, true, 2);
+        statuses.push(impatient(&router.url(), Some("s"), body, Duration::from_millis(1500)).await);
+    }
+    // The first turn waits on the wedged engine; the next ones are served elsewhere.
+    assert_eq!(&statuses[1..], &[200, 200, 200], "{statuses:?}");
+    assert!(generate_requests(&eng[1 - bound]) >= 3);
+    eng[bound].control.set_slow_headers(Duration::ZERO);
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_panic_over_engines_that_never_answer_fails_fast() {
+    let eng = engines(2, SimConfig::default()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), WITHIN)).await;
+    router.all_healthy().await;
+    // Every engine fails its check (the pool's health panic routes to them anyway) and never answers.
+    for e in &eng {
+        e.control.set_slow_headers(Duration::from_secs(60));
+        e.control.set_health_status(500);
+    }
+    router
+        .wait_for("every endpoint unhealthy", Duration::from_secs(5), |r| {
+            let eps = r.state.pools.pools[0].endpoints();
+            eps.iter()
+                .all(|e| e.health.get() == infergate::pool::Health::Unhealthy)
+        })
+        .await;
+    let mut waiting = tokio::task::JoinSet::new();
+    for i in 0..2 {
+        let url = router.url();
+        waiting.spawn(async move {
+            impatient(
+                &url,
+                None,
+                chat_body(2000 + i, true, 2),
+                Duration::from_secs(20),
+            )
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    router
+        .metrics_when(|m| {
+            metric_sum(
+                m,
+                "infergate_endpoint_failures_total",
+                &["kind=\"no_headers\""],
+            ) >= 2.0
+        })
+        .await;
+    // Both engines are known not to answer: a new request gets a 503 now, not a 504 after the header timeout.
+    for i in 0..5 {
+        let status = impatient(
+            &router.url(),
+            None,
+            chat_body(3000 + i, true, 2),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(status, 503);
+    }
+    assert_eq!(eng.iter().map(generate_requests).sum::<usize>(), 2);
+    for e in &eng {
+        e.control.set_slow_headers(Duration::ZERO);
+        e.control.set_health_status(200);
+    }
+    while waiting.join_next().await.is_some() {}
+    router.wait_idle().await;
+}
