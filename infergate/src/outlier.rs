@@ -106,6 +106,16 @@ impl State {
     }
 }
 
+/// What placement reads of one endpoint's outlier state, taken under one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct View {
+    pub ejected: bool,
+    pub saturated: bool,
+    pub hung: bool,
+    /// Failed requests still weighing on it, and their prefill tokens.
+    pub debt: (u64, u64),
+}
+
 /// One endpoint's outlier state.
 #[derive(Debug, Default)]
 pub struct Outlier {
@@ -206,10 +216,19 @@ impl Outlier {
 
     /// What failed requests still weigh on the endpoint in placement: (requests, prefill tokens).
     pub fn debt(&self, now: Instant) -> (u64, u64) {
+        self.view(now).debt
+    }
+
+    /// Everything placement reads, at once (one lock per endpoint per placement).
+    pub fn view(&self, now: Instant) -> View {
         let mut st = self.state.lock();
         st.forget_debt(now);
-        let tokens = st.debt.iter().map(|(_, t)| *t).sum();
-        (st.debt.len() as u64, tokens)
+        View {
+            ejected: st.ejected_until.is_some(),
+            saturated: st.saturated_until.is_some_and(|t| t > now),
+            hung: st.hung_until.is_some_and(|t| t > now),
+            debt: (st.debt.len() as u64, st.debt.iter().map(|(_, t)| *t).sum()),
+        }
     }
 
     /// A 429 or 503: the endpoint refused the work; keep it out of placement for `cooldown` while others can take it.

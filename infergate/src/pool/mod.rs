@@ -203,12 +203,15 @@ impl Pool {
         let max_in_flight = self.cfg().max_in_flight_per_endpoint;
         let lines = ttft_lines(endpoints);
         let gate = self.health_gate(endpoints);
+        let views: Vec<crate::outlier::View> =
+            endpoints.iter().map(|e| e.outlier.view(now)).collect();
         let mut cands: Vec<Candidate> = endpoints
             .iter()
             .zip(lines)
-            .map(|(e, line)| {
+            .zip(&views)
+            .map(|((e, line), v)| {
                 let (peer_requests, peer_prefill_tokens) = e.peers.get();
-                let (debt_requests, debt_tokens) = e.outlier.debt(now);
+                let (debt_requests, debt_tokens) = v.debt;
                 Candidate {
                     eligible: gate.admits(e) && !excluded.contains(&e.id),
                     requests: e.load.requests(),
@@ -228,15 +231,9 @@ impl Pool {
         // something eligible survives it; in a health panic, ejected and hung endpoints are out regardless: the
         // checks fail and so do requests, and an engine that never answers must not hold clients for the whole
         // header timeout (they get a 503 at once).
-        let state: Vec<[bool; 3]> = endpoints
+        let state: Vec<[bool; 3]> = views
             .iter()
-            .map(|e| {
-                [
-                    e.outlier.is_ejected(),
-                    e.outlier.is_saturated(now),
-                    e.outlier.is_hung(now),
-                ]
-            })
+            .map(|v| [v.ejected, v.saturated, v.hung])
             .collect();
         for which in 0..3 {
             let strict = gate.panic && which != 1;

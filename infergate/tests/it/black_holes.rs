@@ -29,6 +29,24 @@ async fn impatient(base: &str, session: Option<&str>, body: String, patience: Du
     }
 }
 
+/// `n` streamed requests from clients waiting up to `patience`, sent `spacing` apart; their statuses.
+async fn patient_streams(
+    router: &TestRouter,
+    n: usize,
+    spacing: Duration,
+    patience: Duration,
+) -> tokio::task::JoinSet<u16> {
+    let mut waiting = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let url = router.url();
+        waiting.spawn(async move {
+            impatient(&url, None, chat_body(2000 + i, true, 2), patience).await
+        });
+        tokio::time::sleep(spacing).await;
+    }
+    waiting
+}
+
 fn bound_engine(eng: &[EngineHandle]) -> usize {
     eng.iter()
         .position(|e| generate_requests(e) > 0)
@@ -102,20 +120,13 @@ async fn patient_clients_do_not_queue_on_a_hung_engine() {
     eng[0].control.set_slow_headers(Duration::from_secs(60));
     // Patient clients: one waits on the wedged engine; 500 ms later its stream counts as a failure and the
     // engine is set aside, so the others are served elsewhere.
-    let mut waiting = tokio::task::JoinSet::new();
-    for i in 0..12 {
-        let url = router.url();
-        waiting.spawn(async move {
-            impatient(
-                &url,
-                None,
-                chat_body(2000 + i, true, 2),
-                Duration::from_secs(4),
-            )
-            .await
-        });
-        tokio::time::sleep(Duration::from_millis(150)).await;
-    }
+    let mut waiting = patient_streams(
+        &router,
+        12,
+        Duration::from_millis(150),
+        Duration::from_secs(4),
+    )
+    .await;
     let base = format!("http://{}", router.metrics_addr);
     let status = get_json(&base, "/status.json").await;
     let hung: Vec<bool> = status["pools"][0]["endpoints"]
@@ -242,20 +253,13 @@ async fn a_health_panic_over_engines_that_never_answer_fails_fast() {
                 .all(|e| e.health.get() == infergate::pool::Health::Unhealthy)
         })
         .await;
-    let mut waiting = tokio::task::JoinSet::new();
-    for i in 0..2 {
-        let url = router.url();
-        waiting.spawn(async move {
-            impatient(
-                &url,
-                None,
-                chat_body(2000 + i, true, 2),
-                Duration::from_secs(20),
-            )
-            .await
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut waiting = patient_streams(
+        &router,
+        2,
+        Duration::from_millis(50),
+        Duration::from_secs(20),
+    )
+    .await;
     router
         .metrics_when(|m| {
             metric_sum(
