@@ -191,6 +191,8 @@ async fn predicted_ttft_learns_the_real_prefill_speed_and_measures_its_error() {
             200
         );
     }
+    // What a stream teaches is applied once it has ended well (in `logging`, just after its last byte).
+    router.wait_idle().await;
     let m = router.metrics_text().await;
     let speeds: Vec<f64> = f
         .urls
@@ -204,13 +206,14 @@ async fn predicted_ttft_learns_the_real_prefill_speed_and_measures_its_error() {
             )
         })
         .collect();
+    // Both engines learned a speed. How fast is the machine's business (a CPU without AVX512 prefills ~6× slower
+    // than one with it), so no floor is asserted: the figures are printed.
     assert!(
-        !speeds.is_empty() && speeds.iter().all(|&s| s > 500.0),
+        speeds.len() == f.urls.len() && speeds.iter().all(|&s| s.is_finite() && s > 0.0),
         "learned {speeds:?}\n{m}"
     );
     let predicted = metric_sum(&m, "infergate_ttft_prediction_error_seconds_count", &[]);
     let err_sum = metric_sum(&m, "infergate_ttft_prediction_error_seconds_sum", &[]);
     assert!(predicted >= 2.0, "{predicted} predictions checked\n{m}");
     eprintln!("learned prefill speeds {speeds:?} tokens/s; {predicted} predictions, error sum {err_sum:.3} s");
-    router.wait_idle().await;
 }
