@@ -109,6 +109,36 @@ impl ApiError {
         )
     }
 
+    /// A request whose HTTP framing breaks a rule the router keeps (`framing`): Host, Transfer-Encoding, Upgrade.
+    pub fn bad_framing(message: &str) -> Self {
+        Self::new(400, "invalid_request_error", "bad_request", message)
+    }
+
+    /// A transfer coding other than `chunked`: not implemented, as nginx answers it.
+    pub fn unsupported_transfer_coding() -> Self {
+        Self::new(
+            501,
+            "invalid_request_error",
+            "unsupported_transfer_coding",
+            "Only the chunked transfer coding is supported.",
+        )
+    }
+
+    /// A session key longer than `max_session_key_bytes`: 431 in a header, 400 in the body.
+    pub fn session_key_too_large(limit: usize, from_header: bool) -> Self {
+        let (status, place) = if from_header {
+            (431, "session header value")
+        } else {
+            (400, "prompt_cache_key")
+        };
+        Self::new(
+            status,
+            "invalid_request_error",
+            "session_key_too_large",
+            format!("The {place} is longer than {limit} bytes."),
+        )
+    }
+
     pub fn no_healthy_endpoint(pool: &str) -> Self {
         Self::new(
             503,

@@ -23,7 +23,14 @@ pub const FLOORS: &[(&str, &[&str])] = &[
     ("config", &["config"]),
     (
         "rules",
-        &["placement", "outlier", "cors", "forwarded", "listen"],
+        &[
+            "placement",
+            "outlier",
+            "cors",
+            "forwarded",
+            "framing",
+            "listen",
+        ],
     ),
     ("observation", &["metrics", "engine_stats", "kv_events"]),
     (

@@ -14,6 +14,7 @@ pub mod exposure;
 mod floors;
 pub mod fnv;
 pub mod forwarded;
+pub mod framing;
 pub mod housekeeping;
 pub mod kv_events;
 pub mod ledger;

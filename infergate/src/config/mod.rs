@@ -65,6 +65,9 @@ pub struct Config {
     pub max_retries: usize,
     /// Largest accepted request body in bytes (default 32 MiB); larger gets 413.
     pub max_body_bytes: usize,
+    /// Longest session key (a session header's value, or a body's `prompt_cache_key`) in bytes (default 1 KiB);
+    /// a longer header gets 431, a longer body key 400.
+    pub max_session_key_bytes: usize,
     /// Request body bytes held for routing by all requests together (default 512 MiB); past it a request waits
     /// `body_budget_wait` for room, then gets 503 with Retry-After.
     pub body_budget_bytes: usize,
@@ -198,6 +201,8 @@ impl Default for Timeouts {
 const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
 const DEFAULT_MAX_RETRIES: usize = 2;
 const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+/// Session ids are UUIDs or similar: 1 KiB is room to spare, and what the session table hashes stays small.
+const DEFAULT_MAX_SESSION_KEY_BYTES: usize = 1 << 10;
 const DEFAULT_BODY_BUDGET_BYTES: usize = 512 << 20;
 const DEFAULT_BODY_BUDGET_WAIT: Duration = Duration::from_secs(2);
 
@@ -244,6 +249,7 @@ impl Config {
             timeouts,
             max_retries,
             max_body_bytes,
+            max_session_key_bytes,
             body_budget_bytes,
             body_budget_wait,
             max_client_connections,
@@ -278,6 +284,8 @@ impl Config {
             timeouts: Timeouts::read(timeouts.section()?)?,
             max_retries: to_usize(max_retries.uint_or(DEFAULT_MAX_RETRIES as u64)?),
             max_body_bytes: max_body_bytes.byte_size_or(DEFAULT_MAX_BODY_BYTES)?,
+            max_session_key_bytes: max_session_key_bytes
+                .byte_size_or(DEFAULT_MAX_SESSION_KEY_BYTES)?,
             body_budget_bytes: body_budget_bytes.byte_size_or(DEFAULT_BODY_BUDGET_BYTES)?,
             body_budget_wait: body_budget_wait.duration_or(DEFAULT_BODY_BUDGET_WAIT)?,
             max_client_connections: clients::max_client_connections(&max_client_connections)?,

@@ -40,14 +40,21 @@ pub const ROUTER_CODES: [&str; 7] = ["200", "400", "404", "413", "502", "503", "
 /// the file rejected.
 pub const RELOAD_RESULTS: [&str; 3] = ["applied", "partial", "failed"];
 
-/// Causes of `infergate_session_evictions_total`.
 /// The `kind` label of `infergate_endpoint_failures_total`: what an engine-owned failure was.
-pub const FAILURE_KINDS: [&str; 5] = ["connect", "status_5xx", "reset", "cut", "timeout"];
+pub const FAILURE_KINDS: [&str; 6] = [
+    "connect",
+    "status_5xx",
+    "reset",
+    "cut",
+    "timeout",
+    "protocol",
+];
 
 /// The kind of a stream whose headers were overdue (counted apart from `FAILURE_KINDS`' request endings: the
 /// request may still end in one of those).
 pub const FAILURE_NO_HEADERS: &str = "no_headers";
 
+/// Causes of `infergate_session_evictions_total`.
 pub const EVICTION_CAUSES: [&str; 2] = ["ttl", "capacity"];
 
 /// Buckets of the latency histograms (seconds): 5 ms to about two minutes, roughly doubling.
@@ -235,8 +242,9 @@ impl Metrics {
                 &registry,
                 "infergate_endpoint_failures_total",
                 "Failures the engine owns, which feed outlier detection, by kind: connect (refused or reset), \
-                 status_5xx, reset (closed before any answer), cut (the answer ended early), timeout, no_headers \
-                 (a stream's headers later than outlier_detection.stream_headers_within).",
+                 status_5xx, reset (closed before any answer), cut (the answer ended early), timeout, protocol \
+                 (an answer no API call may get: a 101 switching protocols), no_headers (a stream's headers later \
+                 than outlier_detection.stream_headers_within).",
                 &["pool", "endpoint", "kind"],
             ),
             config_info,

@@ -13,6 +13,11 @@ use crate::request::{self, CallKind};
 
 impl Router {
     pub(super) async fn take_request(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        // Host, transfer codings, upgrades: what Pingora lets through and RFC 9112 tells a server to refuse.
+        if let Err(e) = crate::framing::screen(session.req_header()) {
+            self.respond_error(session, &e).await?;
+            return Ok(true);
+        }
         // A browser asking whether a page of another origin may call (CORS), before any key check: preflights
         // carry none.
         if let Some(method) = crate::cors::preflight_method(session.req_header()) {
@@ -86,6 +91,29 @@ impl Router {
                 return Ok(true);
             }
         };
+        // The session key before anything is charged to the client's key: a key too long is refused first.
+        if let Some(s) = pool.cfg().policy.sessions() {
+            let headers = &session.req_header().headers;
+            let body_key = || {
+                let key = ctx.scan.prompt_cache_key.as_deref()?;
+                (s.prompt_cache_key && !key.is_empty()).then_some(key.as_bytes())
+            };
+            let header = s
+                .headers
+                .iter()
+                .filter_map(|h| headers.get(h.as_str()))
+                .map(|v| v.as_bytes())
+                .find(|v| !v.is_empty());
+            let key = header.or_else(body_key);
+            if let Some(k) = key {
+                let limit = self.current().max_session_key_bytes;
+                if let Err(e) = crate::framing::check_session_key(k, limit, header.is_some()) {
+                    self.respond_error(session, &e).await?;
+                    return Ok(true);
+                }
+            }
+            ctx.session_key = key.map(<[u8]>::to_vec);
+        }
         // Exact prompt tokens (a pool with a tokenizer) before the key's token limits and placement use them.
         self.count_tokens(&pool, ctx).await;
         if !self.admit_with_body(session, ctx, &pool).await? {
@@ -93,21 +121,6 @@ impl Router {
         }
         // After the key's limits: a refused request makes no engine look for a stored response.
         self.pin_continued_response(ctx, &pool).await;
-        if let Some(s) = pool.cfg().policy.sessions() {
-            let headers = &session.req_header().headers;
-            let body_key = || {
-                let key = ctx.scan.prompt_cache_key.as_deref()?;
-                (s.prompt_cache_key && !key.is_empty()).then_some(key.as_bytes())
-            };
-            ctx.session_key = s
-                .headers
-                .iter()
-                .filter_map(|h| headers.get(h.as_str()))
-                .map(|v| v.as_bytes())
-                .find(|v| !v.is_empty())
-                .or_else(body_key)
-                .map(<[u8]>::to_vec);
-        }
         if let (Some(cluster), Some(key)) = (&self.cluster, &ctx.session_key) {
             // Another replica may have served this session: its binding, before placement (bounded wait).
             cluster.lookup_binding(&pool, key).await;

@@ -136,20 +136,9 @@ impl Router {
         remove_if_present(req, "expect");
         // The router reads the start of answers (the first output, a stored response's id): plain bytes, always.
         remove_if_present(req, "accept-encoding");
-        // An API call is never a protocol switch: the engine must not answer 101 and hand the client a raw tunnel.
-        remove_if_present(req, "upgrade");
-        let asks_upgrade = req
-            .headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .any(|v| {
-                v.as_bytes()
-                    .split(|&b| b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
-            });
-        if asks_upgrade {
-            req.remove_header("connection");
-        }
+        // The client's connection is not the engine's: Connection, Upgrade (an ignored h2c offer), Keep-Alive, TE,
+        // Proxy-Authorization and whatever Connection names stay here.
+        crate::framing::strip_hop_by_hop(req);
         if let Some(b) = &ctx.body {
             remove_if_present(req, "transfer-encoding");
             let len = b.bytes.len().to_string();
@@ -182,6 +171,17 @@ impl Router {
         ctx: &mut Ctx,
     ) -> Result<()> {
         let status = resp.status.as_u16();
+        if status == 101 {
+            // The router never asks for an upgrade (framing refuses it, and an h2c offer is not passed on): an engine
+            // switching protocols unasked would hand the client a raw tunnel.
+            self.record_failure(ctx, "protocol");
+            ctx.release_prefill(ReleaseCause::Aborted);
+            return Err(Error::explain(
+                ErrorType::InvalidHTTPHeader,
+                "engine answered 101 Switching Protocols to an API call",
+            )
+            .into_up());
+        }
         if status < 200 {
             return Ok(()); // informational
         }

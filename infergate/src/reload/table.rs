@@ -121,6 +121,9 @@ pub(super) const TOP: &[Row<Config>] = &[
     }),
     Key("max_retries", InPlace, |c| &mut c.max_retries),
     Key("max_body_bytes", InPlace, |c| &mut c.max_body_bytes),
+    Key("max_session_key_bytes", InPlace, |c| {
+        &mut c.max_session_key_bytes
+    }),
     Key("body_budget_bytes", AtStart(WHY_BUDGET), |c| {
         &mut c.body_budget_bytes
     }),

@@ -17,6 +17,7 @@ mod deploy;
 mod exposure;
 mod faults;
 mod forwarded;
+mod framing;
 mod kv_events;
 mod lifecycle;
 mod listen;

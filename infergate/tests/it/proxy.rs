@@ -720,7 +720,7 @@ async fn chunked_body_over_the_limit_is_a_json_413_and_releases_everything() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgrade_asked_on_an_api_call_never_reaches_the_engine() {
+async fn an_h2c_upgrade_offer_is_ignored_and_never_reaches_the_engine() {
     use tokio::io::AsyncWriteExt;
     let eng = engines(1, SimConfig::default()).await;
     let router = start_router(&pool_yaml("load_aware", &urls(&eng), "")).await;
@@ -728,7 +728,8 @@ async fn an_upgrade_asked_on_an_api_call_never_reaches_the_engine() {
     let body = chat_body(200, false, 2);
     let mut s = tokio::net::TcpStream::connect(router.addr).await.unwrap();
     let head = format!(
-        "POST {CHAT} HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\
+        "POST {CHAT} HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\
+         HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
@@ -743,6 +744,7 @@ async fn an_upgrade_asked_on_an_api_call_never_reaches_the_engine() {
     let seen = last_generate(&eng[0]).expect("the engine got the call");
     for (name, value) in &seen.headers {
         assert_ne!(name, "upgrade", "{:?}", seen.headers);
+        assert_ne!(name, "http2-settings", "{:?}", seen.headers);
         assert!(
             !(name == "connection" && value.to_ascii_lowercase().contains("upgrade")),
             "{:?}",
