@@ -84,6 +84,10 @@ impl PlacementPolicy for LoadAware {
         }
     }
 
+    fn endpoint_removed(&self, endpoint: u64) {
+        self.sessions.endpoint_removed(endpoint);
+    }
+
     fn reconfigure(&self, cfg: &PoolConfig, now: Instant) -> Result<Option<String>, &'static str> {
         let note = self.sessions.reconfigure(cfg.policy.sessions(), now)?;
         self.bytes_per_token

@@ -182,6 +182,7 @@ impl PlacementPolicy for PredictedTtft {
 
     fn endpoint_removed(&self, endpoint: u64) {
         self.index.lock().remove_endpoint(endpoint);
+        self.sessions.endpoint_removed(endpoint);
     }
 
     fn sessions(&self) -> Option<&dyn SessionHooks> {

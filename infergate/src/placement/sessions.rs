@@ -417,6 +417,21 @@ impl SessionTable {
         (expired, evicted)
     }
 
+    /// Drop every binding to `endpoint` (a reload removed it; its cache went with it); returns how many. Their next
+    /// turns are new sessions.
+    pub fn remove_endpoint(&mut self, endpoint: u64) -> usize {
+        let gone: Vec<u64> = self
+            .map
+            .iter()
+            .filter(|(_, b)| b.endpoint == endpoint)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &gone {
+            self.map.pop(k);
+        }
+        gone.len()
+    }
+
     /// Drop bindings idle longer than the TTL; returns how many.
     pub fn expire(&mut self, now: Instant) -> usize {
         let mut dropped = 0;

@@ -396,6 +396,52 @@ async fn sighup_applies_predicted_ttfts_session_settings() {
     b.stop();
 }
 
+/// Sessions bound to an endpoint a reload removes: the gauge counts only the bindings that can still be used, and
+/// those sessions' next turns are placed afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_removing_an_endpoint_drops_its_session_bindings() {
+    let eng = engines(2, SimConfig::default()).await;
+    let eps = urls(&eng);
+    let both = keyed_conf(&eps, "", "    sessions: {}\n");
+    let b = Binary::start("sessions-removed", &both, &format!("bob:{BOB}\n")).await;
+    // Sessions until both engines hold some (load_aware breaks ties at random: all 12 on one has odds of 1 in 2048).
+    for i in 0..12 {
+        let s = format!("s{i}");
+        assert_eq!(b.chat(BOB, Some(&s), chat_body(200, false, 1)).await.0, 200);
+    }
+    let on_first = crate::common::generate_requests(&eng[0]);
+    assert!(
+        on_first > 0 && on_first < 12,
+        "both engines hold sessions: {on_first} of 12"
+    );
+    let m = b.metrics().await;
+    assert_eq!(metric_value(&m, "infergate_sessions", &[]), Some(12.0));
+
+    b.write(&keyed_conf(&eps[1..], "", "    sessions: {}\n"));
+    b.hup();
+    let gone = format!("endpoint=\"{}\"", eps[0].trim_start_matches("http://"));
+    wait_metrics(b.metrics, "the removed endpoint's series deleted", |m| {
+        !m.contains(&gone)
+    })
+    .await;
+    let m = b.metrics().await;
+    assert_eq!(
+        metric_value(&m, "infergate_sessions", &[]),
+        Some((12 - on_first) as f64),
+        "only bindings to the remaining endpoint count"
+    );
+    // Every session is served again, on the remaining engine.
+    for i in 0..12 {
+        let s = format!("s{i}");
+        assert_eq!(b.chat(BOB, Some(&s), chat_body(200, false, 1)).await.0, 200);
+    }
+    assert_eq!(
+        metric_value(&b.metrics().await, "infergate_sessions", &[]),
+        Some(12.0)
+    );
+    b.stop();
+}
+
 /// A wrong health-check path (every check answered 404: the pool serves in its health panic) fixed by SIGHUP: the
 /// next round of checks uses the new path, the endpoints turn healthy and the session bindings stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

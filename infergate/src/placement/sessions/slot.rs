@@ -32,6 +32,13 @@ impl SessionSlot {
         }
     }
 
+    /// A reload removed `endpoint`: its bindings go (the sessions gauge counts live bindings only).
+    pub fn endpoint_removed(&self, endpoint: u64) {
+        if let Some(t) = &self.0 {
+            t.lock().remove_endpoint(endpoint);
+        }
+    }
+
     /// Drop bindings idle past the ttl; the evictions (ttl, capacity) since the last call.
     pub fn expire(&self, now: Instant) -> Evictions {
         let Some(table) = &self.0 else {
