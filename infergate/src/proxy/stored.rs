@@ -75,20 +75,44 @@ impl Router {
         };
         let (found, source) = match shared {
             Some(h) => (Some(h), "cluster"),
-            None => match self.ask_engines(id, pool).await {
-                Some(h) => {
-                    if let Some(cluster) = &self.cluster {
-                        cluster.share_response(id, &h);
+            None => match self.may_ask_engines(id) {
+                Err(why) => (None, why),
+                Ok(()) => match self.ask_engines(id, pool).await {
+                    Some(h) => {
+                        if let Some(cluster) = &self.cluster {
+                            cluster.share_response(id, &h);
+                        }
+                        (Some(h), "engine")
                     }
-                    (Some(h), "engine")
-                }
-                None => (None, "unknown"),
+                    None => {
+                        self.stored_responses
+                            .unknown
+                            .remember(id, std::time::Instant::now());
+                        (None, "unknown")
+                    }
+                },
             },
         };
         self.stored_responses.count_lookup(source);
         let h = found?;
         self.stored_responses.record(id, h.clone());
         Some(h)
+    }
+
+    /// Whether the engines may be asked about `id`: only a response-shaped id that none had lately, within the
+    /// probe budget; else the lookup source that says why not.
+    fn may_ask_engines(&self, id: &str) -> std::result::Result<(), &'static str> {
+        let now = std::time::Instant::now();
+        let unknown = &self.stored_responses.unknown;
+        if !stored_responses::is_probed_shape(id) {
+            Err("not_an_id")
+        } else if unknown.is_remembered(id, now) {
+            Err("remembered_unknown")
+        } else if !unknown.may_probe(now) {
+            Err("throttled")
+        } else {
+            Ok(())
+        }
     }
 
     /// The available engine of `pool` (of every pool without one) that says it holds stored response `id`.

@@ -159,11 +159,11 @@ async fn retrieval_and_cancel_go_to_the_holder_and_unknown_ids_are_404s() {
     assert_eq!(cancel.status, 400, "{}", cancel.body);
     assert_eq!(cancel.endpoint, made.endpoint);
 
-    let unknown = send(&router, "GET", "/v1/responses/resp_0123abc", None).await;
+    let unknown = send(&router, "GET", "/v1/responses/resp_0123456789abcdef", None).await;
     assert_eq!(unknown.status, 404);
     assert_eq!(
         unknown.body["error"]["message"],
-        "Response with id 'resp_0123abc' not found."
+        "Response with id 'resp_0123456789abcdef' not found."
     );
     let odd = send(&router, "POST", "/v1/responses/%3Cb%3E/cancel", None).await;
     assert_eq!(odd.status, 404);
@@ -174,7 +174,7 @@ async fn retrieval_and_cancel_go_to_the_holder_and_unknown_ids_are_404s() {
             .sum()
     };
     // Each engine was asked once whether it has the unknown id; the malformed one was not looked for.
-    assert_eq!(asked("/v1/responses/resp_0123abc"), 2);
+    assert_eq!(asked("/v1/responses/resp_0123456789abcdef"), 2);
     let seen: usize = eng.iter().map(|e| e.requests().len()).sum();
     let sent_on: usize = eng
         .iter()
@@ -189,6 +189,53 @@ async fn retrieval_and_cancel_go_to_the_holder_and_unknown_ids_are_404s() {
     };
     assert_eq!(lookups("local"), 5.0, "four retrievals and the cancel");
     assert_eq!(lookups("unknown"), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_response_ids_do_not_flood_the_engines() {
+    let (eng, router) = two_storing_engines().await;
+    let probes = || -> usize {
+        eng.iter()
+            .flat_map(|e| e.requests())
+            .filter(|r| r.path.starts_with("/v1/responses/"))
+            .count()
+    };
+    // A client polling a lost id: the engines are asked once, then the miss is remembered.
+    for _ in 0..30 {
+        let got = send(&router, "GET", "/v1/responses/resp_feedfacefeedface", None).await;
+        assert_eq!(got.status, 404, "{}", got.body);
+    }
+    assert_eq!(probes(), 2, "one question per engine");
+    // Ids no engine makes are not asked about at all.
+    for id in ["foo", "resp_1", "chatcmpl-0123456789abcdef"] {
+        let got = send(&router, "GET", &format!("/v1/responses/{id}"), None).await;
+        assert_eq!(got.status, 404, "{id}: {}", got.body);
+    }
+    assert_eq!(probes(), 2);
+    // Made-up ids as fast as a client can send them: the probe budget holds (a burst, then ten a second).
+    let start = std::time::Instant::now();
+    let paths: Vec<String> = (0..100)
+        .map(|i| format!("/v1/responses/resp_{i:016x}"))
+        .collect();
+    let answers =
+        futures_util::future::join_all(paths.iter().map(|p| send(&router, "GET", p, None))).await;
+    assert!(answers.iter().all(|a| a.status == 404));
+    let rounds = (probes() - 2) / 2;
+    let allowed = 20.0 + 10.0 * start.elapsed().as_secs_f64();
+    assert!(
+        (rounds as f64) <= allowed.ceil(),
+        "{rounds} probe rounds for 100 made-up ids in {:?}",
+        start.elapsed()
+    );
+    let m = router.metrics_text().await;
+    let lookups = |source: &str| {
+        let label = format!("source=\"{source}\"");
+        metric_sum(&m, "infergate_stored_response_lookups_total", &[&label])
+    };
+    assert_eq!(lookups("remembered_unknown"), 29.0);
+    assert_eq!(lookups("not_an_id"), 3.0);
+    assert_eq!(lookups("throttled") + lookups("unknown"), 101.0);
+    assert!(lookups("throttled") > 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,6 +17,9 @@ use prometheus::{IntCounterVec, Opts};
 use crate::metrics::Metrics;
 use crate::paths::is_valid_response_id;
 
+mod unknown;
+pub use unknown::{is_probed_shape, Unknown};
+
 /// Response ids remembered; past this the oldest is forgotten (its follow-ups are placed as any request, and
 /// the engine answers them 404 if it is not the holder). ~100 bytes each.
 pub const CAPACITY: usize = 100_000;
@@ -33,13 +36,25 @@ pub struct Holder {
 }
 
 /// Sources of `infergate_stored_response_lookups_total`: this router's record, the cluster's store, the engine that
-/// answered it has the response, none (`unknown`).
-pub const LOOKUP_SOURCES: [&str; 4] = ["local", "cluster", "engine", "unknown"];
+/// answered it has the response, none (`unknown`); and the ids no engine was asked about: not shaped like a
+/// response id (`not_an_id`), no engine had it lately (`remembered_unknown`), the probe budget was spent
+/// (`throttled`).
+pub const LOOKUP_SOURCES: [&str; 7] = [
+    "local",
+    "cluster",
+    "engine",
+    "unknown",
+    "not_an_id",
+    "remembered_unknown",
+    "throttled",
+];
 
 /// Response id -> the engine holding it.
 pub struct StoredResponses {
     inner: Mutex<Inner>,
     lookups: IntCounterVec,
+    /// Ids no engine had lately, and the budget of engine probes.
+    pub unknown: Unknown,
 }
 
 #[derive(Default)]
@@ -56,7 +71,9 @@ impl StoredResponses {
                 "infergate_stored_response_lookups_total",
                 "Requests naming a stored Responses API object (previous_response_id, retrieve, cancel) by where \
                  the engine holding it was found: local (this router saw it made), cluster (another replica \
-                 did), engine (the engines were asked), unknown (none has it).",
+                 did), engine (the engines were asked), unknown (none has it); or why the engines were not \
+                 asked: not_an_id, remembered_unknown (none had it lately), throttled (the probe budget was \
+                 spent).",
             ),
             &["source"],
         ));
@@ -66,6 +83,7 @@ impl StoredResponses {
         StoredResponses {
             inner: Mutex::default(),
             lookups,
+            unknown: Unknown::default(),
         }
     }
 
@@ -75,6 +93,7 @@ impl StoredResponses {
     }
 
     pub fn record(&self, id: &str, holder: Holder) {
+        self.unknown.forget(id);
         let mut g = self.inner.lock();
         if g.holders.insert(id.into(), holder).is_some() {
             return;
