@@ -36,6 +36,7 @@ impl BackgroundService for Janitor {
                 continue;
             }
             last_janitor = now;
+            crate::logging::flush_repeats();
             let max_age = bound.at(&state.current().timeouts, now);
             state.ledger.expire(max_age, now);
             for pool in &state.pools.pools {

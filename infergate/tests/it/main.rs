@@ -21,6 +21,7 @@ mod framing;
 mod kv_events;
 mod lifecycle;
 mod listen;
+mod log_flood;
 mod observe;
 mod predicted;
 mod prefix;

@@ -10,8 +10,25 @@
 //! [`RECLASSIFIED`]): the retry notice of a new instance waiting for the old one's sockets in a graceful upgrade,
 //! the connection pool losing a race with its own idle watcher (the request goes on over a new connection), and
 //! a client that closed, reset or sent garbage.
+//!
+//! Warn and error lines that repeat are rate-limited with a count (`repeats`): an outage logs its line a few
+//! times, then how many more there were.
+
+use std::sync::LazyLock;
+use std::time::Instant;
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
+
+mod repeats;
+pub use repeats::{Repeats, Summary, Verdict, BURST, WINDOW};
+
+/// The installed logger's table of repeated warn and error lines (`repeats`).
+static REPEATS: LazyLock<Repeats> = LazyLock::new(Repeats::default);
+
+thread_local! {
+    /// Set while `flush_repeats` writes its counts: they are written as they are, not counted again.
+    static SUMMING_UP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 /// `INFERGATE_UNSAFE_LOG_HEADERS=1` lifts the cap (prints a warning: keys and tokens will be logged).
 pub const UNCAP_ENV: &str = "INFERGATE_UNSAFE_LOG_HEADERS";
@@ -97,6 +114,36 @@ struct Capped {
     cap: bool,
 }
 
+impl Capped {
+    /// Write `r` unless it repeats a warn or error line written too often lately (`repeats`).
+    fn write(&self, r: &Record<'_>) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        if r.level() <= Level::Warn && !SUMMING_UP.get() {
+            let line = r.args().to_string();
+            let (verdict, summary) = REPEATS.admit(r.level(), r.target(), &line, Instant::now());
+            if let Some(s) = summary {
+                self.write_summary(&s);
+            }
+            if verdict == Verdict::Drop {
+                return;
+            }
+        }
+        self.inner.log(r);
+    }
+
+    fn write_summary(&self, s: &Summary) {
+        self.inner.log(
+            &Record::builder()
+                .args(format_args!("{}", s.line))
+                .level(s.level)
+                .target(&s.target)
+                .build(),
+        );
+    }
+}
+
 impl Log for Capped {
     fn enabled(&self, m: &Metadata<'_>) -> bool {
         !(self.cap && is_capped(m.target(), m.level())) && self.inner.enabled(m)
@@ -113,17 +160,26 @@ impl Log for Capped {
                 .file(r.file())
                 .line(r.line())
                 .build();
-            if self.enabled(r.metadata()) {
-                self.inner.log(&r);
-            }
-        } else if self.enabled(r.metadata()) {
-            self.inner.log(r);
+            self.write(&r);
+        } else {
+            self.write(r);
         }
     }
 
     fn flush(&self) {
         self.inner.flush();
     }
+}
+
+/// Write the counts of repeated lines whose window has ended (the janitor calls this every second, so a count is
+/// written even when no line of its kind comes again).
+pub fn flush_repeats() {
+    let summaries = REPEATS.flush(Instant::now());
+    SUMMING_UP.set(true);
+    for s in &summaries {
+        log::log!(target: &s.target, s.level, "{}", s.line);
+    }
+    SUMMING_UP.set(false);
 }
 
 /// Install the logger (`RUST_LOG`, default `info`), capped unless [`UNCAP_ENV`] is `1`.
