@@ -15,6 +15,7 @@ mod config_fixtures;
 mod cors;
 mod deploy;
 mod exposure;
+mod fault_soak;
 mod faults;
 mod forwarded;
 mod framing;
