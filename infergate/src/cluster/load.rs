@@ -7,7 +7,7 @@ use pingora_core::server::ShutdownWatch;
 use redis::aio::ConnectionManager;
 
 use super::wire::{self, Figures, LoadRecord};
-use super::{wall_ms, Cluster, BACKGROUND_TIMEOUT};
+use super::{connection, wall_ms, Cluster, BACKGROUND_TIMEOUT};
 
 /// A replica's load key expires after this many publish intervals without a publish.
 pub const PEER_TTL_INTERVALS: u32 = 5;
@@ -16,7 +16,7 @@ pub const PEER_TTL_INTERVALS: u32 = 5;
 const MIN_PEER_TTL: Duration = Duration::from_millis(500);
 
 /// The shortest wait between two connection attempts while the store is down.
-const RECONNECT_EVERY: Duration = Duration::from_millis(500);
+pub(super) const RECONNECT_EVERY: Duration = Duration::from_millis(500);
 
 /// Replica names older than this are pruned from the replica set (their load keys expired long ago).
 const REPLICA_FORGET_MS: u64 = 600_000;
@@ -136,7 +136,7 @@ impl Cluster {
                         c
                     }
                     Ok(Err(e)) => {
-                        self.down(&e.to_string(), last_ok);
+                        self.down(&connection::explain(&e), last_ok);
                         next_connect = Instant::now() + RECONNECT_EVERY;
                         continue;
                     }
@@ -150,7 +150,7 @@ impl Cluster {
             match tokio::time::timeout(BACKGROUND_TIMEOUT, self.publish_and_read(&mut conn)).await {
                 Ok(Ok(())) => {
                     last_ok = Instant::now();
-                    if self.set_connected(true, "") || need_catch_up {
+                    if self.store_up() || need_catch_up {
                         need_catch_up = false;
                         match self.catch_up(&mut conn).await {
                             Ok(n) if n > 0 => {
@@ -169,7 +169,7 @@ impl Cluster {
                 Ok(Err(e)) => {
                     // Start over with a fresh connection next time (the manager's own retries are short).
                     self.conn.store(None);
-                    self.down(&e.to_string(), last_ok);
+                    self.down(&connection::explain(&e), last_ok);
                     need_catch_up = true;
                 }
                 Err(_) => {
@@ -191,7 +191,7 @@ impl Cluster {
 
     fn down(&self, why: &str, last_ok: Instant) {
         self.metrics.error("publish");
-        self.set_connected(false, why);
+        self.store_down(why);
         self.forget_stale_peers(last_ok);
     }
 

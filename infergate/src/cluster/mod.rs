@@ -13,10 +13,14 @@
 //! * **Stored responses**: which engine holds a stored Responses API object (`stored_responses`) is written the
 //!   same way when one is created, and read (bounded by `cluster.read_timeout`) when a request names an id this
 //!   replica has not seen.
-//! * **Store down or slow**: nothing waits and nothing fails; `infergate_cluster_state` says `down` and one log line
-//!   marks each transition. On the way back up this replica's live bindings are written where the store has none
-//!   (`SET NX`: never over a newer binding another replica wrote meanwhile).
+//! * **Store down or slow**: nothing waits and nothing fails; `infergate_cluster_state` says `down`; the log says
+//!   why at the first failure (also when the store was never reached: a wrong password, an unreachable host), again
+//!   every minute while it stays down, and when it is back. On the way back up this replica's live bindings are
+//!   written where the store has none (`SET NX`: never over a newer binding another replica wrote meanwhile).
+//! * **`infergate -t`** tries the store once, briefly (`check`): credentials it refuses are a configuration error,
+//!   a store it cannot reach is a warning (it may come up after the router).
 
+mod check;
 mod connection;
 mod load;
 mod metrics;
@@ -38,6 +42,7 @@ use redis::aio::ConnectionManager;
 
 use crate::config::ClusterConfig;
 use crate::pool::Pools;
+pub use check::check_store;
 pub use load::PEER_TTL_INTERVALS;
 pub use metrics::ClusterMetrics;
 use wire::Keys;
@@ -53,6 +58,7 @@ pub struct Cluster {
     pools: Arc<Pools>,
     conn: ArcSwapOption<ConnectionManager>,
     connected: AtomicBool,
+    outage: Mutex<connection::Outage>,
     metrics: ClusterMetrics,
     writes: tokio::sync::mpsc::Sender<Write>,
     writes_rx: Mutex<Option<tokio::sync::mpsc::Receiver<Write>>>,
@@ -80,6 +86,7 @@ impl Cluster {
             pools: pools.clone(),
             conn: ArcSwapOption::empty(),
             connected: AtomicBool::new(false),
+            outage: Mutex::default(),
             metrics: m,
             writes: tx,
             writes_rx: Mutex::new(Some(rx)),

@@ -1,10 +1,14 @@
 //! Router replicas sharing live load and session bindings through a real `redis-server` started on a free loopback
 //! port: a session whose turns alternate between replicas stays on one engine, a prefill held by one replica steers
-//! the other, and Redis going away and coming back costs no request.
+//! the other, and Redis going away and coming back costs no request. Submodule `store`: a store that refuses the
+//! replica or cannot be reached.
 //!
 //! Without `redis-server` on the PATH these tests say so loudly and pass, unless `CI` is set: then they fail
 //! (`scripts/ensure-test-tools.sh` installs it).
 
+mod store;
+
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,11 +21,17 @@ use infergate_sim::SimConfig;
 struct Redis {
     port: u16,
     child: Option<Child>,
+    args: Vec<String>,
 }
 
 impl Redis {
     /// Start one, or None (after a loud message) when the binary is absent outside CI.
     async fn start() -> Option<Redis> {
+        Redis::start_with(&[]).await
+    }
+
+    /// Start one with extra `redis-server` arguments (e.g. `--requirepass`).
+    async fn start_with(args: &[&str]) -> Option<Redis> {
         let found = Command::new("redis-server")
             .arg("--version")
             .stdout(Stdio::null())
@@ -42,6 +52,7 @@ impl Redis {
         let mut r = Redis {
             port: free_port(),
             child: None,
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         r.spawn().await;
         Some(r)
@@ -51,6 +62,7 @@ impl Redis {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -108,6 +120,64 @@ impl Redis {
 impl Drop for Redis {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A replica running as the router binary in its own process, so that a test can SIGKILL it or read its log;
+/// killed on drop.
+struct ProcessReplica {
+    _child: KillOnDrop,
+    listen: u16,
+    metrics: u16,
+    log: PathBuf,
+}
+
+impl ProcessReplica {
+    /// Start the binary on `yaml` (with `{listen}` and `{metrics}` placeholders) at RUST_LOG=info; returns once its
+    /// metrics answer.
+    async fn start(yaml: &str) -> ProcessReplica {
+        let (listen, metrics) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!("infergate-cluster-{listen}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = format!(
+            "{}\nserver:\n  threads: 2\n  grace_period_seconds: 0\n  graceful_shutdown_timeout_seconds: 1\n  \
+             pid_file: {dir}/pid\n  upgrade_sock: {dir}/sock\n",
+            yaml.replace("{listen}", &format!("127.0.0.1:{listen}"))
+                .replace("{metrics}", &format!("127.0.0.1:{metrics}")),
+            dir = dir.display()
+        );
+        let path = dir.join("infergate.yaml");
+        std::fs::write(&path, text).unwrap();
+        let log = dir.join("stderr.log");
+        let child = KillOnDrop(
+            Command::new(env!("CARGO_BIN_EXE_infergate"))
+                .args(["-c", path.to_str().unwrap()])
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+                .spawn()
+                .unwrap(),
+        );
+        wait_metrics(metrics, "the replica's metrics", |_| true).await;
+        ProcessReplica {
+            _child: child,
+            listen,
+            metrics,
+            log,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.listen)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        let m = try_metrics(&format!("http://127.0.0.1:{}/metrics", self.metrics)).await;
+        metric_sum(&m.unwrap_or_default(), name, labels)
     }
 }
 
