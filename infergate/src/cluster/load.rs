@@ -21,6 +21,14 @@ pub(super) const RECONNECT_EVERY: Duration = Duration::from_millis(500);
 /// Replica names older than this are pruned from the replica set (their load keys expired long ago).
 const REPLICA_FORGET_MS: u64 = 600_000;
 
+/// Names read from the replica set per tick, most recently published first: more live replicas than this is no
+/// deployment but junk, and one tick's work stays bounded whatever the set holds.
+pub const MAX_REPLICAS_READ: usize = 256;
+
+/// A replica-set score further ahead of this replica's clock than this is no replica's (clocks agree within
+/// seconds): pruned.
+const FUTURE_SLACK_MS: u64 = 60_000;
+
 impl Cluster {
     fn peer_ttl(&self) -> Duration {
         (self.cfg.publish_interval * PEER_TTL_INTERVALS).max(MIN_PEER_TTL)
@@ -57,7 +65,9 @@ impl Cluster {
         self.metrics.peers.set(peers as i64);
     }
 
-    /// Publish this replica's load and read the peers'. Err when the store did not answer.
+    /// Publish this replica's load and read the peers'. Err when the store did not answer. Prunes the replica set
+    /// of names without a readable load record (stopped replicas, junk) and of scores far in the future, and reads
+    /// at most [`MAX_REPLICAS_READ`] names.
     async fn publish_and_read(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
         let now_ms = wall_ms();
         let me = &self.cfg.replica;
@@ -81,34 +91,63 @@ impl Cluster {
             .arg("-inf")
             .arg(now_ms.saturating_sub(REPLICA_FORGET_MS))
             .ignore()
-            .cmd("ZRANGE")
+            .cmd("ZREMRANGEBYSCORE")
             .arg(&replicas_key)
+            .arg(format!("({}", now_ms.saturating_add(FUTURE_SLACK_MS)))
+            .arg("+inf")
+            .ignore()
+            .cmd("ZREVRANGEBYSCORE")
+            .arg(&replicas_key)
+            .arg("+inf")
+            .arg("-inf")
+            .arg("LIMIT")
             .arg(0)
-            .arg(-1)
+            .arg(MAX_REPLICAS_READ)
             .query_async(conn)
             .await?;
         self.metrics
             .publish_seconds
             .observe(t0.elapsed().as_secs_f64());
-        let others: Vec<String> = names
-            .iter()
-            .filter(|n| *n != me)
-            .map(|n| self.keys.load(n))
-            .collect();
+        let others: Vec<String> = names.into_iter().filter(|n| n != me).collect();
         if others.is_empty() {
             self.apply_peers(&Default::default(), 0);
             return Ok(());
         }
+        let keys: Vec<String> = others.iter().map(|n| self.keys.load(n)).collect();
         let t1 = Instant::now();
-        let records: Vec<Option<Vec<u8>>> =
-            redis::cmd("MGET").arg(&others).query_async(conn).await?;
+        let records: Vec<Option<Vec<u8>>> = redis::cmd("MGET").arg(&keys).query_async(conn).await?;
         self.metrics
             .read_seconds
             .with_label_values(&["load"])
             .observe(t1.elapsed().as_secs_f64());
         let (sums, peers) = wire::sum_peers(records.iter().map(|r| r.as_deref()));
         self.apply_peers(&sums, peers);
+        let gone: Vec<&String> = others
+            .iter()
+            .zip(&records)
+            .filter(|(_, r)| r.as_deref().and_then(LoadRecord::decode).is_none())
+            .map(|(n, _)| n)
+            .collect();
+        if !gone.is_empty() {
+            // A live replica among them (its key just expired: a missed tick) adds itself back at its next publish.
+            redis::cmd("ZREM")
+                .arg(&replicas_key)
+                .arg(&gone)
+                .query_async::<()>(conn)
+                .await?;
+        }
         Ok(())
+    }
+
+    /// Publish; a key of the wrong type in the way is replaced and the publish tried once more.
+    async fn publish(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
+        match self.publish_and_read(conn).await {
+            Err(e) if e.code() == Some("WRONGTYPE") => {
+                self.replace_foreign_keys(conn).await?;
+                self.publish_and_read(conn).await
+            }
+            done => done,
+        }
     }
 
     /// The publish loop: connect, publish and read every interval, track the store's state, catch up after an
@@ -147,7 +186,7 @@ impl Cluster {
                     }
                 },
             };
-            match tokio::time::timeout(BACKGROUND_TIMEOUT, self.publish_and_read(&mut conn)).await {
+            match tokio::time::timeout(BACKGROUND_TIMEOUT, self.publish(&mut conn)).await {
                 Ok(Ok(())) => {
                     last_ok = Instant::now();
                     if self.store_up() || need_catch_up {

@@ -2,10 +2,11 @@
 //!
 //! * **Load**: every `publish_interval` a background task writes this replica's requests and prefill tokens in
 //!   flight per endpoint URL under a key of its own that expires after [`PEER_TTL_INTERVALS`] intervals, then reads
-//!   the other replicas' keys and stores their sums in each endpoint's `ledger::PeerLoad`. The pool's placement snapshot
-//!   adds those to its own live figures (placement stays pure: it gets numbers). A replica that stops publishing
-//!   drops out when its key expires; while the store cannot be read, the last figures stay for one key lifetime
-//!   (a fresh peer never reads as zero), then this replica places on its own figures alone.
+//!   the other replicas' keys (at most [`MAX_REPLICAS_READ`], pruning names without a record) and stores their sums
+//!   in each endpoint's `ledger::PeerLoad`. The pool's placement snapshot adds those to its own live figures
+//!   (placement stays pure: it gets numbers). A replica that stops publishing drops out when its key expires; while
+//!   the store cannot be read, the last figures stay for one key lifetime (a fresh peer never reads as zero), then
+//!   this replica places on its own figures alone.
 //! * **Sessions**: a served session turn's binding is queued for a background writer (the request path never waits
 //!   for the write); every session request reads its binding from the store, waiting at most
 //!   `cluster.read_timeout`, and imports it before placement when the local table has none or an older one on
@@ -13,6 +14,7 @@
 //! * **Stored responses**: which engine holds a stored Responses API object (`stored_responses`) is written the
 //!   same way when one is created, and read (bounded by `cluster.read_timeout`) when a request names an id this
 //!   replica has not seen.
+//! * **Garbage** (`garbage`): a key of the wrong type under the prefix is replaced, with a warning.
 //! * **Store down or slow**: nothing waits and nothing fails; `infergate_cluster_state` says `down`; the log says
 //!   why at the first failure (also when the store was never reached: a wrong password, an unreachable host), again
 //!   every minute while it stays down, and when it is back. On the way back up this replica's live bindings are
@@ -22,6 +24,7 @@
 
 mod check;
 mod connection;
+mod garbage;
 mod load;
 mod metrics;
 mod responses;
@@ -43,7 +46,7 @@ use redis::aio::ConnectionManager;
 use crate::config::ClusterConfig;
 use crate::pool::Pools;
 pub use check::check_store;
-pub use load::PEER_TTL_INTERVALS;
+pub use load::{MAX_REPLICAS_READ, PEER_TTL_INTERVALS};
 pub use metrics::ClusterMetrics;
 use wire::Keys;
 use writer::{Write, WRITE_QUEUE};

@@ -76,6 +76,10 @@ impl Cluster {
             .observe(t0.elapsed().as_secs_f64());
         match got {
             Ok(Ok(found)) => Ok(found),
+            Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
+                self.foreign_binding(key);
+                Ok(None)
+            }
             Ok(Err(e)) => {
                 log::debug!("cluster: reading a binding failed: {e}");
                 self.metrics.error("read_binding");
@@ -94,15 +98,24 @@ impl Cluster {
         if !self.connected() {
             return;
         }
-        let Some(write) = self.binding_write(pool, saved, wall_ms()) else {
+        let Some((key, value, ttl_ms)) = self.binding_write(pool, saved, wall_ms()) else {
             return;
         };
-        if self.writes.try_send(write).is_err() {
+        if self
+            .writes
+            .try_send(Write::Set { key, value, ttl_ms })
+            .is_err()
+        {
             self.metrics.error("write_binding");
         }
     }
 
-    fn binding_write(&self, pool: &Pool, saved: &SavedSession, now_ms: u64) -> Option<Write> {
+    fn binding_write(
+        &self,
+        pool: &Pool,
+        saved: &SavedSession,
+        now_ms: u64,
+    ) -> Option<(String, Vec<u8>, u64)> {
         let ttl = pool.cfg().policy.sessions()?.ttl.saturating_sub(saved.idle);
         let ttl_ms = wire::millis(ttl);
         if ttl_ms == 0 {
@@ -113,11 +126,11 @@ impl Cluster {
             .iter()
             .find(|e| e.id == saved.endpoint)
             .map(|e| crate::state_file::endpoint_url(e))?;
-        Some(Write {
-            key: self.keys.session(&pool.name, saved.key),
-            value: BindingRecord::of(saved, url, now_ms).encode(),
+        Some((
+            self.keys.session(&pool.name, saved.key),
+            BindingRecord::of(saved, url, now_ms).encode(),
             ttl_ms,
-        })
+        ))
     }
 
     /// Back from an outage: write this replica's live bindings where the store has none.
@@ -132,12 +145,12 @@ impl Cluster {
             for chunk in saved.chunks(512) {
                 let mut pipe = redis::pipe();
                 for s in chunk {
-                    if let Some(w) = self.binding_write(pool, s, now_ms) {
+                    if let Some((key, value, ttl_ms)) = self.binding_write(pool, s, now_ms) {
                         pipe.cmd("SET")
-                            .arg(w.key)
-                            .arg(w.value)
+                            .arg(key)
+                            .arg(value)
                             .arg("PX")
-                            .arg(w.ttl_ms)
+                            .arg(ttl_ms)
                             .arg("NX")
                             .ignore();
                         written += 1;

@@ -76,6 +76,12 @@ impl LoadRecord {
     }
 }
 
+impl LoadRecord {
+    pub fn decode(bytes: &[u8]) -> Option<LoadRecord> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
 /// The peers' load summed by endpoint URL, from the records a read returned (None: the key expired, so that peer
 /// dropped out). Returns the sums and how many records were readable.
 pub fn sum_peers<'a>(
@@ -84,7 +90,7 @@ pub fn sum_peers<'a>(
     let mut sums: HashMap<String, Figures> = HashMap::new();
     let mut peers = 0;
     for bytes in records.into_iter().flatten() {
-        let Ok(rec) = serde_json::from_slice::<LoadRecord>(bytes) else {
+        let Some(rec) = LoadRecord::decode(bytes) else {
             continue;
         };
         peers += 1;

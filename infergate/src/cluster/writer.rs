@@ -1,4 +1,5 @@
-//! The binding writer: the queue the request path fills and the background task that sends it in batches.
+//! The binding writer: the queue the request path fills (bindings, stored-response holders, replaced keys) and the
+//! background task that sends it in batches.
 
 use std::sync::Arc;
 
@@ -9,11 +10,16 @@ use super::{Cluster, BACKGROUND_TIMEOUT};
 /// Binding writes queued for the background writer; past this they are dropped (and counted).
 pub(super) const WRITE_QUEUE: usize = 8192;
 
-/// One binding write for the background writer.
-pub(super) struct Write {
-    pub(super) key: String,
-    pub(super) value: Vec<u8>,
-    pub(super) ttl_ms: u64,
+/// One write for the background writer.
+pub(super) enum Write {
+    /// `SET key value PX ttl_ms`.
+    Set {
+        key: String,
+        value: Vec<u8>,
+        ttl_ms: u64,
+    },
+    /// `DEL key`: a key of the wrong type under the prefix.
+    Del { key: String },
 }
 
 impl Cluster {
@@ -36,18 +42,38 @@ impl Cluster {
             };
             let mut pipe = redis::pipe();
             for w in batch.drain(..) {
-                pipe.cmd("SET")
-                    .arg(w.key)
-                    .arg(w.value)
-                    .arg("PX")
-                    .arg(w.ttl_ms)
-                    .ignore();
+                match w {
+                    Write::Set { key, value, ttl_ms } => {
+                        pipe.cmd("SET")
+                            .arg(key)
+                            .arg(value)
+                            .arg("PX")
+                            .arg(ttl_ms)
+                            .ignore();
+                    }
+                    Write::Del { key } => {
+                        pipe.cmd("DEL").arg(key).ignore();
+                    }
+                }
             }
             let n = pipe.len() as u64;
             match tokio::time::timeout(BACKGROUND_TIMEOUT, pipe.query_async::<()>(&mut conn)).await
             {
                 Ok(Ok(())) => {}
-                _ => self
+                Ok(Err(e)) => {
+                    self.metrics
+                        .errors_total
+                        .with_label_values(&["write_binding"])
+                        .inc_by(n);
+                    if e.code() == Some("WRONGTYPE") {
+                        let _ = tokio::time::timeout(
+                            BACKGROUND_TIMEOUT,
+                            self.replace_foreign_keys(&mut conn),
+                        )
+                        .await;
+                    }
+                }
+                Err(_) => self
                     .metrics
                     .errors_total
                     .with_label_values(&["write_binding"])

@@ -1,7 +1,7 @@
 //! Router replicas sharing live load and session bindings through a real `redis-server` started on a free loopback
 //! port: a session whose turns alternate between replicas stays on one engine, a prefill held by one replica steers
 //! the other, and Redis going away and coming back costs no request. Submodule `store`: a store that refuses the
-//! replica or cannot be reached.
+//! replica, cannot be reached or holds garbage.
 //!
 //! Without `redis-server` on the PATH these tests say so loudly and pass, unless `CI` is set: then they fail
 //! (`scripts/ensure-test-tools.sh` installs it).
@@ -80,6 +80,15 @@ impl Redis {
 
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A connection of the test's own (the server needs no password).
+    async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("the test reaches redis")
     }
 
     /// The endpoint URL the store binds `session` of pool `default` to, under replica `r`'s key prefix; None while

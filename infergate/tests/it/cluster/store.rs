@@ -1,5 +1,6 @@
-//! A store that refuses this replica or cannot be reached: `-t` says which it is, and a running replica logs why it
-//! serves without the cluster.
+//! A store that refuses this replica, cannot be reached, or holds garbage under the prefix: `-t` says which it is,
+//! a running replica logs why it serves without the cluster, and garbage is replaced or pruned, never a reason to
+//! stay down.
 
 use super::*;
 
@@ -105,6 +106,27 @@ async fn minus_t_refuses_credentials_the_store_refuses_and_warns_of_one_it_canno
         out.contains("cannot reach Redis") && out.contains("is valid"),
         "{out}"
     );
+    // Garbage under the prefix: valid, with a warning that the replicas replace it.
+    let mut c = redis::Client::open(format!("redis://:right-pw@127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("infergate:replicas")
+        .arg("junk")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let (got, out) = test_config(&t_conf(
+        "garbage.yaml",
+        &format!("redis: \"redis://:right-pw@127.0.0.1:{port}\""),
+    ));
+    assert_eq!(got, 0, "{out}");
+    assert!(
+        out.contains("`infergate:replicas` is a string") && out.contains("replace it"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,4 +174,93 @@ async fn a_replica_refused_by_the_store_says_why_at_once_and_serves_on_its_own()
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(r.log().matches("cluster: cannot use Redis").count(), 1);
     assert!(!r.log().contains("still unavailable"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_the_wrong_type_under_the_prefix_are_replaced_and_junk_replica_names_pruned() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let mut c = redis.conn().await;
+    let typed = Keys::new("infergate").session("default", session_hash(b"typed"));
+    let _: () = redis::pipe()
+        .cmd("SET")
+        .arg("infergate:replicas")
+        .arg("junk")
+        .cmd("HSET")
+        .arg(&typed)
+        .arg("f")
+        .arg("v")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let engines = engines(2, SimConfig::default()).await;
+    let urls = urls(&engines);
+    let a = replica(&urls, &sessions_yaml(1000), &redis, "a").await;
+    let b = replica(&urls, &sessions_yaml(1000), &redis, "b").await;
+    // Today's failure: a string where the replica set goes kept every replica down.
+    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    let kind = |key: &'static str| {
+        let mut c = c.clone();
+        async move {
+            redis::cmd("TYPE")
+                .arg(key)
+                .query_async::<String>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(kind("infergate:replicas").await, "zset");
+    // A session key of another type is no binding (not a failed lookup) and the turn's binding replaces it.
+    assert_eq!(turn(&a, "typed", 1_000).await.0, 200);
+    redis
+        .wait_binding(&a, "typed", "the binding replaces the hash", |_| true)
+        .await;
+    let m = a.metrics_text().await;
+    let lookups = |s: &str| {
+        let label = format!("source=\"{s}\"");
+        metric_sum(&m, "infergate_cluster_binding_lookups_total", &[&label])
+    };
+    assert_eq!((lookups("miss"), lookups("unavailable")), (1.0, 0.0));
+    // 20,000 junk names (recent scores, as a runaway script leaves them) and 100 far in the future.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg("infergate:replicas");
+    for i in 0..20_000u64 {
+        zadd.arg(now_ms - 1_000 - i).arg(format!("junk-{i}"));
+    }
+    for i in 0..100u64 {
+        zadd.arg(1e15 as u64 + i).arg(format!("future-{i}"));
+    }
+    let _: () = zadd.query_async(&mut c).await.unwrap();
+    // Each tick reads at most MAX_REPLICAS_READ names and drops those without a load record.
+    let start = Instant::now();
+    loop {
+        let left: u64 = redis::cmd("ZCARD")
+            .arg("infergate:replicas")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if left == 2 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{left} names left after 30 s"
+        );
+        for r in [&a, &b] {
+            assert_eq!(
+                r.metric_sum("infergate_cluster_peers", &[]).await,
+                1.0,
+                "junk is no peer"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("20,100 junk names pruned in {:?}", start.elapsed());
+    wait_state(&[&a, &b], "connected", Duration::from_secs(1)).await;
+    assert_eq!(turn(&b, "typed", 1_500).await.0, 200);
 }
