@@ -8,13 +8,16 @@ use super::Cluster;
 
 impl Cluster {
     /// After a `WRONGTYPE` answer to a publish or a write: delete the keys of this replica that hold the wrong type
-    /// (the replica set; its load record and the bindings are plain `SET`s, which replace any type). Returns how
-    /// many were replaced.
+    /// (the replica set, its reservations; its load record and the bindings are plain `SET`s, which replace any
+    /// type). Returns how many were replaced.
     pub(super) async fn replace_foreign_keys(
         &self,
         conn: &mut ConnectionManager,
     ) -> redis::RedisResult<usize> {
-        let own = [(self.keys.replicas(), "zset")];
+        let own = [
+            (self.keys.replicas(), "zset"),
+            (self.keys.reserved(&self.cfg.replica), "hash"),
+        ];
         let mut replaced = 0;
         for (key, want) in own {
             let found: String = redis::cmd("TYPE").arg(&key).query_async(conn).await?;

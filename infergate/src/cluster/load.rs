@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use pingora_core::server::ShutdownWatch;
 use redis::aio::ConnectionManager;
 
-use super::wire::{self, Figures, LoadRecord};
+use super::wire::{self, Figures, LoadRecord, PeerState};
 use super::{connection, wall_ms, Cluster, BACKGROUND_TIMEOUT};
 
 /// A replica's load key expires after this many publish intervals without a publish.
@@ -30,12 +30,12 @@ pub const MAX_REPLICAS_READ: usize = 256;
 const FUTURE_SLACK_MS: u64 = 60_000;
 
 impl Cluster {
-    fn peer_ttl(&self) -> Duration {
+    pub(super) fn peer_ttl(&self) -> Duration {
         (self.cfg.publish_interval * PEER_TTL_INTERVALS).max(MIN_PEER_TTL)
     }
 
     /// This replica's live load by endpoint URL.
-    fn own_load(&self) -> LoadRecord {
+    pub(super) fn own_load(&self) -> LoadRecord {
         let mut rec = LoadRecord::default();
         for pool in &self.pools.pools {
             for e in pool.endpoints().iter() {
@@ -51,18 +51,12 @@ impl Cluster {
         rec
     }
 
-    /// Hand the peers' sums to every endpoint (0 for endpoints no peer has load on).
-    fn apply_peers(&self, sums: &std::collections::HashMap<String, Figures>, peers: usize) {
-        for pool in &self.pools.pools {
-            for e in pool.endpoints().iter() {
-                let f = sums
-                    .get(&crate::state_file::endpoint_url(e))
-                    .copied()
-                    .unwrap_or_default();
-                e.peers.set(f.requests, f.prefill_tokens);
-            }
-        }
-        self.metrics.peers.set(peers as i64);
+    /// Forget every peer: this replica places on its own figures.
+    fn forget_peers(&self) {
+        let mut view = self.view.lock();
+        view.clear();
+        self.apply_view(&view, self.pools.pools.iter().map(|p| &**p));
+        self.metrics.peers.set(0);
     }
 
     /// Publish this replica's load and read the peers'. Err when the store did not answer. Prunes the replica set
@@ -73,11 +67,12 @@ impl Cluster {
         let me = &self.cfg.replica;
         let ttl_ms = wire::millis(self.peer_ttl());
         let replicas_key = self.keys.replicas();
+        let record = self.next_record();
         let t0 = Instant::now();
         let (names,): (Vec<String>,) = redis::pipe()
             .cmd("SET")
             .arg(self.keys.load(me))
-            .arg(self.own_load().encode())
+            .arg(record.encode())
             .arg("PX")
             .arg(ttl_ms)
             .ignore()
@@ -109,25 +104,34 @@ impl Cluster {
             .publish_seconds
             .observe(t0.elapsed().as_secs_f64());
         let others: Vec<String> = names.into_iter().filter(|n| n != me).collect();
-        if others.is_empty() {
-            self.apply_peers(&Default::default(), 0);
-            return Ok(());
+        let records: Vec<Option<Vec<u8>>> = if others.is_empty() {
+            Vec::new()
+        } else {
+            let keys: Vec<String> = others.iter().map(|n| self.keys.load(n)).collect();
+            let t1 = Instant::now();
+            let records = redis::cmd("MGET").arg(&keys).query_async(conn).await?;
+            self.metrics
+                .read_seconds
+                .with_label_values(&["load"])
+                .observe(t1.elapsed().as_secs_f64());
+            records
+        };
+        let mut gone = Vec::new();
+        {
+            let mut view = self.view.lock();
+            let mut before = std::mem::take(&mut *view);
+            for (name, bytes) in others.into_iter().zip(records) {
+                match bytes.as_deref().and_then(LoadRecord::decode) {
+                    Some(record) => {
+                        let reserved = before.remove(&name).map(|s| s.reserved).unwrap_or_default();
+                        view.insert(name, PeerState { record, reserved });
+                    }
+                    None => gone.push(name),
+                }
+            }
+            self.apply_view(&view, self.pools.pools.iter().map(|p| &**p));
+            self.metrics.peers.set(view.len() as i64);
         }
-        let keys: Vec<String> = others.iter().map(|n| self.keys.load(n)).collect();
-        let t1 = Instant::now();
-        let records: Vec<Option<Vec<u8>>> = redis::cmd("MGET").arg(&keys).query_async(conn).await?;
-        self.metrics
-            .read_seconds
-            .with_label_values(&["load"])
-            .observe(t1.elapsed().as_secs_f64());
-        let (sums, peers) = wire::sum_peers(records.iter().map(|r| r.as_deref()));
-        self.apply_peers(&sums, peers);
-        let gone: Vec<&String> = others
-            .iter()
-            .zip(&records)
-            .filter(|(_, r)| r.as_deref().and_then(LoadRecord::decode).is_none())
-            .map(|(n, _)| n)
-            .collect();
         if !gone.is_empty() {
             // A live replica among them (its key just expired: a missed tick) adds itself back at its next publish.
             redis::cmd("ZREM")
@@ -219,10 +223,13 @@ impl Cluster {
             }
         }
         if let Some(mut conn) = self.conn() {
-            let key = self.keys.load(&self.cfg.replica);
+            let me = &self.cfg.replica;
             let _ = tokio::time::timeout(
                 BACKGROUND_TIMEOUT,
-                redis::cmd("DEL").arg(key).query_async::<()>(&mut conn),
+                redis::cmd("DEL")
+                    .arg(self.keys.load(me))
+                    .arg(self.keys.reserved(me))
+                    .query_async::<()>(&mut conn),
             )
             .await;
         }
@@ -237,7 +244,7 @@ impl Cluster {
     /// The peers' last figures stay as long as their keys would have; after that this replica is on its own.
     fn forget_stale_peers(&self, last_ok: Instant) {
         if last_ok.elapsed() >= self.peer_ttl() {
-            self.apply_peers(&Default::default(), 0);
+            self.forget_peers();
         }
     }
 }

@@ -14,7 +14,13 @@ pub const STATES: [&str; 3] = ["off", "connected", "down"];
 pub const SOURCES: [&str; 4] = ["local", "store", "miss", "unavailable"];
 
 /// Values of the `op` label of `infergate_cluster_errors_total`.
-pub const OPS: [&str; 3] = ["publish", "read_binding", "write_binding"];
+pub const OPS: [&str; 5] = [
+    "publish",
+    "read_binding",
+    "write_binding",
+    "reserve",
+    "read_reservations",
+];
 
 /// Store round trips are sub-millisecond on a LAN; the request path gives up after a few milliseconds.
 const BUCKETS: [f64; 12] = [
@@ -58,13 +64,14 @@ impl ClusterMetrics {
         let read_seconds = HistogramVec::new(
             HistogramOpts::new(
                 "infergate_cluster_read_seconds",
-                "Time to read from the store: the peers' load (background) or a session binding (request path).",
+                "Time to read from the store: the peers' load (background), a session binding or the peers' \
+                 reservations (request path, before placement).",
             )
             .buckets(BUCKETS.to_vec()),
             &["what"],
         )
         .expect("static metric definition");
-        for w in ["load", "binding"] {
+        for w in ["load", "binding", "reservations"] {
             read_seconds.with_label_values(&[w]);
         }
         let peers = IntGauge::new(
@@ -90,7 +97,9 @@ impl ClusterMetrics {
         let errors_total = IntCounterVec::new(
             Opts::new(
                 "infergate_cluster_errors_total",
-                "Store operations that failed or timed out (placement went on with local state), by operation.",
+                "Store operations that failed or timed out (placement went on with local state), by operation: \
+                 publish, read_binding, write_binding, reserve (a dispatch counted for the peers), \
+                 read_reservations.",
             ),
             &["op"],
         )

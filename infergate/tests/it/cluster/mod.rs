@@ -1,11 +1,12 @@
 //! Router replicas sharing live load and session bindings through a real `redis-server` started on a free loopback
 //! port: a session whose turns alternate between replicas stays on one engine, a prefill held by one replica steers
-//! the other, and Redis going away and coming back costs no request. Submodule `store`: a store that refuses the
-//! replica, cannot be reached or holds garbage.
+//! the other, and Redis going away and coming back costs no request. Submodules: `store` (a store that refuses,
+//! cannot be reached or holds garbage), `bursts` (new sessions spread over replicas).
 //!
 //! Without `redis-server` on the PATH these tests say so loudly and pass, unless `CI` is set: then they fail
 //! (`scripts/ensure-test-tools.sh` installs it).
 
+mod bursts;
 mod store;
 
 use std::path::PathBuf;

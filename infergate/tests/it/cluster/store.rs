@@ -187,6 +187,9 @@ async fn keys_of_the_wrong_type_under_the_prefix_are_replaced_and_junk_replica_n
         .cmd("SET")
         .arg("infergate:replicas")
         .arg("junk")
+        .cmd("SET")
+        .arg("infergate:reserved:a")
+        .arg("junk")
         .cmd("HSET")
         .arg(&typed)
         .arg("f")
@@ -222,6 +225,17 @@ async fn keys_of_the_wrong_type_under_the_prefix_are_replaced_and_junk_replica_n
         metric_sum(&m, "infergate_cluster_binding_lookups_total", &[&label])
     };
     assert_eq!((lookups("miss"), lookups("unavailable")), (1.0, 0.0));
+    // A's reservations key held a string: replaced once a write met it.
+    let start = Instant::now();
+    while kind("infergate:reserved:a").await != "hash" {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "A's reservations key is still not a hash"
+        );
+        assert_eq!(post_chat(&a.url(), chat_body(100, true, 2)).await, 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // 20,000 junk names (recent scores, as a runaway script leaves them) and 100 far in the future.
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
