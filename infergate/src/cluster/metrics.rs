@@ -31,6 +31,7 @@ pub struct ClusterMetrics {
     pub state: IntGaugeVec,
     pub publish_seconds: Histogram,
     pub read_seconds: HistogramVec,
+    pub write_seconds: Histogram,
     pub peers: IntGauge,
     pub binding_lookups_total: IntCounterVec,
     pub errors_total: IntCounterVec,
@@ -74,6 +75,14 @@ impl ClusterMetrics {
         for w in ["load", "binding", "reservations"] {
             read_seconds.with_label_values(&[w]);
         }
+        let write_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "infergate_cluster_write_seconds",
+                "Time to write a served session turn's binding, before its answer goes to the client.",
+            )
+            .buckets(BUCKETS.to_vec()),
+        )
+        .expect("static metric definition");
         let peers = IntGauge::new(
             "infergate_cluster_peers",
             "Other router replicas whose load is fresh in the store.",
@@ -110,6 +119,7 @@ impl ClusterMetrics {
         metrics.register(Box::new(state.clone()));
         metrics.register(Box::new(publish_seconds.clone()));
         metrics.register(Box::new(read_seconds.clone()));
+        metrics.register(Box::new(write_seconds.clone()));
         metrics.register(Box::new(peers.clone()));
         metrics.register(Box::new(binding_lookups_total.clone()));
         metrics.register(Box::new(errors_total.clone()));
@@ -117,6 +127,7 @@ impl ClusterMetrics {
             state,
             publish_seconds,
             read_seconds,
+            write_seconds,
             peers,
             binding_lookups_total,
             errors_total,

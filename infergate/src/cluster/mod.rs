@@ -11,10 +11,10 @@
 //!   queued `HINCRBY` under a lease), and every placement first reads the peers' (one round trip, at most
 //!   `cluster.read_timeout`), so a burst spread over the replicas inside one interval splits as one router splits
 //!   it. An epoch puts each dispatch in the record or in the reservations, never both.
-//! * **Sessions**: a served session turn's binding is queued for a background writer (the request path never waits
-//!   for the write); every session request reads its binding from the store, waiting at most
-//!   `cluster.read_timeout`, and imports it before placement when the local table has none or an older one on
-//!   another endpoint (so a move another replica made is followed).
+//! * **Sessions**: a served session turn's binding is written when its engine sends headers, before the client
+//!   gets them, waiting at most `cluster.read_timeout` (the engine prefills meanwhile); every session request reads
+//!   its binding from the store, waiting at most as long, and imports it before placement when the local table has
+//!   none or an older one on another endpoint (so a move another replica made is followed).
 //! * **Stored responses**: which engine holds a stored Responses API object (`stored_responses`) is queued for a
 //!   background writer when one is created, and read (bounded by `cluster.read_timeout`) when a request names an id this
 //!   replica has not seen.

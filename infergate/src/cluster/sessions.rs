@@ -1,11 +1,11 @@
-//! Session bindings: the bounded read before placement, the write queued after a turn, the catch-up after an outage.
+//! Session bindings: the bounded read before placement, the bounded write before a turn's answer, the catch-up
+//! after an outage.
 
 use std::time::Instant;
 
 use redis::aio::ConnectionManager;
 
 use super::wire::{self, BindingRecord};
-use super::writer::Write;
 use super::{wall_ms, Cluster};
 use crate::placement::sessions::{session_hash, SavedSession};
 use crate::pool::Pool;
@@ -92,21 +92,39 @@ impl Cluster {
         }
     }
 
-    /// After a session turn was served: queue its binding (`saved`, endpoint id of this process) for the store.
-    /// Never waits; a full queue or a down store drops the write (counted).
-    pub fn share_binding(&self, pool: &Pool, saved: &SavedSession) {
-        if !self.connected() {
+    /// A session turn is being served (its engine sent response headers): write its binding (`saved`, endpoint id
+    /// of this process) to the store before the client gets the answer, waiting at most `cluster.read_timeout`
+    /// (the engine prefills meanwhile). So a client's next turn, wherever it goes, finds the binding, and a replica
+    /// killed after answering has lost none. A store down, slow or failing costs the wait at most (counted).
+    pub async fn store_binding(&self, pool: &Pool, saved: &SavedSession) {
+        let Some(mut conn) = self.conn() else {
             return;
-        }
+        };
         let Some((key, value, ttl_ms)) = self.binding_write(pool, saved, wall_ms()) else {
             return;
         };
-        if self
-            .writes
-            .try_send(Write::Set { key, value, ttl_ms })
-            .is_err()
-        {
-            self.metrics.error("write_binding");
+        let t0 = Instant::now();
+        let done = tokio::time::timeout(
+            self.cfg.read_timeout,
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(value)
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async::<()>(&mut conn),
+        )
+        .await;
+        self.metrics
+            .write_seconds
+            .observe(t0.elapsed().as_secs_f64());
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                log::debug!("cluster: writing a binding failed: {e}");
+                self.metrics.error("write_binding");
+            }
+            // Sent, most likely: the command lands when the store answers; not waited for.
+            Err(_) => self.metrics.error("write_binding"),
         }
     }
 

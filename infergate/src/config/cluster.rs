@@ -31,7 +31,8 @@ pub struct ClusterConfig {
     pub replica: String,
     /// How often this replica publishes its load and reads its peers'.
     pub publish_interval: Duration,
-    /// The longest a request waits for a session binding from the store.
+    /// The longest a request waits on the store at each step: its session binding and the peers' reservations
+    /// before placement, a served turn's binding before its answer.
     pub read_timeout: Duration,
     /// Every key this router writes starts with `{key_prefix}:` (several clusters on one Redis).
     pub key_prefix: String,

@@ -207,7 +207,8 @@ impl Router {
             if let Some(cluster) = &self.cluster {
                 let sessions = pool.policy.sessions();
                 if let Some(saved) = sessions.and_then(|s| s.served_binding(ctx.ticket(), now)) {
-                    cluster.share_binding(&pool, &saved);
+                    // Before the client has the answer (bounded): its next turn, anywhere, finds the binding.
+                    cluster.store_binding(&pool, &saved).await;
                 }
             }
             return Ok(());

@@ -1,12 +1,14 @@
 //! Router replicas sharing live load and session bindings through a real `redis-server` started on a free loopback
 //! port: a session whose turns alternate between replicas stays on one engine, a prefill held by one replica steers
 //! the other, and Redis going away and coming back costs no request. Submodules: `store` (a store that refuses,
-//! cannot be reached or holds garbage), `bursts` (new sessions spread over replicas).
+//! cannot be reached or holds garbage), `bursts` (new sessions spread over replicas), `faults` (a replica killed,
+//! Redis stopped under load).
 //!
 //! Without `redis-server` on the PATH these tests say so loudly and pass, unless `CI` is set: then they fail
 //! (`scripts/ensure-test-tools.sh` installs it).
 
 mod bursts;
+mod faults;
 mod store;
 
 use std::path::PathBuf;
@@ -79,6 +81,16 @@ impl Redis {
         }
     }
 
+    /// Stop (`STOP`: connections hang, nothing is refused) or continue (`CONT`) the server.
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let done = Command::new("kill")
+                .args([&format!("-{sig}"), &c.id().to_string()])
+                .status();
+            assert!(done.is_ok_and(|s| s.success()), "kill -{sig}");
+        }
+    }
+
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -129,6 +141,7 @@ impl Redis {
 
 impl Drop for Redis {
     fn drop(&mut self) {
+        self.signal("CONT");
         self.kill();
     }
 }
@@ -136,7 +149,7 @@ impl Drop for Redis {
 /// A replica running as the router binary in its own process, so that a test can SIGKILL it or read its log;
 /// killed on drop.
 struct ProcessReplica {
-    _child: KillOnDrop,
+    child: KillOnDrop,
     listen: u16,
     metrics: u16,
     log: PathBuf,
@@ -170,7 +183,7 @@ impl ProcessReplica {
         );
         wait_metrics(metrics, "the replica's metrics", |_| true).await;
         ProcessReplica {
-            _child: child,
+            child,
             listen,
             metrics,
             log,
@@ -188,6 +201,11 @@ impl ProcessReplica {
     async fn metric(&self, name: &str, labels: &[&str]) -> f64 {
         let m = try_metrics(&format!("http://127.0.0.1:{}/metrics", self.metrics)).await;
         metric_sum(&m.unwrap_or_default(), name, labels)
+    }
+
+    fn sigkill(&mut self) {
+        let _ = self.child.0.kill();
+        let _ = self.child.0.wait();
     }
 }
 
@@ -229,6 +247,30 @@ async fn wait_state(routers: &[&TestRouter], state: &str, limit: Duration) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// One session turn at `base`, tolerating failure: Ok((status, endpoint)) when the answer came whole (a stream to its
+/// `[DONE]`), Err(what went wrong) otherwise.
+async fn try_turn(
+    base: &str,
+    session: &str,
+    bytes: usize,
+    stream: bool,
+) -> Result<(u16, String), String> {
+    let resp = post_json(&client(), base, CHAT)
+        .header(SESSION_HEADER, session)
+        .body(chat_body(bytes, stream, 4))
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let ep = served_by(&resp).unwrap_or_default();
+    let status = resp.status().as_u16();
+    let body = resp.bytes().await.map_err(|e| format!("body: {e}"))?;
+    if stream && status == 200 && !body.windows(6).any(|w| w == b"[DONE]") {
+        return Err("a stream cut before [DONE]".into());
+    }
+    Ok((status, ep))
 }
 
 /// One session turn: (status, the endpoint that served it).
