@@ -67,10 +67,22 @@ impl Cluster {
     }
 
     /// Before placing a request in `pool`: read what the peers dispatched since their last records (one round
-    /// trip, waiting at most `cluster.read_timeout`) and hand the sums to the pool's endpoints. Never fails: on no
-    /// answer the placement goes on with the figures of the last read.
+    /// trip, waiting at most `cluster.read_timeout`) and hand the sums to the pool's endpoints. Only peers whose
+    /// record lists an endpoint of the pool are read (a replica lists every endpoint it has, busy or not). Never
+    /// fails: on no answer the placement goes on with the figures of the last read.
     pub async fn refresh_peer_load(&self, pool: &Pool) {
-        let peers: Vec<String> = self.view.lock().keys().cloned().collect();
+        let urls: Vec<String> = pool
+            .endpoints()
+            .iter()
+            .map(|e| crate::state_file::endpoint_url(e))
+            .collect();
+        let peers: Vec<String> = self
+            .view
+            .lock()
+            .iter()
+            .filter(|(_, p)| urls.iter().any(|u| p.record.endpoints.contains_key(u)))
+            .map(|(name, _)| name.clone())
+            .collect();
         if peers.is_empty() {
             return;
         }

@@ -133,11 +133,7 @@ async fn redis_stopped_or_killed_under_load_costs_at_most_one_percent_and_nothin
     let Some(mut redis) = Redis::start().await else {
         return;
     };
-    let engines = engines(3, SimConfig::default()).await;
-    let urls = urls(&engines);
-    let a = replica(&urls, &sessions_yaml(1000), &redis, "a").await;
-    let b = replica(&urls, &sessions_yaml(1000), &redis, "b").await;
-    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    let (_engines, a, b) = session_replicas(&redis, 3).await;
 
     let phase = Arc::new(AtomicUsize::new(BEFORE));
     let stop = Arc::new(AtomicBool::new(false));

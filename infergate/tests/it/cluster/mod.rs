@@ -229,6 +229,19 @@ async fn replica(urls: &[String], extra: &str, redis: &Redis, name: &str) -> Tes
     r
 }
 
+/// `n` default engines and two replicas, `a` and `b`, keeping sessions over them; returns once both are connected.
+async fn session_replicas(
+    redis: &Redis,
+    n: usize,
+) -> (Vec<infergate_sim::EngineHandle>, TestRouter, TestRouter) {
+    let engines = engines(n, SimConfig::default()).await;
+    let urls = urls(&engines);
+    let a = replica(&urls, &sessions_yaml(1000), redis, "a").await;
+    let b = replica(&urls, &sessions_yaml(1000), redis, "b").await;
+    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    (engines, a, b)
+}
+
 async fn state_is(r: &TestRouter, state: &str) -> bool {
     r.metric_sum("infergate_cluster_state", &[&format!("state=\"{state}\"")])
         .await
@@ -290,11 +303,7 @@ async fn a_session_whose_turns_alternate_between_two_replicas_stays_sticky_on_on
     let Some(redis) = Redis::start().await else {
         return;
     };
-    let engines = engines(3, SimConfig::default()).await;
-    let urls = urls(&engines);
-    let a = replica(&urls, &sessions_yaml(1000), &redis, "a").await;
-    let b = replica(&urls, &sessions_yaml(1000), &redis, "b").await;
-    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    let (engines, a, b) = session_replicas(&redis, 3).await;
 
     let mut served = Vec::new();
     for i in 0..8 {
@@ -516,11 +525,7 @@ async fn redis_going_away_fails_no_request_and_sharing_resumes_when_it_is_back()
     let Some(mut redis) = Redis::start().await else {
         return;
     };
-    let engines = engines(3, SimConfig::default()).await;
-    let urls = urls(&engines);
-    let a = replica(&urls, &sessions_yaml(1000), &redis, "a").await;
-    let b = replica(&urls, &sessions_yaml(1000), &redis, "b").await;
-    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    let (_engines, a, b) = session_replicas(&redis, 3).await;
     let (_, first) = turn(&a, "before", 2_000).await;
     tokio::time::sleep(Duration::from_millis(30)).await;
     assert_eq!(turn(&b, "before", 2_500).await.1, first, "shared while up");

@@ -197,12 +197,8 @@ async fn keys_of_the_wrong_type_under_the_prefix_are_replaced_and_junk_replica_n
         .query_async(&mut c)
         .await
         .unwrap();
-    let engines = engines(2, SimConfig::default()).await;
-    let urls = urls(&engines);
-    let a = replica(&urls, &sessions_yaml(1000), &redis, "a").await;
-    let b = replica(&urls, &sessions_yaml(1000), &redis, "b").await;
     // Today's failure: a string where the replica set goes kept every replica down.
-    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    let (_engines, a, b) = session_replicas(&redis, 2).await;
     let kind = |key: &'static str| {
         let mut c = c.clone();
         async move {
