@@ -1,6 +1,7 @@
-//! Replicas under faults: a replica killed mid-run loses no session binding (a served turn's binding is in the
-//! store before its answer reaches the client), and Redis stopped or killed under concurrent session traffic costs
-//! at most 1% of the requests while it is away, none once it is back.
+//! Replicas under faults: Redis going away and coming back costs no request and sharing resumes; a replica killed
+//! mid-run loses no session binding (a served turn's binding is in the store before its answer reaches the
+//! client); Redis stopped or killed under concurrent session traffic costs at most 1% of the requests while it is
+//! away, none once it is back.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -205,4 +206,88 @@ async fn redis_stopped_or_killed_under_load_costs_at_most_one_percent_and_nothin
     for r in [&a, &b] {
         r.wait_idle().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_going_away_fails_no_request_and_sharing_resumes_when_it_is_back() {
+    let Some(mut redis) = Redis::start().await else {
+        return;
+    };
+    let (_engines, a, b) = session_replicas(&redis, 3).await;
+    let (_, first) = turn(&a, "before", 2_000).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(turn(&b, "before", 2_500).await.1, first, "shared while up");
+
+    redis.kill();
+    // Requests right away (before the replicas noticed) and after: none fails.
+    for i in 0..20 {
+        let r = if i % 2 == 0 { &a } else { &b };
+        let (status, _) = turn(r, &format!("outage-{}", i % 4), 2_000 + 100 * i).await;
+        assert_eq!(status, 200, "request {i} during the outage");
+    }
+    wait_state(&[&a, &b], "down", Duration::from_secs(5)).await;
+    // The peers' last figures stay for one key lifetime (500 ms here), then each replica is on its own.
+    let start = Instant::now();
+    for r in [&a, &b] {
+        while r.metric_sum("infergate_cluster_peers", &[]).await != 0.0 {
+            assert!(start.elapsed() < Duration::from_secs(3), "peers forgotten");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for m in [a.metrics_text().await, b.metrics_text().await] {
+        assert_eq!(
+            metric_sum(&m, "infergate_cluster_state", &["state=\"connected\""]),
+            0.0
+        );
+        assert_eq!(metric_sum(&m, "infergate_cluster_peers", &[]), 0.0);
+        assert!(metric_sum(&m, "infergate_cluster_errors_total", &["op=\"publish\""]) >= 1.0);
+    }
+    // A session served only by A while Redis is down.
+    let (status, lonely) = turn(&a, "lonely", 2_000).await;
+    assert_eq!(status, 200);
+
+    redis.spawn().await;
+    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    // Catch-up: A wrote the binding it made during the outage, so B places that session's next turn with it.
+    redis
+        .wait_binding(
+            &a,
+            "lonely",
+            "A's catch-up write of the outage binding lands",
+            |_| true,
+        )
+        .await;
+    let from_store = |m: &str| {
+        metric_sum(
+            m,
+            "infergate_cluster_binding_lookups_total",
+            &["source=\"store\""],
+        )
+    };
+    let before = from_store(&b.metrics_text().await);
+    assert_eq!(turn(&b, "lonely", 2_500).await.1, lonely, "caught up");
+    assert_eq!(
+        from_store(&b.metrics_text().await),
+        before + 1.0,
+        "B took the binding A wrote on the way back up"
+    );
+    // And new sessions are shared again.
+    let (_, fresh) = turn(&b, "after", 2_000).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(turn(&a, "after", 2_500).await.1, fresh, "shared again");
+    let m = a.metrics_text().await;
+    assert!(
+        metric_sum(
+            &m,
+            "infergate_cluster_binding_lookups_total",
+            &["source=\"store\""]
+        ) >= 1.0
+    );
+    assert!(
+        metric_sum(
+            &m,
+            "infergate_cluster_binding_lookups_total",
+            &["source=\"unavailable\""]
+        ) >= 1.0
+    );
 }
