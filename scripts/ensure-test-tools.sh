@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the tools the tests run on Debian: promtool (package `prometheus`) for the alert rules and headless
 # Chromium (`chromium`, plus a font) for the status page (infergate/tests/it/observe.rs), and `redis-server` for the
-# router replicas sharing state (infergate/tests/it/cluster.rs, which starts its own on a free loopback port), and
+# router replicas sharing state (infergate/tests/it/cluster/, which starts its own on a free loopback port), and
 # `strace` to hold a daemon's parent after the fork (infergate/tests/it/lifecycle.rs), and `systemd-analyze`
 # (package `systemd`) for the unit checks of scripts/check-deploy.sh (infergate/tests/it/deploy.rs).
 # Idempotent; quiet when all are present. Run as root or with sudo.

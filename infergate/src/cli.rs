@@ -42,7 +42,8 @@ Pingora's server options (pingora_core's Opt), with what they mean for infergate
   -c, --conf FILE   The infergate configuration (YAML, every key documented in conf/infergate.yaml); its `server`
                     section holds Pingora's ServerConf settings (pid_file, upgrade_sock, grace_period_seconds, ...)
   -t, --test        Validate the configuration and exit: 0 when valid, else 1 with file, key and reason. Binds
-                    nothing
+                    nothing; with `cluster`, tries Redis for at most 2 s (refused credentials: 1; unreachable: a
+                    warning)
   -d, --daemon      Run in the background. With `server.daemon_wait_for_ready: true` the command returns (0)
                     once the daemon serves; the daemon's pid is in `server.pid_file`
   -u, --upgrade     Graceful upgrade: take over the listening sockets of the running instance through

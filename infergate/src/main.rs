@@ -43,6 +43,15 @@ fn main() -> ExitCode {
         }
     }
     if opt.test {
+        // The shared store, briefly: refused credentials are a configuration error, an unreachable store a warning.
+        match infergate::cluster::check_store(&cfg) {
+            Ok(None) => {}
+            Ok(Some(warning)) => eprintln!("infergate: warning: {path}: {warning}"),
+            Err(e) => {
+                eprintln!("infergate: configuration error: {e}");
+                return ExitCode::from(1);
+            }
+        }
         println!("infergate: configuration {path} is valid");
         return ExitCode::SUCCESS;
     }

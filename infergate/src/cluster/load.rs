@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use pingora_core::server::ShutdownWatch;
 use redis::aio::ConnectionManager;
 
-use super::wire::{self, Figures, LoadRecord};
-use super::{wall_ms, Cluster, BACKGROUND_TIMEOUT};
+use super::wire::{self, Figures, LoadRecord, PeerState};
+use super::{connection, wall_ms, Cluster, BACKGROUND_TIMEOUT};
 
 /// A replica's load key expires after this many publish intervals without a publish.
 pub const PEER_TTL_INTERVALS: u32 = 5;
@@ -16,18 +16,26 @@ pub const PEER_TTL_INTERVALS: u32 = 5;
 const MIN_PEER_TTL: Duration = Duration::from_millis(500);
 
 /// The shortest wait between two connection attempts while the store is down.
-const RECONNECT_EVERY: Duration = Duration::from_millis(500);
+pub(super) const RECONNECT_EVERY: Duration = Duration::from_millis(500);
 
 /// Replica names older than this are pruned from the replica set (their load keys expired long ago).
 const REPLICA_FORGET_MS: u64 = 600_000;
 
+/// Names read from the replica set per tick, most recently published first: more live replicas than this is no
+/// deployment but junk, and one tick's work stays bounded whatever the set holds.
+pub const MAX_REPLICAS_READ: usize = 256;
+
+/// A replica-set score further ahead of this replica's clock than this is no replica's (clocks agree within
+/// seconds): pruned.
+const FUTURE_SLACK_MS: u64 = 60_000;
+
 impl Cluster {
-    fn peer_ttl(&self) -> Duration {
+    pub(super) fn peer_ttl(&self) -> Duration {
         (self.cfg.publish_interval * PEER_TTL_INTERVALS).max(MIN_PEER_TTL)
     }
 
     /// This replica's live load by endpoint URL.
-    fn own_load(&self) -> LoadRecord {
+    pub(super) fn own_load(&self) -> LoadRecord {
         let mut rec = LoadRecord::default();
         for pool in &self.pools.pools {
             for e in pool.endpoints().iter() {
@@ -43,31 +51,28 @@ impl Cluster {
         rec
     }
 
-    /// Hand the peers' sums to every endpoint (0 for endpoints no peer has load on).
-    fn apply_peers(&self, sums: &std::collections::HashMap<String, Figures>, peers: usize) {
-        for pool in &self.pools.pools {
-            for e in pool.endpoints().iter() {
-                let f = sums
-                    .get(&crate::state_file::endpoint_url(e))
-                    .copied()
-                    .unwrap_or_default();
-                e.peers.set(f.requests, f.prefill_tokens);
-            }
-        }
-        self.metrics.peers.set(peers as i64);
+    /// Forget every peer: this replica places on its own figures.
+    fn forget_peers(&self) {
+        let mut view = self.view.lock();
+        view.clear();
+        self.apply_view(&view, self.pools.pools.iter().map(|p| &**p));
+        self.metrics.peers.set(0);
     }
 
-    /// Publish this replica's load and read the peers'. Err when the store did not answer.
+    /// Publish this replica's load and read the peers'. Err when the store did not answer. Prunes the replica set
+    /// of names without a readable load record (stopped replicas, junk) and of scores far in the future, and reads
+    /// at most [`MAX_REPLICAS_READ`] names.
     async fn publish_and_read(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
         let now_ms = wall_ms();
         let me = &self.cfg.replica;
         let ttl_ms = wire::millis(self.peer_ttl());
         let replicas_key = self.keys.replicas();
+        let record = self.next_record();
         let t0 = Instant::now();
         let (names,): (Vec<String>,) = redis::pipe()
             .cmd("SET")
             .arg(self.keys.load(me))
-            .arg(self.own_load().encode())
+            .arg(record.encode())
             .arg("PX")
             .arg(ttl_ms)
             .ignore()
@@ -81,34 +86,72 @@ impl Cluster {
             .arg("-inf")
             .arg(now_ms.saturating_sub(REPLICA_FORGET_MS))
             .ignore()
-            .cmd("ZRANGE")
+            .cmd("ZREMRANGEBYSCORE")
             .arg(&replicas_key)
+            .arg(format!("({}", now_ms.saturating_add(FUTURE_SLACK_MS)))
+            .arg("+inf")
+            .ignore()
+            .cmd("ZREVRANGEBYSCORE")
+            .arg(&replicas_key)
+            .arg("+inf")
+            .arg("-inf")
+            .arg("LIMIT")
             .arg(0)
-            .arg(-1)
+            .arg(MAX_REPLICAS_READ)
             .query_async(conn)
             .await?;
         self.metrics
             .publish_seconds
             .observe(t0.elapsed().as_secs_f64());
-        let others: Vec<String> = names
-            .iter()
-            .filter(|n| *n != me)
-            .map(|n| self.keys.load(n))
-            .collect();
-        if others.is_empty() {
-            self.apply_peers(&Default::default(), 0);
-            return Ok(());
+        let others: Vec<String> = names.into_iter().filter(|n| n != me).collect();
+        let records: Vec<Option<Vec<u8>>> = if others.is_empty() {
+            Vec::new()
+        } else {
+            let keys: Vec<String> = others.iter().map(|n| self.keys.load(n)).collect();
+            let t1 = Instant::now();
+            let records = redis::cmd("MGET").arg(&keys).query_async(conn).await?;
+            self.metrics
+                .read_seconds
+                .with_label_values(&["load"])
+                .observe(t1.elapsed().as_secs_f64());
+            records
+        };
+        let mut gone = Vec::new();
+        {
+            let mut view = self.view.lock();
+            let mut before = std::mem::take(&mut *view);
+            for (name, bytes) in others.into_iter().zip(records) {
+                match bytes.as_deref().and_then(LoadRecord::decode) {
+                    Some(record) => {
+                        let reserved = before.remove(&name).map(|s| s.reserved).unwrap_or_default();
+                        view.insert(name, PeerState { record, reserved });
+                    }
+                    None => gone.push(name),
+                }
+            }
+            self.apply_view(&view, self.pools.pools.iter().map(|p| &**p));
+            self.metrics.peers.set(view.len() as i64);
         }
-        let t1 = Instant::now();
-        let records: Vec<Option<Vec<u8>>> =
-            redis::cmd("MGET").arg(&others).query_async(conn).await?;
-        self.metrics
-            .read_seconds
-            .with_label_values(&["load"])
-            .observe(t1.elapsed().as_secs_f64());
-        let (sums, peers) = wire::sum_peers(records.iter().map(|r| r.as_deref()));
-        self.apply_peers(&sums, peers);
+        if !gone.is_empty() {
+            // A live replica among them (its key just expired: a missed tick) adds itself back at its next publish.
+            redis::cmd("ZREM")
+                .arg(&replicas_key)
+                .arg(&gone)
+                .query_async::<()>(conn)
+                .await?;
+        }
         Ok(())
+    }
+
+    /// Publish; a key of the wrong type in the way is replaced and the publish tried once more.
+    async fn publish(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
+        match self.publish_and_read(conn).await {
+            Err(e) if e.code() == Some("WRONGTYPE") => {
+                self.replace_foreign_keys(conn).await?;
+                self.publish_and_read(conn).await
+            }
+            done => done,
+        }
     }
 
     /// The publish loop: connect, publish and read every interval, track the store's state, catch up after an
@@ -136,7 +179,7 @@ impl Cluster {
                         c
                     }
                     Ok(Err(e)) => {
-                        self.down(&e.to_string(), last_ok);
+                        self.down(&connection::explain(&e), last_ok);
                         next_connect = Instant::now() + RECONNECT_EVERY;
                         continue;
                     }
@@ -147,10 +190,10 @@ impl Cluster {
                     }
                 },
             };
-            match tokio::time::timeout(BACKGROUND_TIMEOUT, self.publish_and_read(&mut conn)).await {
+            match tokio::time::timeout(BACKGROUND_TIMEOUT, self.publish(&mut conn)).await {
                 Ok(Ok(())) => {
                     last_ok = Instant::now();
-                    if self.set_connected(true, "") || need_catch_up {
+                    if self.store_up() || need_catch_up {
                         need_catch_up = false;
                         match self.catch_up(&mut conn).await {
                             Ok(n) if n > 0 => {
@@ -169,7 +212,7 @@ impl Cluster {
                 Ok(Err(e)) => {
                     // Start over with a fresh connection next time (the manager's own retries are short).
                     self.conn.store(None);
-                    self.down(&e.to_string(), last_ok);
+                    self.down(&connection::explain(&e), last_ok);
                     need_catch_up = true;
                 }
                 Err(_) => {
@@ -180,10 +223,13 @@ impl Cluster {
             }
         }
         if let Some(mut conn) = self.conn() {
-            let key = self.keys.load(&self.cfg.replica);
+            let me = &self.cfg.replica;
             let _ = tokio::time::timeout(
                 BACKGROUND_TIMEOUT,
-                redis::cmd("DEL").arg(key).query_async::<()>(&mut conn),
+                redis::cmd("DEL")
+                    .arg(self.keys.load(me))
+                    .arg(self.keys.reserved(me))
+                    .query_async::<()>(&mut conn),
             )
             .await;
         }
@@ -191,14 +237,14 @@ impl Cluster {
 
     fn down(&self, why: &str, last_ok: Instant) {
         self.metrics.error("publish");
-        self.set_connected(false, why);
+        self.store_down(why);
         self.forget_stale_peers(last_ok);
     }
 
     /// The peers' last figures stay as long as their keys would have; after that this replica is on its own.
     fn forget_stale_peers(&self, last_ok: Instant) {
         if last_ok.elapsed() >= self.peer_ttl() {
-            self.apply_peers(&Default::default(), 0);
+            self.forget_peers();
         }
     }
 }

@@ -14,7 +14,13 @@ pub const STATES: [&str; 3] = ["off", "connected", "down"];
 pub const SOURCES: [&str; 4] = ["local", "store", "miss", "unavailable"];
 
 /// Values of the `op` label of `infergate_cluster_errors_total`.
-pub const OPS: [&str; 3] = ["publish", "read_binding", "write_binding"];
+pub const OPS: [&str; 5] = [
+    "publish",
+    "read_binding",
+    "write_binding",
+    "reserve",
+    "read_reservations",
+];
 
 /// Store round trips are sub-millisecond on a LAN; the request path gives up after a few milliseconds.
 const BUCKETS: [f64; 12] = [
@@ -25,6 +31,7 @@ pub struct ClusterMetrics {
     pub state: IntGaugeVec,
     pub publish_seconds: Histogram,
     pub read_seconds: HistogramVec,
+    pub write_seconds: Histogram,
     pub peers: IntGauge,
     pub binding_lookups_total: IntCounterVec,
     pub errors_total: IntCounterVec,
@@ -58,15 +65,24 @@ impl ClusterMetrics {
         let read_seconds = HistogramVec::new(
             HistogramOpts::new(
                 "infergate_cluster_read_seconds",
-                "Time to read from the store: the peers' load (background) or a session binding (request path).",
+                "Time to read from the store: the peers' load (background), a session binding or the peers' \
+                 reservations (request path, before placement).",
             )
             .buckets(BUCKETS.to_vec()),
             &["what"],
         )
         .expect("static metric definition");
-        for w in ["load", "binding"] {
+        for w in ["load", "binding", "reservations"] {
             read_seconds.with_label_values(&[w]);
         }
+        let write_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "infergate_cluster_write_seconds",
+                "Time to write a served session turn's binding, before its answer goes to the client.",
+            )
+            .buckets(BUCKETS.to_vec()),
+        )
+        .expect("static metric definition");
         let peers = IntGauge::new(
             "infergate_cluster_peers",
             "Other router replicas whose load is fresh in the store.",
@@ -90,7 +106,9 @@ impl ClusterMetrics {
         let errors_total = IntCounterVec::new(
             Opts::new(
                 "infergate_cluster_errors_total",
-                "Store operations that failed or timed out (placement went on with local state), by operation.",
+                "Store operations that failed or timed out (placement went on with local state), by operation: \
+                 publish, read_binding, write_binding, reserve (a dispatch counted for the peers), \
+                 read_reservations.",
             ),
             &["op"],
         )
@@ -101,6 +119,7 @@ impl ClusterMetrics {
         metrics.register(Box::new(state.clone()));
         metrics.register(Box::new(publish_seconds.clone()));
         metrics.register(Box::new(read_seconds.clone()));
+        metrics.register(Box::new(write_seconds.clone()));
         metrics.register(Box::new(peers.clone()));
         metrics.register(Box::new(binding_lookups_total.clone()));
         metrics.register(Box::new(errors_total.clone()));
@@ -108,6 +127,7 @@ impl ClusterMetrics {
             state,
             publish_seconds,
             read_seconds,
+            write_seconds,
             peers,
             binding_lookups_total,
             errors_total,

@@ -17,7 +17,7 @@ impl Cluster {
         if !self.connected() {
             return;
         }
-        let write = Write {
+        let write = Write::Set {
             key: self.keys.response(id),
             value: format!("{}\n{}", holder.pool, holder.endpoint).into_bytes(),
             ttl_ms: wire::millis(RESPONSE_HOLDER_TTL),

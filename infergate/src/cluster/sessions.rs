@@ -1,11 +1,11 @@
-//! Session bindings: the bounded read before placement, the write queued after a turn, the catch-up after an outage.
+//! Session bindings: the bounded read before placement, the bounded write before a turn's answer, the catch-up
+//! after an outage.
 
 use std::time::Instant;
 
 use redis::aio::ConnectionManager;
 
 use super::wire::{self, BindingRecord};
-use super::writer::Write;
 use super::{wall_ms, Cluster};
 use crate::placement::sessions::{session_hash, SavedSession};
 use crate::pool::Pool;
@@ -76,6 +76,10 @@ impl Cluster {
             .observe(t0.elapsed().as_secs_f64());
         match got {
             Ok(Ok(found)) => Ok(found),
+            Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
+                self.foreign_binding(key);
+                Ok(None)
+            }
             Ok(Err(e)) => {
                 log::debug!("cluster: reading a binding failed: {e}");
                 self.metrics.error("read_binding");
@@ -88,21 +92,48 @@ impl Cluster {
         }
     }
 
-    /// After a session turn was served: queue its binding (`saved`, endpoint id of this process) for the store.
-    /// Never waits; a full queue or a down store drops the write (counted).
-    pub fn share_binding(&self, pool: &Pool, saved: &SavedSession) {
-        if !self.connected() {
-            return;
-        }
-        let Some(write) = self.binding_write(pool, saved, wall_ms()) else {
+    /// A session turn is being served (its engine sent response headers): write its binding (`saved`, endpoint id
+    /// of this process) to the store before the client gets the answer, waiting at most `cluster.read_timeout`
+    /// (the engine prefills meanwhile). So a client's next turn, wherever it goes, finds the binding, and a replica
+    /// killed after answering has lost none. A store down, slow or failing costs the wait at most (counted).
+    pub async fn store_binding(&self, pool: &Pool, saved: &SavedSession) {
+        let Some(mut conn) = self.conn() else {
             return;
         };
-        if self.writes.try_send(write).is_err() {
-            self.metrics.error("write_binding");
+        let Some((key, value, ttl_ms)) = self.binding_write(pool, saved, wall_ms()) else {
+            return;
+        };
+        let t0 = Instant::now();
+        let done = tokio::time::timeout(
+            self.cfg.read_timeout,
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(value)
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async::<()>(&mut conn),
+        )
+        .await;
+        self.metrics
+            .write_seconds
+            .observe(t0.elapsed().as_secs_f64());
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                log::debug!("cluster: writing a binding failed: {e}");
+                self.metrics.error("write_binding");
+            }
+            // Sent, most likely: the command lands when the store answers; not waited for.
+            Err(_) => self.metrics.error("write_binding"),
         }
     }
 
-    fn binding_write(&self, pool: &Pool, saved: &SavedSession, now_ms: u64) -> Option<Write> {
+    fn binding_write(
+        &self,
+        pool: &Pool,
+        saved: &SavedSession,
+        now_ms: u64,
+    ) -> Option<(String, Vec<u8>, u64)> {
         let ttl = pool.cfg().policy.sessions()?.ttl.saturating_sub(saved.idle);
         let ttl_ms = wire::millis(ttl);
         if ttl_ms == 0 {
@@ -113,11 +144,11 @@ impl Cluster {
             .iter()
             .find(|e| e.id == saved.endpoint)
             .map(|e| crate::state_file::endpoint_url(e))?;
-        Some(Write {
-            key: self.keys.session(&pool.name, saved.key),
-            value: BindingRecord::of(saved, url, now_ms).encode(),
+        Some((
+            self.keys.session(&pool.name, saved.key),
+            BindingRecord::of(saved, url, now_ms).encode(),
             ttl_ms,
-        })
+        ))
     }
 
     /// Back from an outage: write this replica's live bindings where the store has none.
@@ -132,12 +163,12 @@ impl Cluster {
             for chunk in saved.chunks(512) {
                 let mut pipe = redis::pipe();
                 for s in chunk {
-                    if let Some(w) = self.binding_write(pool, s, now_ms) {
+                    if let Some((key, value, ttl_ms)) = self.binding_write(pool, s, now_ms) {
                         pipe.cmd("SET")
-                            .arg(w.key)
-                            .arg(w.value)
+                            .arg(key)
+                            .arg(value)
                             .arg("PX")
-                            .arg(w.ttl_ms)
+                            .arg(ttl_ms)
                             .arg("NX")
                             .ignore();
                         written += 1;

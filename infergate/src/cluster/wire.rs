@@ -31,6 +31,12 @@ impl Keys {
         format!("{}:load:{replica}", self.prefix)
     }
 
+    /// One replica's reservations: the requests it dispatched since its last load record, a hash of
+    /// [`reservation_field`] → [`pack`]ed figures (expires a few publish intervals after its last dispatch).
+    pub fn reserved(&self, replica: &str) -> String {
+        format!("{}:reserved:{replica}", self.prefix)
+    }
+
     /// One session's binding in one pool. Named by the session hash (`sessions::session_hash`, the one the access
     /// log and the state file use), never by the header value.
     pub fn session(&self, pool: &str, hash: u64) -> String {
@@ -62,6 +68,11 @@ impl Figures {
 /// One replica's live load, by endpoint URL (`http://host:port`, the endpoint's identity across replicas).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoadRecord {
+    /// The publish this record was taken at: it holds every request dispatched under an earlier epoch, none of
+    /// those dispatched under this one or later (those are in the replica's reservations). 0 from a replica that
+    /// makes no reservations.
+    #[serde(rename = "e", default)]
+    pub epoch: u64,
     pub endpoints: HashMap<String, Figures>,
 }
 
@@ -76,23 +87,69 @@ impl LoadRecord {
     }
 }
 
-/// The peers' load summed by endpoint URL, from the records a read returned (None: the key expired, so that peer
-/// dropped out). Returns the sums and how many records were readable.
-pub fn sum_peers<'a>(
-    records: impl IntoIterator<Item = Option<&'a [u8]>>,
-) -> (HashMap<String, Figures>, usize) {
+impl LoadRecord {
+    pub fn decode(bytes: &[u8]) -> Option<LoadRecord> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+/// The hash field of a reservation: the epoch it was made under, and the endpoint URL.
+pub fn reservation_field(epoch: u64, url: &str) -> String {
+    format!("{epoch}|{url}")
+}
+
+/// Requests go above this bit of a packed reservation, prefill tokens below it (2^40 tokens: no overflow).
+const PACK_SHIFT: u32 = 40;
+
+/// One dispatch of `tokens` prefill tokens as one integer, so a reservation is one atomic `HINCRBY`.
+pub fn pack(tokens: u64) -> i64 {
+    let tokens = tokens.min((1 << PACK_SHIFT) - 1);
+    i64::try_from((1u64 << PACK_SHIFT) | tokens).unwrap_or(i64::MAX)
+}
+
+/// A packed sum of dispatches back as figures (a negative or garbled value is none).
+pub fn unpack(v: i64) -> Figures {
+    let v = u64::try_from(v).unwrap_or(0);
+    Figures {
+        requests: v >> PACK_SHIFT,
+        prefill_tokens: v & ((1 << PACK_SHIFT) - 1),
+    }
+}
+
+/// One replica's reservations as read: (epoch, endpoint URL, figures) per field; fields that do not parse are left
+/// out.
+pub fn parse_reservations(fields: HashMap<String, i64>) -> Vec<(u64, String, Figures)> {
+    fields
+        .into_iter()
+        .filter_map(|(field, v)| {
+            let (epoch, url) = field.split_once('|')?;
+            Some((epoch.parse().ok()?, url.to_string(), unpack(v)))
+        })
+        .collect()
+}
+
+/// What this replica knows of one peer: its last load record and its reservations as last read.
+#[derive(Debug, Clone, Default)]
+pub struct PeerState {
+    pub record: LoadRecord,
+    pub reserved: Vec<(u64, String, Figures)>,
+}
+
+/// The peers' load summed by endpoint URL: each one's record plus the reservations its record does not hold yet
+/// (made under the record's epoch or later). A dispatch is in exactly one of the two, whenever either was read.
+pub fn sum_peers<'a>(peers: impl IntoIterator<Item = &'a PeerState>) -> HashMap<String, Figures> {
     let mut sums: HashMap<String, Figures> = HashMap::new();
-    let mut peers = 0;
-    for bytes in records.into_iter().flatten() {
-        let Ok(rec) = serde_json::from_slice::<LoadRecord>(bytes) else {
-            continue;
-        };
-        peers += 1;
-        for (url, f) in rec.endpoints {
-            sums.entry(url).or_default().add(f);
+    for p in peers {
+        for (url, f) in &p.record.endpoints {
+            sums.entry(url.clone()).or_default().add(*f);
+        }
+        for (epoch, url, f) in &p.reserved {
+            if *epoch >= p.record.epoch {
+                sums.entry(url.clone()).or_default().add(*f);
+            }
         }
     }
-    (sums, peers)
+    sums
 }
 
 /// A session binding as stored: the bound endpoint's URL, when the session was last served (wall-clock ms) and
@@ -155,7 +212,7 @@ mod tests {
     }
 
     #[test]
-    fn peers_add_up_by_endpoint_and_expired_or_garbled_records_drop_out() {
+    fn peers_add_up_by_endpoint() {
         let mut a = LoadRecord::default();
         a.add(
             "http://e1".into(),
@@ -187,8 +244,15 @@ mod tests {
             },
         );
         let (ea, eb) = (a.encode(), b.encode());
-        let (sums, peers) = sum_peers([Some(&ea[..]), None, Some(&b"{nope"[..]), Some(&eb[..])]);
-        assert_eq!(peers, 2);
+        assert_eq!(LoadRecord::decode(b"{nope"), None);
+        let peers: Vec<PeerState> = [ea, eb]
+            .iter()
+            .map(|r| PeerState {
+                record: LoadRecord::decode(r).unwrap(),
+                reserved: Vec::new(),
+            })
+            .collect();
+        let sums = sum_peers(&peers);
         assert_eq!(
             sums["http://e1"],
             Figures {
@@ -203,6 +267,65 @@ mod tests {
                 prefill_tokens: 7
             }
         );
+    }
+
+    #[test]
+    fn a_dispatch_counts_in_the_record_or_in_the_reservations_never_both() {
+        let url = "http://e1".to_string();
+        let one = |tokens| unpack(pack(tokens));
+        assert_eq!(
+            one(100_000),
+            Figures {
+                requests: 1,
+                prefill_tokens: 100_000
+            }
+        );
+        assert_eq!(
+            unpack(pack(7) + pack(5)),
+            Figures {
+                requests: 2,
+                prefill_tokens: 12
+            }
+        );
+        assert_eq!(unpack(-3), Figures::default());
+        let field = reservation_field(41, &url);
+        let parsed = parse_reservations(HashMap::from([
+            (field, pack(10) + pack(20)),
+            (reservation_field(42, &url), pack(5)),
+            ("garbage".to_string(), 1),
+            ("x|http://e1".to_string(), 1),
+        ]));
+        assert_eq!(parsed.len(), 2);
+        // Dispatched under epoch 41 (two) and 42 (one); the record of epoch 42 holds the first two.
+        let mut peer = PeerState {
+            record: LoadRecord {
+                epoch: 41,
+                endpoints: HashMap::from([(url.clone(), Figures::default())]),
+            },
+            reserved: parsed,
+        };
+        let before = sum_peers([&peer])[&url];
+        assert_eq!(
+            before,
+            Figures {
+                requests: 3,
+                prefill_tokens: 35
+            }
+        );
+        peer.record = LoadRecord {
+            epoch: 42,
+            endpoints: HashMap::from([(
+                url.clone(),
+                Figures {
+                    requests: 2,
+                    prefill_tokens: 30,
+                },
+            )]),
+        };
+        assert_eq!(sum_peers([&peer])[&url], before, "counted once either way");
+        // A record without an epoch (an older replica) and no reservations.
+        let old = LoadRecord::decode(br#"{"endpoints":{"http://e1":{"r":1,"p":2}}}"#).unwrap();
+        assert_eq!(old.epoch, 0);
     }
 
     #[test]

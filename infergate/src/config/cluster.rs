@@ -31,10 +31,13 @@ pub struct ClusterConfig {
     pub replica: String,
     /// How often this replica publishes its load and reads its peers'.
     pub publish_interval: Duration,
-    /// The longest a request waits for a session binding from the store.
+    /// The longest a request waits on the store at each step: its session binding and the peers' reservations
+    /// before placement, a served turn's binding before its answer.
     pub read_timeout: Duration,
     /// Every key this router writes starts with `{key_prefix}:` (several clusters on one Redis).
     pub key_prefix: String,
+    /// The key that set the password, for messages: `cluster.password_file` or `cluster.redis`.
+    pub password_key: &'static str,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -67,7 +70,9 @@ impl ClusterConfig {
         redis_url.required()?;
         let text = redis_url.string()?.trim();
         let mut connection = connection_info(text).map_err(|r| redis_url.err(r))?;
+        let mut password_key = "cluster.redis";
         if password_file.value().is_some() {
+            password_key = "cluster.password_file";
             if connection.redis.password.is_some() {
                 return Err(n.err("set the password in `redis` or in `password_file`, not both"));
             }
@@ -100,6 +105,7 @@ impl ClusterConfig {
             publish_interval: interval,
             read_timeout: wait,
             key_prefix,
+            password_key,
         })
     }
 }

@@ -40,6 +40,10 @@ impl Router {
         };
         // Held until this attempt's hold exists (end of this function).
         let _turn = self.wait_turn(session, &pool, ctx).await?;
+        if let (Some(cluster), CallKind::Generate) = (&self.cluster, ctx.kind) {
+            // What the other replicas dispatched since their last publish (bounded wait).
+            cluster.refresh_peer_load(&pool).await;
+        }
         // From the snapshot to the hold (no await in between): concurrent placements see each other's holds.
         let _placing = pool.placing.lock();
         let now = Instant::now();
@@ -90,9 +94,13 @@ impl Router {
             Some(p) if counts_tokens => self.placed_tokens(&pool, p),
             _ => 0,
         };
+        let reserving = self.cluster.as_ref().map(|c| c.reserving());
         let mut hold = self
             .ledger
             .hold(ep.load.clone(), tokens, self.release_hook(&ep));
+        if let Some(r) = reserving {
+            r.reserve(&ep, tokens);
+        }
         self.wake_queue_on_finish(&pool, &mut hold);
         if tokens > 0 && !ctx.is_stream() {
             let estimate = ep.prefill_speed.estimate(tokens);
@@ -199,7 +207,8 @@ impl Router {
             if let Some(cluster) = &self.cluster {
                 let sessions = pool.policy.sessions();
                 if let Some(saved) = sessions.and_then(|s| s.served_binding(ctx.ticket(), now)) {
-                    cluster.share_binding(&pool, &saved);
+                    // Before the client has the answer (bounded): its next turn, anywhere, finds the binding.
+                    cluster.store_binding(&pool, &saved).await;
                 }
             }
             return Ok(());

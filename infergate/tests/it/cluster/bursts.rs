@@ -1,0 +1,104 @@
+//! A burst of new long sessions spread over the replicas inside one publish interval splits as one router splits
+//! it: each placement reads what the other replicas dispatched since their last publish (seed report 003's dogpile
+//! must not come back across replicas).
+
+use std::collections::HashMap;
+
+use infergate::cluster::wire::unpack;
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_new_sessions_spread_over_three_replicas_splits_as_one_router_would() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    // 25k tokens/s: each ~100k-token prompt holds its engine for seconds, well past the burst.
+    let engines = engines(4, slow_prefill()).await;
+    let urls = urls(&engines);
+    // Publishes 1 s apart: the burst (about 150 ms) lands inside one interval, or straddles one publish.
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        let yaml = format!(
+            "{}{}",
+            pool_yaml("load_aware", &urls, &sessions_yaml(1000)),
+            cluster_yaml(&redis, name).replace("publish_interval: 100ms", "publish_interval: 1s")
+        );
+        let r = start_router(&yaml).await;
+        r.all_healthy().await;
+        replicas.push(r);
+    }
+    let all: Vec<&TestRouter> = replicas.iter().collect();
+    wait_state(&all, "connected", Duration::from_secs(10)).await;
+    let start = Instant::now();
+    for r in &all {
+        while r.metric_sum("infergate_cluster_peers", &[]).await != 2.0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "each replica knows the other two"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    // Eight new sessions, round robin over the replicas, each sent once the previous one's dispatch is counted in
+    // the store (placements of one router are serial too; see the README for two replicas placing at the same
+    // instant): one router puts two on each engine.
+    let mut sent = Vec::new();
+    for i in 0..8 {
+        let base = all[i % 3].url();
+        sent.push(tokio::spawn(async move {
+            let resp = post_json(&client(), &base, CHAT)
+                .header(SESSION_HEADER, format!("burst-{i}"))
+                .body(chat_body(400_000, true, 4))
+                .send()
+                .await
+                .expect("response");
+            (finish(resp).await, i)
+        }));
+        let start = Instant::now();
+        while reserved_requests(&redis).await < i as u64 + 1 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "session {i}'s reservation reached the store"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    let start = Instant::now();
+    while engines.iter().map(generate_requests).sum::<usize>() < 8 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the burst reached the engines"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let split: Vec<usize> = engines.iter().map(generate_requests).collect();
+    for s in sent {
+        assert_eq!(s.await.unwrap().0, 200);
+    }
+    assert_eq!(split, vec![2; 4], "split as one router splits it");
+    for r in &all {
+        r.wait_idle().await;
+    }
+}
+
+/// Requests the replicas' reservations hold, summed over every replica and epoch.
+async fn reserved_requests(redis: &Redis) -> u64 {
+    let mut c = redis.conn().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("infergate:reserved:*")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let mut n = 0;
+    for k in keys {
+        let fields: HashMap<String, i64> = redis::cmd("HGETALL")
+            .arg(&k)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        n += fields.values().map(|&v| unpack(v).requests).sum::<u64>();
+    }
+    n
+}
