@@ -20,6 +20,7 @@ mod forwarded;
 mod kv_events;
 mod lifecycle;
 mod listen;
+mod metrics_auth;
 mod observe;
 mod predicted;
 mod prefix;
