@@ -3,7 +3,8 @@
 # Chromium (`chromium`, plus a font) for the status page (infergate/tests/it/observe.rs), and `redis-server` for the
 # router replicas sharing state (infergate/tests/it/cluster/, which starts its own on a free loopback port), and
 # `strace` to hold a daemon's parent after the fork (infergate/tests/it/lifecycle.rs), and `systemd-analyze`
-# (package `systemd`) for the unit checks of scripts/check-deploy.sh (infergate/tests/it/deploy.rs).
+# (package `systemd`) for the unit checks of scripts/check-deploy.sh (infergate/tests/it/deploy.rs), and `lintian`
+# for the Debian package (scripts/check-deb.sh).
 # Idempotent; quiet when all are present. Run as root or with sudo.
 set -euo pipefail
 missing=()
@@ -12,6 +13,7 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+command -v lintian >/dev/null 2>&1 || missing+=(lintian)
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "installing: ${missing[*]}" >&2
 SUDO=""

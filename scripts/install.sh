@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install infergate as a systemd service (conf/infergate.service): the binary, the unit, the configuration and
-# the environment file, owned so that the unprivileged service user can read them.
+# the environment file, owned so that the unprivileged service user can read them. On Debian and Ubuntu, install
+# the package instead (scripts/deb.sh, README "Deploying"); this script is for other distributions.
 #
 #   sudo scripts/install.sh                     install on this machine, create the `infergate` user
 #   scripts/install.sh --root /tmp/stage        stage the same tree under a directory (packaging, tests): no
@@ -86,7 +87,9 @@ owner() { # owner GROUP-OR-root PATH...
 etc="$root/etc/infergate"
 install -d -m 0755 "$root/usr/local/bin" "$root/etc/systemd/system" "$root/usr/share/doc/infergate"
 install -m 0755 "$binary" "$root/usr/local/bin/infergate"
-sed -e "s/^User=infergate$/User=$user/" -e "s/^Group=infergate$/Group=$group/" conf/infergate.service \
+# The unit names the Debian package's /usr/bin/infergate; this install's binary is in /usr/local/bin.
+sed -e "s/^User=infergate$/User=$user/" -e "s/^Group=infergate$/Group=$group/" \
+    -e "s|/usr/bin/infergate |/usr/local/bin/infergate |" conf/infergate.service \
     > "$root/etc/systemd/system/infergate.service"
 chmod 0644 "$root/etc/systemd/system/infergate.service"
 install -m 0644 README.md "$root/usr/share/doc/infergate/README.md"
@@ -102,8 +105,7 @@ else
     owner "$group" "$etc/infergate.yaml"
 fi
 if [ ! -e "$etc/env" ]; then
-    printf '# Environment of the infergate service (EnvironmentFile=): engine API keys for api_key_env, e.g.\n# VLLM_API_KEY=...\n' > "$etc/env"
-    chmod 0640 "$etc/env"
+    install -m 0640 conf/infergate.env "$etc/env"
     owner "$group" "$etc/env"
 fi
 if $own; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): formatting, lints, every unit and integration test, then the conformance
 # run (the openai and anthropic SDKs, each an older and the current release, Codex CLI and curl against the router
-# in front of engine-sim), the real-engine suite (real vLLM, its CPU build), then the short demo.
+# in front of engine-sim), the real-engine suite (real vLLM, its CPU build), the short demo, then the Debian package
+# (built, installed with dpkg on this machine, checked and purged).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh
@@ -24,3 +25,6 @@ scripts/real-vllm.sh
 echo "== scripts/check-demo.sh"
 # The README's demo, short and non-interactive: a move under pressure and the round_robin comparison.
 scripts/check-demo.sh
+echo "== scripts/check-deb.sh"
+# The package of the binary the tests ran (cargo deb --profile dev --no-build): install, check, purge.
+scripts/check-deb.sh

@@ -45,7 +45,7 @@ pub const FLOORS: &[(&str, &[&str])] = &[
     ),
     ("services", &["clients", "status", "state_file", "cluster"]),
     ("state", &["state"]),
-    ("glue", &["proxy", "reload"]),
+    ("glue", &["proxy", "reload", "metrics_port"]),
     ("top", &["housekeeping", "server"]),
 ];
 

@@ -22,6 +22,7 @@ pub mod lifecycle;
 pub mod listen;
 pub mod logging;
 pub mod metrics;
+pub mod metrics_port;
 pub mod outlier;
 pub mod paths;
 pub mod placement;

@@ -1,19 +1,14 @@
 //! Assembly: turns a validated `Config` into a Pingora `Server` with the proxy, the metrics listener and the
 //! background services (`housekeeping`).
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
-use pingora_core::apps::http_app::ServeHttp;
-use pingora_core::protocols::http::ServerSession;
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
 use pingora_core::services::listening::Service;
 
 use crate::clients::{self, ClientGate};
 use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::pool::Pools;
+use crate::metrics_port::MetricsApp;
 use crate::proxy::Router;
 pub use crate::state::RouterState;
 
@@ -58,10 +53,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     if let Some(addr) = &state.cfg.metrics_listen {
         let mut metrics = Service::new(
             "infergate metrics".to_string(),
-            MetricsApp {
-                metrics: state.metrics.clone(),
-                pools: state.pools.clone(),
-            },
+            MetricsApp::new(state.clone()),
         );
         metrics.add_tcp(addr);
         listening.push(server.add_service(metrics));
@@ -76,40 +68,6 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
         .collect();
     crate::lifecycle::order_startup(&mut server, upgrade, &hk_handle, &listening, &addrs);
     Ok((server, state))
-}
-
-/// Serves `GET /metrics` in the Prometheus text format, `GET /health` as the proxy does (this listener is not
-/// under the client connection cap, so it answers while the proxy port is full), and the status page (`status.rs`).
-struct MetricsApp {
-    metrics: Arc<Metrics>,
-    pools: Arc<Pools>,
-}
-
-#[async_trait]
-impl ServeHttp for MetricsApp {
-    async fn response(&self, session: &mut ServerSession) -> http::Response<Vec<u8>> {
-        let path = session.req_header().uri.path();
-        let (status, ctype, body) = if path == "/metrics" {
-            (200, "text/plain; version=0.0.4", self.metrics.render())
-        } else if path == "/health" {
-            let (status, body) = clients::health(&self.pools);
-            (status, "application/json", body.as_bytes().to_vec())
-        } else if let Some(status) = crate::status::respond(path, &self.pools, &self.metrics) {
-            status
-        } else {
-            (
-                404,
-                "text/plain",
-                b"not found: metrics are on /metrics, the status page on /status\n".to_vec(),
-            )
-        };
-        http::Response::builder()
-            .status(status)
-            .header("content-type", ctype)
-            .header("content-length", body.len())
-            .body(body)
-            .unwrap_or_default()
-    }
 }
 
 /// A shutdown signal a test (or an embedding program) triggers through a channel instead of Unix signals.

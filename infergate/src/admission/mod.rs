@@ -10,14 +10,13 @@ pub mod limits;
 mod metrics;
 pub mod queue;
 
-use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 
-use crate::config::{AuthConfig, Config};
+use crate::config::{is_loopback, AuthConfig, Config};
 use crate::errors::ApiError;
 use crate::metrics::Metrics;
 use keys::Presented;
@@ -271,14 +270,16 @@ impl Admission {
 }
 
 /// Warn about every listener reachable from outside the host while auth is off, and about a metrics listener
-/// reachable from outside (it has no authentication of its own).
+/// reachable from outside that the operator left without a token (`metrics_auth.allow_unauthenticated`).
 pub fn warn_if_open(cfg: &Config) {
     if let Some(addr) = cfg.metrics_listen.as_deref().filter(|a| !is_loopback(a)) {
-        log::warn!(
-            "metrics listener {addr} is not loopback-only: /metrics, /status and /status.json (pools, endpoint \
-             addresses, load, placement reasons) answer anyone who reaches it, without authentication; keep it on a \
-             private network or firewall it"
-        );
+        if cfg.metrics_auth.token.is_none() {
+            log::warn!(
+                "metrics listener {addr} is not loopback-only and metrics_auth.allow_unauthenticated is true: \
+                 /metrics, /status and /status.json (pools, endpoint addresses, load, placement reasons) answer \
+                 anyone who reaches it; keep it on a private network or firewall it"
+            );
+        }
     }
     if cfg.auth.is_some() {
         return;
@@ -288,30 +289,5 @@ pub fn warn_if_open(cfg: &Config) {
             "listener {addr} is not loopback-only and `auth` is off: anyone who reaches it can use every pool; \
              configure auth.keys_file (see README, Security)"
         );
-    }
-}
-
-/// Every address `addr` ("host:port") resolves to is a loopback address.
-fn is_loopback(addr: &str) -> bool {
-    match addr.to_socket_addrs() {
-        Ok(addrs) => {
-            let addrs: Vec<_> = addrs.collect();
-            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
-        }
-        Err(_) => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback_listeners() {
-        assert!(is_loopback("127.0.0.1:8000"));
-        assert!(is_loopback("[::1]:8000"));
-        assert!(!is_loopback("0.0.0.0:8000"));
-        assert!(!is_loopback("[::]:8000"));
-        assert!(!is_loopback("10.1.2.3:8000"));
     }
 }

@@ -12,6 +12,7 @@ mod cluster;
 mod cors;
 mod expose_paths;
 mod kv_events;
+mod metrics_auth;
 mod outlier;
 mod policy;
 mod pool;
@@ -31,6 +32,7 @@ pub use cluster::ClusterConfig;
 pub use cors::CorsOrigins;
 use expose_paths::expose_paths;
 pub use kv_events::{KvEndpointConfig, KvEventsConfig, KvSubscription};
+pub use metrics_auth::{is_loopback, MetricsAuthConfig};
 pub use outlier::OutlierConfig;
 pub use policy::{
     EngineKind, EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, PrefixFallback,
@@ -56,6 +58,8 @@ pub struct Config {
     pub listen: Vec<String>,
     /// Prometheus listener ("host:port"); None disables the metrics service.
     pub metrics_listen: Option<String>,
+    /// Who may read `/metrics` and the status page on `metrics_listen` (`metrics_auth`); see `metrics_port`.
+    pub metrics_auth: MetricsAuthConfig,
     /// Pingora `ServerConf` fields, validated against the known field names, as YAML text for `ServerConf::from_yaml`.
     /// Defaults infergate sets when absent: grace_period_seconds 30, graceful_shutdown_timeout_seconds 5,
     /// threads 2, pid_file/upgrade_sock under /tmp/infergate*.
@@ -236,6 +240,7 @@ const SECTIONS: &[(&str, Reader)] = &[
     ("access_log", |n| AccessLogConfig::read(n).map(drop)),
     ("state_file", |n| StateFileConfig::read(n).map(drop)),
     ("cluster", |n| ClusterConfig::read(n, &[]).map(drop)),
+    ("metrics_auth", |n| MetricsAuthConfig::read(n).map(drop)),
 ];
 
 impl Config {
@@ -245,6 +250,7 @@ impl Config {
             n;
             listen,
             metrics_listen,
+            metrics_auth,
             server,
             timeouts,
             max_retries,
@@ -264,7 +270,7 @@ impl Config {
             cluster,
         );
         let listen = listen_list(&listen)?;
-        let metrics_listen = match metrics_listen.value() {
+        let metrics_addr = match metrics_listen.value() {
             None | Some(Value::Null) => None,
             Some(_) => {
                 let addr = metrics_listen.string()?.trim().to_string();
@@ -279,7 +285,12 @@ impl Config {
         };
         Ok(Config {
             source: n.file().to_path_buf(),
-            metrics_listen,
+            metrics_auth: MetricsAuthConfig::read_for(
+                &metrics_auth,
+                metrics_addr.as_deref(),
+                &metrics_listen,
+            )?,
+            metrics_listen: metrics_addr,
             server_yaml: server_yaml(server.section()?)?,
             timeouts: Timeouts::read(timeouts.section()?)?,
             max_retries: to_usize(max_retries.uint_or(DEFAULT_MAX_RETRIES as u64)?),

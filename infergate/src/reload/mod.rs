@@ -147,6 +147,7 @@ pub fn apply(state: &RouterState, new: &Config) {
         state.reload_keys(new);
         endpoints.push("client keys and limits re-read".to_string());
     }
+    endpoints.extend(running.metrics_auth.reload_note(&new.metrics_auth));
     state.set_current(effective);
 
     if endpoints.is_empty() {

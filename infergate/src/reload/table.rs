@@ -142,6 +142,8 @@ pub(super) const TOP: &[Row<Config>] = &[
     Key("cluster", AtStart(WHY_CLUSTER), |c| &mut c.cluster),
     // Applied as a whole (`Admission::reload_keys` logs it).
     Key("auth", Elsewhere, |c| &mut c.auth),
+    // The token file is re-read on every reload; `reload::apply` says what changed (never the token).
+    Key("metrics_auth", Elsewhere, |c| &mut c.metrics_auth),
 ];
 
 /// One pool's settings.

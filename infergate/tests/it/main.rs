@@ -23,6 +23,7 @@ mod kv_events;
 mod lifecycle;
 mod listen;
 mod log_flood;
+mod metrics_auth;
 mod observe;
 mod predicted;
 mod prefix;
