@@ -55,7 +55,9 @@ mod failure;
 mod first_output;
 mod intake;
 mod output;
+mod receipt;
 mod router;
+mod spans;
 mod stored;
 mod upstream;
 
@@ -199,7 +201,8 @@ impl ProxyHttp for Router {
     ) -> Result<()> {
         // A request in flight when a drain starts: its client reconnects instead of reusing this connection.
         crate::lifecycle::close_if_draining(session);
-        self.trace_headers(session, resp, ctx)
+        self.trace_headers(session, resp, ctx)?;
+        self.route_receipt(ctx, resp)
     }
 
     fn response_body_filter(

@@ -148,6 +148,9 @@ pub fn apply(state: &RouterState, new: &Config) {
         endpoints.push("client keys and limits re-read".to_string());
     }
     state.set_current(effective);
+    if let Err(e) = state.tracing.configure(state.current().tracing.as_ref()) {
+        log::error!("reload {path}: {e}; tracing stays as it was");
+    }
 
     if endpoints.is_empty() {
         log::info!("reload {path}: endpoint lists unchanged (keys and addresses re-read)");

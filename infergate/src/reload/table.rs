@@ -139,6 +139,10 @@ pub(super) const TOP: &[Row<Config>] = &[
     Key("cluster", AtStart(WHY_CLUSTER), |c| &mut c.cluster),
     // Applied as a whole (`Admission::reload_keys` logs it).
     Key("auth", Elsewhere, |c| &mut c.auth),
+    // The span pipeline is rebuilt with the new settings (`traces::Tracing::configure`); requests in flight end
+    // their spans through the old one.
+    Key("tracing", InPlace, |c| &mut c.tracing),
+    Key("route_receipt", InPlace, |c| &mut c.route_receipt),
 ];
 
 /// One pool's settings.
