@@ -1,5 +1,6 @@
 //! What the proxy adds for request tracing: the request id on every response, the serving endpoint's header, and
-//! the access-log line written from the `logging` hook (for proxied requests and the router's own answers alike).
+//! the access-log line written from the `logging` hook (for proxied requests and the router's own answers alike),
+//! whose facts also end the request's spans.
 
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::ResponseHeader;
