@@ -147,16 +147,21 @@ async fn the_receipt_counts_attempts_and_names_the_predicted_time_to_first_token
     assert_eq!(logged.floor() as u64, predicted, "{line}");
 
     // An engine that refuses: the request is retried elsewhere, and the receipt says it took two attempts.
-    // Idle endpoints are a near tie, broken at random: within a dozen requests one starts on the refusing engine.
-    eng[0].control.set_fail_status(Some(503));
-    let good = eng[1].url().trim_start_matches("http://").to_string();
+    // The engine that served the last request refuses the next one (the policy tends to pick it again, or picks
+    // at random between idle ones): within a dozen requests one starts on it and is retried on the other.
+    let label = |i: usize| eng[i].url().trim_start_matches("http://").to_string();
+    let mut last = r["endpoint"].clone();
     let mut retried = None;
     for i in 0..12 {
+        let bad = usize::from(label(1) == last);
+        eng[bad].control.set_fail_status(Some(503));
+        eng[1 - bad].control.set_fail_status(None);
         let resp = send_chat(&router.url(), chat_body(500 + i, false, 2)).await;
         assert_eq!(resp.status(), 200);
         let r = receipt(&resp).unwrap();
         drain(resp).await.unwrap();
-        assert_eq!(r["endpoint"], good);
+        assert_eq!(r["endpoint"], label(1 - bad), "{r:?}");
+        last = r["endpoint"].clone();
         if r["attempts"] == "2" {
             retried = Some(r);
             break;
