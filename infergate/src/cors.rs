@@ -10,7 +10,7 @@ use crate::config::CorsOrigins;
 const MAX_AGE_SECONDS: &str = "600";
 
 /// Response headers a page may read besides the CORS-safelisted ones.
-const EXPOSED: &str = "x-request-id, x-infergate-endpoint, retry-after";
+const EXPOSED: &str = "x-request-id, x-infergate-endpoint, x-infergate-route, retry-after";
 
 /// The longest `Access-Control-Request-Headers` echoed back; a longer list is refused.
 const MAX_REQUEST_HEADERS_LEN: usize = 2048;

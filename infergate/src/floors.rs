@@ -41,6 +41,7 @@ pub const FLOORS: &[(&str, &[&str])] = &[
             "stored_responses",
             "admission",
             "exposure",
+            "traces",
         ],
     ),
     ("services", &["clients", "status", "state_file", "cluster"]),

@@ -37,3 +37,4 @@ pub mod state_file;
 pub mod status;
 pub mod stored_responses;
 pub mod tokens;
+pub mod traces;

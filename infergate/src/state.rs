@@ -30,6 +30,8 @@ pub struct RouterState {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// Exact prompt token counts for pools with a `tokenizer`, off the proxy's threads.
     pub tokens: Arc<Tokenizing>,
+    /// Request spans exported over OTLP (`tracing`): off until housekeeping builds the pipeline after start.
+    pub tracing: Arc<crate::traces::Tracing>,
 }
 
 impl RouterState {
@@ -45,6 +47,7 @@ impl RouterState {
         }
         RouterState {
             tokens,
+            tracing: crate::traces::Tracing::new(&metrics),
             cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),
             pools,
             admission: Admission::new(&cfg, &metrics),

@@ -83,8 +83,12 @@ pub struct Line<'a> {
     pub status: u16,
     /// Estimated prefill tokens of the final attempt.
     pub tokens: Option<u64>,
+    /// The time to first token `predicted_ttft` predicted for the endpoint at placement.
+    pub predicted_ttft: Option<Duration>,
     /// Arrival to the first response body byte sent.
     pub ttfb: Option<Duration>,
+    /// The final attempt's dispatch to its first output (a successful answer's): the measured time to first token.
+    pub ttft: Option<Duration>,
     /// Arrival to the end of the request.
     pub duration: Duration,
     /// Request body bytes received.
@@ -98,6 +102,8 @@ pub struct Line<'a> {
     /// Hash of the session header value (the session table's key), never the value.
     pub session: Option<u64>,
     pub request_id: &'a str,
+    /// The request's trace (32 hex digits), when it was traced (`tracing`).
+    pub trace_id: Option<&'a str>,
     /// Why the request failed, when it did (Pingora's error type: `ConnectRefused`, `ReadTimedout`, ...).
     pub error: Option<&'a str>,
     /// The client's `User-Agent` (which SDK or agent, and its version).
@@ -144,7 +150,9 @@ impl Line<'_> {
         put("reason", self.reason);
         put("status", Some(&self.status.to_string()));
         put("tokens", self.tokens.map(|t| t.to_string()).as_deref());
+        put("predicted_ttft_ms", self.predicted_ttft.map(ms).as_deref());
         put("ttfb_ms", self.ttfb.map(ms).as_deref());
+        put("ttft_ms", self.ttft.map(ms).as_deref());
         put("duration_ms", Some(&ms(self.duration)));
         put("bytes_in", Some(&self.bytes_in.to_string()));
         put("bytes_out", Some(&self.bytes_out.to_string()));
@@ -155,6 +163,7 @@ impl Line<'_> {
             "request_id",
             Some(&bounded(self.request_id, MAX_VALUE_BYTES)),
         );
+        put("trace_id", self.trace_id);
         put("error", self.error);
         put(
             "user_agent",
@@ -180,7 +189,9 @@ impl Line<'_> {
             reason: self.reason,
             status: self.status,
             tokens: self.tokens,
+            predicted_ttft_ms: self.predicted_ttft.map(ms),
             ttfb_ms: self.ttfb.map(ms),
+            ttft_ms: self.ttft.map(ms),
             duration_ms: ms(self.duration),
             bytes_in: self.bytes_in,
             bytes_out: self.bytes_out,
@@ -188,6 +199,7 @@ impl Line<'_> {
             client_key: self.client_key,
             session: self.session.map(session_hex),
             request_id: bounded(self.request_id, MAX_VALUE_BYTES),
+            trace_id: self.trace_id,
             error: self.error,
             user_agent: self.user_agent.map(|u| bounded(u, MAX_VALUE_BYTES)),
         };
@@ -209,7 +221,9 @@ struct JsonLine<'a> {
     reason: Option<&'a str>,
     status: u16,
     tokens: Option<u64>,
+    predicted_ttft_ms: Option<f64>,
     ttfb_ms: Option<f64>,
+    ttft_ms: Option<f64>,
     duration_ms: f64,
     bytes_in: u64,
     bytes_out: u64,
@@ -217,6 +231,7 @@ struct JsonLine<'a> {
     client_key: Option<&'a str>,
     session: Option<String>,
     request_id: Cow<'a, str>,
+    trace_id: Option<&'a str>,
     error: Option<&'a str>,
     user_agent: Option<Cow<'a, str>>,
 }

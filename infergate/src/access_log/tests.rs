@@ -14,7 +14,9 @@ fn sample() -> Line<'static> {
         reason: Some("sticky"),
         status: 200,
         tokens: Some(1234),
+        predicted_ttft: Some(Duration::from_millis(40)),
         ttfb: Some(Duration::from_micros(12_345)),
+        ttft: Some(Duration::from_micros(11_000)),
         duration: Duration::from_micros(1_500_250),
         bytes_in: 4096,
         bytes_out: 777,
@@ -22,6 +24,7 @@ fn sample() -> Line<'static> {
         client_key: None,
         session: Some(0xab),
         request_id: "req-1",
+        trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
         error: None,
         user_agent: Some("OpenAI/Python 1.109.1"),
     }
@@ -33,8 +36,9 @@ fn text_is_logfmt_with_quoting_and_dashes() {
         sample().text(),
         "time=2023-11-14T22:13:20.123Z client=127.0.0.1:5555 method=POST path=/v1/chat/completions \
          model=\"llama 3 \\\"70b\\\"\" pool=default endpoint=10.0.0.5:8000 reason=sticky status=200 tokens=1234 \
-         ttfb_ms=12.345 duration_ms=1500.250 bytes_in=4096 bytes_out=777 retries=1 client_key=- \
-         session=00000000000000ab request_id=req-1 error=- user_agent=\"OpenAI/Python 1.109.1\""
+         predicted_ttft_ms=40.000 ttfb_ms=12.345 ttft_ms=11.000 duration_ms=1500.250 bytes_in=4096 bytes_out=777 \
+         retries=1 client_key=- session=00000000000000ab request_id=req-1 \
+         trace_id=4bf92f3577b34da6a3ce929d0e0e4736 error=- user_agent=\"OpenAI/Python 1.109.1\""
     );
     let mut l = sample();
     l.model = Some("a\nb=c\u{7}");
@@ -55,11 +59,14 @@ fn json_has_the_same_keys_numbers_and_nulls() {
     assert_eq!(v["model"], "llama 3 \"70b\"");
     assert_eq!(v["status"], 200);
     assert_eq!(v["ttfb_ms"], 12.345);
+    assert_eq!(v["predicted_ttft_ms"], 40.0);
+    assert_eq!(v["ttft_ms"], 11.0);
+    assert_eq!(v["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
     assert_eq!(v["duration_ms"], 1500.25);
     assert_eq!(v["client_key"], serde_json::Value::Null);
     assert_eq!(v["session"], "00000000000000ab");
     assert_eq!(v["user_agent"], "OpenAI/Python 1.109.1");
-    assert_eq!(v.as_object().unwrap().len(), 20);
+    assert_eq!(v.as_object().unwrap().len(), 23);
     // Same keys in the same order (values without spaces, so the text splits on spaces).
     let mut l = sample();
     l.model = Some("m");
@@ -70,7 +77,7 @@ fn json_has_the_same_keys_numbers_and_nulls() {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, _)| k)
         .collect();
-    assert_eq!(keys.len(), 20);
+    assert_eq!(keys.len(), 23);
     let at: Vec<usize> = keys
         .iter()
         .map(|k| {

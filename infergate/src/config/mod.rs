@@ -17,10 +17,12 @@ mod outlier;
 mod policy;
 mod pool;
 mod queue;
+mod route_receipt;
 mod server;
 mod state_file;
 #[cfg(test)]
 mod testing;
+mod tracing;
 mod trusted_proxies;
 mod values;
 mod walk;
@@ -41,8 +43,10 @@ pub use policy::{
 use pool::pools_list;
 pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig, TokenizerConfig};
 pub use queue::QueueConfig;
+pub use route_receipt::RouteReceipt;
 use server::server_yaml;
 pub use state_file::StateFileConfig;
+pub use tracing::TracingConfig;
 use trusted_proxies::trusted_proxies;
 pub use trusted_proxies::Cidr;
 use values::{check_listen_addr, to_usize};
@@ -97,6 +101,10 @@ pub struct Config {
     pub state_file: Option<StateFileConfig>,
     /// Replicas sharing live load and session bindings through Redis (`cluster`); None = off.
     pub cluster: Option<ClusterConfig>,
+    /// Spans of each request exported over OTLP (`tracing`); None = off.
+    pub tracing: Option<TracingConfig>,
+    /// Who gets the `x-infergate-route` header (`route_receipt`, default nobody).
+    pub route_receipt: RouteReceipt,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -241,6 +249,7 @@ const SECTIONS: &[(&str, Reader)] = &[
     ("state_file", |n| StateFileConfig::read(n).map(drop)),
     ("cluster", |n| ClusterConfig::read(n, &[]).map(drop)),
     ("metrics_auth", |n| MetricsAuthConfig::read(n).map(drop)),
+    ("tracing", |n| TracingConfig::read(n).map(drop)),
 ];
 
 impl Config {
@@ -268,6 +277,8 @@ impl Config {
             endpoint_header,
             state_file,
             cluster,
+            tracing,
+            route_receipt,
         );
         let listen = listen_list(&listen)?;
         let metrics_addr = match metrics_listen.value() {
@@ -282,6 +293,10 @@ impl Config {
                 }
                 Some(addr)
             }
+        };
+        let auth = match auth.optional_section()? {
+            None => None,
+            Some(a) => Some(AuthConfig::read(a)?),
         };
         Ok(Config {
             source: n.file().to_path_buf(),
@@ -304,14 +319,13 @@ impl Config {
             expose_paths: expose_paths(&expose)?,
             trusted_proxies: trusted_proxies(&trusted)?,
             cors_allowed_origins: cors::cors_allowed_origins(&cors)?,
-            auth: match auth.optional_section()? {
-                None => None,
-                Some(a) => Some(AuthConfig::read(a)?),
-            },
+            route_receipt: route_receipt::route_receipt(&route_receipt, auth.as_ref())?,
+            auth,
             access_log: AccessLogConfig::read_optional(&access_log)?,
             endpoint_header: access_log::endpoint_header(&endpoint_header)?,
             state_file: StateFileConfig::read_optional(&state_file)?,
             cluster: ClusterConfig::read_optional(&cluster, &listen)?,
+            tracing: TracingConfig::read_optional(&tracing)?,
             listen,
         })
     }

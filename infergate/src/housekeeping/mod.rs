@@ -1,11 +1,13 @@
 //! The router's background services, one per concern (as pingora-load-balancing's `background.rs`): health
-//! checks and discovery, engine-stats scrapes, KV-event subscribers, the prefill janitor with session expiry, and SIGHUP reloads.
+//! checks and discovery, engine-stats scrapes, KV-event subscribers, the span pipeline, the prefill janitor with
+//! session expiry, and SIGHUP reloads.
 
 mod health;
 mod janitor;
 mod kv_events;
 mod reloads;
 mod scrapes;
+mod tracing;
 
 use pingora_core::server::Server;
 use pingora_core::services::background::background_service;
@@ -35,6 +37,13 @@ pub fn install(server: &mut Server, state: &RouterState) -> ServiceHandle {
             pools: state.pools.clone(),
         },
     ));
+    // Before the proxy accepts (through the health checks): the first requests are traced too.
+    let tracing = server.add_service(background_service(
+        "infergate tracing",
+        tracing::Tracing {
+            state: state.clone(),
+        },
+    ));
     server.add_service(background_service(
         "infergate kv events",
         kv_events::KvEvents {
@@ -48,5 +57,6 @@ pub fn install(server: &mut Server, state: &RouterState) -> ServiceHandle {
         },
     ));
     health.add_dependency(&reloads);
+    health.add_dependency(&tracing);
     health
 }

@@ -1,5 +1,6 @@
 //! What the proxy adds for request tracing: the request id on every response, the serving endpoint's header, and
-//! the access-log line written from the `logging` hook (for proxied requests and the router's own answers alike).
+//! the access-log line written from the `logging` hook (for proxied requests and the router's own answers alike),
+//! whose facts also end the request's spans.
 
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::ResponseHeader;
@@ -8,7 +9,6 @@ use pingora_proxy::Session;
 use super::{Ctx, Router};
 use crate::access_log::Line;
 use crate::placement::sessions::session_hash;
-use crate::request::CallKind;
 use crate::request_id;
 
 /// The response header naming the endpoint that served the request (`host:port`); `endpoint_header: false` drops it.
@@ -42,25 +42,21 @@ impl Router {
         Ok(())
     }
 
-    /// Write the request's access-log line (when the log is on).
-    pub(super) fn log_request(&self, session: &Session, e: Option<&Error>, ctx: &Ctx) {
-        let Some(log) = &self.access_log else {
+    /// Write the request's access-log line (when the log is on) and end its spans (when it has them).
+    pub(super) fn log_request(&self, session: &Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let trace = ctx.trace.take();
+        if self.access_log.is_none() && trace.is_none() {
             return;
-        };
+        }
         let req = session.req_header();
         let path = match &ctx.target {
             Some(s) => s.target.path.clone(),
             None => crate::paths::normalize(req.raw_path())
                 .map_or_else(|_| "(invalid path)".to_string(), |t| t.path),
         };
-        let endpoint = ctx.endpoint.as_ref().or(ctx.last_endpoint.as_ref());
-        let tokens = match (&ctx.pool, &ctx.placement) {
-            (Some(pool), Some(p))
-                if ctx.kind == CallKind::Generate && pool.policy.counts_tokens() =>
-            {
-                Some(self.placed_tokens(pool, p))
-            }
-            (Some(_), Some(_)) => Some(0),
+        let route = self.route(ctx);
+        let ttft = match (ctx.attempt.dispatched_at, ctx.attempt.first_output_at) {
+            (Some(t0), Some(t1)) => Some(t1.duration_since(t0)),
             _ => None,
         };
         let error = e.map(
@@ -82,18 +78,21 @@ impl Router {
             .unwrap_or("-");
         let downstream = session.as_downstream();
         let retries = ctx.tried.len() + usize::from(ctx.fresh_retry_used);
-        log.write(&Line {
+        let trace_id = trace.as_ref().map(|t| t.trace_id());
+        let line = Line {
             time: Some(ctx.log.start_wall),
             client: session.client_addr().and_then(|a| a.as_inet()).copied(),
             method: req.method.as_str(),
             path: &path,
             model: ctx.scan.model.as_deref(),
-            pool: ctx.pool.as_ref().map(|p| &*p.name),
-            endpoint: endpoint.map(|e| e.label.as_str()),
-            reason: ctx.placement.as_ref().map(|p| p.reason.as_str()),
+            pool: route.map(|r| r.pool),
+            endpoint: route.and_then(|r| r.endpoint),
+            reason: route.and_then(|r| r.reason),
             status: session.response_written().map_or(0, |r| r.status.as_u16()),
-            tokens,
+            tokens: route.and_then(|r| r.tokens),
+            predicted_ttft: route.and_then(|r| r.predicted_ttft),
             ttfb: ctx.log.first_byte.map(|t| t.duration_since(ctx.log.start)),
+            ttft,
             duration: ctx.log.start.elapsed(),
             bytes_in: downstream.body_bytes_read() as u64,
             bytes_out: downstream.body_bytes_sent() as u64,
@@ -101,11 +100,18 @@ impl Router {
             client_key: Some(ctx.admission.key()).filter(|k| *k != crate::admission::NO_KEY),
             session: ctx.session_key.as_deref().map(session_hash),
             request_id: id,
+            trace_id: trace_id.as_deref(),
             error: error.as_deref(),
             user_agent: req
                 .headers
                 .get(http::header::USER_AGENT)
                 .and_then(|v| v.to_str().ok()),
-        });
+        };
+        if let Some(log) = &self.access_log {
+            log.write(&line);
+        }
+        if let Some(t) = trace {
+            self.finish_trace(t, &line);
+        }
     }
 }

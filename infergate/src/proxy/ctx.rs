@@ -55,6 +55,8 @@ pub struct Ctx {
     pub(super) admission: crate::admission::Pass,
     /// Timing and client facts for the access log; its `start` also times `infergate_request_duration_seconds`.
     pub(super) log: crate::access_log::RequestLog,
+    /// The request's spans (`tracing` on).
+    pub(super) trace: Option<Box<crate::traces::RequestTrace>>,
 }
 
 /// The part of the request context that belongs to one forwarding attempt: `upstream_peer` replaces it whole, so
@@ -69,6 +71,8 @@ pub(super) struct Attempt {
     /// The stream opened with the events an engine sends before its prefill (first_output).
     pub(super) preamble: first_output::Preamble,
     pub(super) first_output_seen: bool,
+    /// When the first output passed (a successful answer's), for the measured time to first token.
+    pub(super) first_output_at: Option<Instant>,
     /// The id of a stored response this answer creates (stored_responses).
     pub(super) id_capture: crate::stored_responses::IdCapture,
     /// A background Responses request (answered at once, generated afterwards): its hold outlives the answer until

@@ -51,6 +51,9 @@ impl Router {
             // Same endpoint, fresh connection: the session keeps its engine and KV cache.
             ctx.fresh_retry_used = true;
             ctx.finish_hold();
+            if let Some(t) = &mut ctx.trace {
+                t.attempt_failed("stale pooled connection");
+            }
             if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
                 self.metrics.unless_removed(&ep.removed, || {
                     self.metrics

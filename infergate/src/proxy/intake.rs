@@ -32,6 +32,7 @@ impl Router {
             Ok(screened) => {
                 ctx.kind = screened.kind;
                 ctx.target = Some(screened);
+                self.start_trace(session, ctx);
             }
             Err(e) => {
                 self.respond_error(session, &e).await?;

@@ -9,18 +9,19 @@
 //! early_request_filter     header deadline off, keep-alive idle limit on (crate::clients); serve pipelined
 //!                          requests in order; the request id (request_id: the client's or new)
 //! request_filter           a CORS preflight, with cors_allowed_origins on, answered first (cors: before any
-//!                          key check); screen the path (exposure: 400/404 unless served); classify; answer
+//!                          key check); screen the path (exposure: 400/404 unless served); classify; the
+//!                          request's span, with `tracing` on (spans: the client's traceparent continued); answer
 //!                          /health; client key (401) and key limits (429, `admit`); answer /v1/models; read
 //!                          the whole body (bounded), pick the pool (a stored response's: the pool of the
 //!                          engine holding it, else 404), charge the key's tokens; pin a request for a stored
 //!                          response to its engine (stored_responses); for a session, the binding another
 //!                          replica stored (cluster, bounded wait)
 //! upstream_peer            (per attempt) the pool's wait queue (first attempt) → snapshot → policy.place (a pinned
-//!                          request: its engine, or 503) → ledger hold → peer; a stale pooled connection is
-//!                          retried once on the same endpoint over a fresh connection
+//!                          request: its engine, or 503) → ledger hold → the attempt's span → peer; a stale
+//!                          pooled connection is retried once on the same endpoint over a fresh connection
 //! upstream_request_filter  Host, the engine's key (never the client's Authorization or x-api-key), one
 //!                          Content-Length, no Expect, no Accept-Encoding, the normalised path,
-//!                          X-Forwarded-For / Forwarded / X-Real-IP (forwarded)
+//!                          X-Forwarded-For / Forwarded / X-Real-IP (forwarded); traceparent: the attempt's span
 //! request_body_filter      hand the held body to this attempt (every retry resends all of it)
 //! upstream_response_filter 2xx: served (policy learns, tokens count, the binding is queued for the replicas'
 //!                          store); 429/503: refused → retry elsewhere (not a pinned request);
@@ -28,7 +29,8 @@
 //!                          stream's headers later than stream_headers_within: failure (the janitor)
 //! response_filter          while draining (upgrade, stop): `Connection: close` (lifecycle)
 //! response_filter          x-request-id, x-infergate-endpoint and the router's CORS headers (not the engine's)
-//!                          on the client's response (access, cors)
+//!                          on the client's response (access, cors); x-infergate-route where `route_receipt`
+//!                          lets the client see it (receipt)
 //! response_body_filter     a created stored response's id, from the answer's start (stored_responses);
 //!                          first body byte: TTFB; first output byte (past the events an engine sends before
 //!                          prefill: first_output): release the prefill tokens, learn prefill speed
@@ -37,10 +39,10 @@
 //!                          any answer leaves the request's cost on the endpoint (outlier)
 //! fail_to_proxy            answer an OpenAI-style error
 //! logging                  settle the attempt (a whole answer is the endpoint's success; a stream that ended
-//!                          well teaches its prefill speed), count the request, write its access-log line
-//!                          (access; also for the router's own answers); the hold's Drop releases whatever is
-//!                          left on every path (a background Responses answer's hold lives on to its
-//!                          estimated prefill end)
+//!                          well teaches its prefill speed), count the request, write its access-log line and
+//!                          end its spans (access; also for the router's own answers); the hold's Drop
+//!                          releases whatever is left on every path (a background Responses answer's hold
+//!                          lives on to its estimated prefill end)
 //! request_summary          what Pingora's warn/error lines show: method, normalised path, Host (no query)
 //! persist_connection_context
 //!                          the connection waits for another request: header deadline on (crate::clients)
@@ -55,7 +57,9 @@ mod failure;
 mod first_output;
 mod intake;
 mod output;
+mod receipt;
 mod router;
+mod spans;
 mod stored;
 mod upstream;
 
@@ -199,7 +203,8 @@ impl ProxyHttp for Router {
     ) -> Result<()> {
         // A request in flight when a drain starts: its client reconnects instead of reusing this connection.
         crate::lifecycle::close_if_draining(session);
-        self.trace_headers(session, resp, ctx)
+        self.trace_headers(session, resp, ctx)?;
+        self.route_receipt(ctx, resp)
     }
 
     fn response_body_filter(

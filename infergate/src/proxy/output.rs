@@ -44,6 +44,9 @@ impl Router {
             && (!success || ctx.attempt.preamble.output_in(chunk))
         {
             ctx.attempt.first_output_seen = true;
+            if success {
+                ctx.attempt.first_output_at = Some(std::time::Instant::now());
+            }
             if let Some(h) = &ctx.hold {
                 // A successful stream's first output marks the end of prefill: what it teaches is applied once
                 // the request has ended well (`settle`).

@@ -215,6 +215,9 @@ impl Router {
     /// An attempt failed before the engine could have started the work: release its hold, remember the endpoint.
     pub(super) fn note_failed_attempt(&self, ctx: &mut Ctx, why: &str) {
         ctx.finish_hold();
+        if let Some(t) = &mut ctx.trace {
+            t.attempt_failed(why);
+        }
         if let (Some(pool), Some(ep)) = (&ctx.pool, ctx.endpoint.take()) {
             ctx.tried.push(ep.id);
             self.metrics.unless_removed(&ep.removed, || {

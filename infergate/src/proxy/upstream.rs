@@ -113,6 +113,7 @@ impl Router {
         }
         ctx.hold = Some(hold);
         ctx.attempt.dispatched_at = Some(now);
+        self.trace_attempt(ctx, &ep, fresh, tokens);
         let peer = self.peer(&ep, fresh);
         ctx.endpoint = Some(ep);
         self.watch_headers(ctx, now);
@@ -170,6 +171,10 @@ impl Router {
         }
         let peer = forwarded::peer_ip(session.client_addr());
         forwarded::apply(req, peer, &self.current().trusted_proxies)?;
+        if let Some(t) = &ctx.trace {
+            // The engine continues the trace under this attempt (vLLM: --otlp-traces-endpoint).
+            req.insert_header("traceparent", t.traceparent())?;
+        }
         Ok(())
     }
 
@@ -194,6 +199,9 @@ impl Router {
             return Ok(()); // informational
         }
         ctx.attempt.upstream_status = Some(status);
+        if let Some(t) = &mut ctx.trace {
+            t.attempt_status(status);
+        }
         let (Some(pool), Some(ep)) = (ctx.pool.clone(), ctx.endpoint.clone()) else {
             return Ok(());
         };

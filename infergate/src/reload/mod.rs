@@ -149,6 +149,9 @@ pub fn apply(state: &RouterState, new: &Config) {
     }
     endpoints.extend(running.metrics_auth.reload_note(&new.metrics_auth));
     state.set_current(effective);
+    if let Err(e) = state.tracing.configure(state.current().tracing.as_ref()) {
+        log::error!("reload {path}: {e}; tracing stays as it was");
+    }
 
     if endpoints.is_empty() {
         log::info!("reload {path}: endpoint lists unchanged (keys and addresses re-read)");

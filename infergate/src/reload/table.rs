@@ -144,6 +144,10 @@ pub(super) const TOP: &[Row<Config>] = &[
     Key("auth", Elsewhere, |c| &mut c.auth),
     // The token file is re-read on every reload; `reload::apply` says what changed (never the token).
     Key("metrics_auth", Elsewhere, |c| &mut c.metrics_auth),
+    // The span pipeline is rebuilt with the new settings (`traces::Tracing::configure`); requests in flight end
+    // their spans through the old one.
+    Key("tracing", InPlace, |c| &mut c.tracing),
+    Key("route_receipt", InPlace, |c| &mut c.route_receipt),
 ];
 
 /// One pool's settings.

@@ -263,3 +263,18 @@ fn what_cannot_change_in_place_is_listed_once_and_keeps_its_running_value() {
          pools are built at start"
     );
 }
+
+#[test]
+fn tracing_and_the_route_receipt_apply_in_place() {
+    let old = conf("", "");
+    let new = conf(
+        "tracing: { endpoint: \"http://127.0.0.1:4318\" }\nroute_receipt: true\n",
+        "",
+    );
+    let p = plan(&old, &new);
+    assert_eq!(p.not_applied, vec![]);
+    let keys: Vec<&str> = p.applied.iter().map(|a| a.key.as_str()).collect();
+    assert_eq!(keys, ["tracing", "route_receipt"]);
+    assert_eq!(format!("{:?}", p.effective), format!("{new:?}"));
+    assert_eq!(plan(&new, &old).applied.len(), 2, "and off again");
+}

@@ -584,6 +584,7 @@ async fn dashboard_and_alert_rules_use_only_exported_metrics_and_pass_promtool()
         "InfergateErrorRatioHigh",
         "InfergateJanitorReleases",
         "InfergateQueueWaitHigh",
+        "InfergateTracingSpansLost",
     ] {
         assert!(alerts.contains(wanted), "missing alert {wanted}");
     }

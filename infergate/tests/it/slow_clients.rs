@@ -63,14 +63,7 @@ async fn read_response(s: &mut TcpStream) -> (u16, String) {
             got.extend_from_slice(&b[..n]);
             let text = String::from_utf8_lossy(&got).to_string();
             if let Some(end) = text.find("\r\n\r\n") {
-                let len: usize = text[..end]
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("content-length")
-                            .then(|| v.trim().parse().ok())?
-                    })
-                    .unwrap_or(0);
+                let len = content_length(&text[..end]);
                 if got.len() >= end + 4 + len {
                     let status = text[9..12].parse().expect("status");
                     return (status, text[end + 4..end + 4 + len].to_string());

@@ -8,6 +8,7 @@
 pub mod bursts;
 pub mod engines;
 pub mod metrics;
+pub mod otlp;
 pub mod requests;
 pub mod router;
 pub mod tools;
@@ -15,6 +16,7 @@ pub mod tools;
 pub use bursts::*;
 pub use engines::*;
 pub use metrics::*;
+pub use otlp::*;
 pub use requests::*;
 pub use router::*;
 pub use tools::*;

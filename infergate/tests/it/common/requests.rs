@@ -22,6 +22,17 @@ pub fn served_by(resp: &reqwest::Response) -> Option<String> {
     header(resp, "x-infergate-endpoint")
 }
 
+/// The `Content-Length` an HTTP head declares (its lines up to the blank one); 0 when it declares none.
+pub fn content_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0)
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(64)
