@@ -30,6 +30,8 @@ pub struct RouterState {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// Exact prompt token counts for pools with a `tokenizer`, off the proxy's threads.
     pub tokens: Arc<Tokenizing>,
+    /// The certificate the `listen` addresses serve (`tls`), swapped by a reload; None = plain HTTP.
+    pub server_cert: Option<Arc<crate::tls::ServerCert>>,
 }
 
 impl RouterState {
@@ -44,6 +46,10 @@ impl RouterState {
             tokens.add_pool(&p.name);
         }
         RouterState {
+            server_cert: cfg
+                .tls
+                .as_ref()
+                .map(|t| crate::tls::ServerCert::new(&t.loaded)),
             tokens,
             cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),
             pools,

@@ -20,6 +20,7 @@ mod server;
 mod state_file;
 #[cfg(test)]
 mod testing;
+mod tls;
 mod trusted_proxies;
 mod values;
 mod walk;
@@ -41,6 +42,7 @@ pub use pool::{EndpointConfig, HealthCheckConfig, PoolConfig, PrefillConfig, Tok
 pub use queue::QueueConfig;
 use server::server_yaml;
 pub use state_file::StateFileConfig;
+pub use tls::TlsConfig;
 use trusted_proxies::trusted_proxies;
 pub use trusted_proxies::Cidr;
 use values::{check_listen_addr, to_usize};
@@ -54,6 +56,8 @@ pub struct Config {
     pub source: PathBuf,
     /// Client-facing HTTP listeners ("host:port"), at least one.
     pub listen: Vec<String>,
+    /// HTTPS on every `listen` address (`tls`); None = plain HTTP.
+    pub tls: Option<TlsConfig>,
     /// Prometheus listener ("host:port"); None disables the metrics service.
     pub metrics_listen: Option<String>,
     /// Pingora `ServerConf` fields, validated against the known field names, as YAML text for `ServerConf::from_yaml`.
@@ -231,6 +235,7 @@ const SECTIONS: &[(&str, Reader)] = &[
     ("access_log", |n| AccessLogConfig::read(n).map(drop)),
     ("state_file", |n| StateFileConfig::read(n).map(drop)),
     ("cluster", |n| ClusterConfig::read(n, &[]).map(drop)),
+    ("tls", |n| TlsConfig::read(n).map(drop)),
 ];
 
 impl Config {
@@ -256,6 +261,7 @@ impl Config {
             endpoint_header,
             state_file,
             cluster,
+            tls,
         );
         let listen = listen_list(&listen)?;
         let metrics_listen = match metrics_listen.value() {
@@ -273,6 +279,7 @@ impl Config {
         };
         Ok(Config {
             source: n.file().to_path_buf(),
+            tls: TlsConfig::read_optional(&tls)?,
             metrics_listen,
             server_yaml: server_yaml(server.section()?)?,
             timeouts: Timeouts::read(timeouts.section()?)?,

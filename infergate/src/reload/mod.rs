@@ -147,6 +147,17 @@ pub fn apply(state: &RouterState, new: &Config) {
         state.reload_keys(new);
         endpoints.push("client keys and limits re-read".to_string());
     }
+    let cert = state.server_cert.as_ref().zip(effective.tls.as_ref());
+    if let Some((served, tls)) = cert.filter(|(served, tls)| !served.serves(&tls.loaded)) {
+        served.set(&tls.loaded);
+        notes.push(format!(
+            "tls: new connections get the certificate {}",
+            tls.certificate
+        ));
+        if let Some(w) = tls.certificate.expiry_warning(crate::tls::unix_now()) {
+            log::warn!("reload {path}: {}: {w}", tls.cert_file.display());
+        }
+    }
     state.set_current(effective);
 
     if endpoints.is_empty() {

@@ -35,4 +35,5 @@ mod sessions;
 mod slow_clients;
 mod soak;
 mod stored_responses;
+mod tls;
 mod tokens;
