@@ -36,4 +36,5 @@ mod slow_clients;
 mod soak;
 mod stored_responses;
 mod tls;
+mod tls_engines;
 mod tokens;
