@@ -10,6 +10,7 @@ mod bodies;
 mod cli;
 mod clients;
 mod cluster;
+mod cluster_tls;
 mod config_cli;
 mod config_fixtures;
 mod cors;
