@@ -162,10 +162,16 @@ async fn health_on(conn: &mut TlsStream<tokio::net::TcpStream>) -> u16 {
         .unwrap_or(0)
 }
 
-fn hup(pid: u32) {
+/// SIGHUP to `pid`, then wait until its metrics on `mport` count one reload with `result`.
+async fn reload(pid: u32, mport: u16, result: &str) {
     let _ = Command::new("kill")
         .args(["-HUP", &pid.to_string()])
         .status();
+    let label = format!("result=\"{result}\"");
+    wait_metrics(mport, &format!("a reload {result}"), |m| {
+        metric_value(m, "infergate_config_reloads_total", &[&label]) == Some(1.0)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,11 +218,7 @@ async fn sighup_serves_a_renewed_certificate_to_new_connections_and_old_ones_kee
     let second = ca.issue("second", &["localhost"]);
     std::fs::write(&cert, &second.cert).unwrap();
     std::fs::write(&key, &second.key).unwrap();
-    hup(pid);
-    wait_metrics(mport, "the reload applied", |m| {
-        metric_value(m, "infergate_config_reloads_total", &["result=\"applied\""]) == Some(1.0)
-    })
-    .await;
+    reload(pid, mport, "applied").await;
     let (mut new, cn) = connect(listen, &ca_pem).await;
     assert_eq!(
         cn, "second",
@@ -230,11 +232,7 @@ async fn sighup_serves_a_renewed_certificate_to_new_connections_and_old_ones_kee
     // A half-written renewal (the key of another certificate): the reload is rejected, the renewed one stays.
     let third = ca.issue("third", &["localhost"]);
     std::fs::write(&key, &third.key).unwrap();
-    hup(pid);
-    wait_metrics(mport, "the bad reload rejected", |m| {
-        metric_value(m, "infergate_config_reloads_total", &["result=\"failed\""]) == Some(1.0)
-    })
-    .await;
+    reload(pid, mport, "failed").await;
     let (mut after, cn) = connect(listen, &ca_pem).await;
     assert_eq!(cn, "second");
     assert_eq!(health_on(&mut after).await, 200);
