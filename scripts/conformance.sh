@@ -35,6 +35,7 @@ apt_install() {
 
 # --- tools: curl, the venv module, the binaries, the SDK venvs -------------------------------------------------
 command -v curl >/dev/null 2>&1 || apt_install curl
+command -v openssl >/dev/null 2>&1 || apt_install openssl
 python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install python3-venv
 scripts/ensure-deps.sh
 log "cargo build --bins"
@@ -77,10 +78,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Six free loopback ports, held together so they are distinct: four engines, the proxy and the metrics listener.
-read -r E1 E2 E3 E4 PROXY METRICS < <(python3 -c '
+# Eight free loopback ports, held together so they are distinct: four engines, the proxy and the metrics
+# listener, and the same two of the router over TLS.
+read -r E1 E2 E3 E4 PROXY METRICS PROXY_TLS METRICS_TLS < <(python3 -c '
 import socket
-socks = [socket.socket() for _ in range(6)]
+socks = [socket.socket() for _ in range(8)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
@@ -162,10 +164,31 @@ wait_until "the router's health" curl -sf -o /dev/null "http://127.0.0.1:$PROXY/
 wait_until "all four endpoints healthy" all_endpoints_healthy
 log "router on 127.0.0.1:$PROXY (metrics :$METRICS), pool m1: engines :$E1 :$E2, pool m2: engines :$E3 :$E4"
 
+# The same router over TLS (`tls`) on the same engines, with a certificate for localhost and 127.0.0.1 from a CA
+# made here; the openai suite's TLS tests trust that CA.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=conformance CA" \
+  -keyout "$TMP/ca.key" -out "$TMP/ca.pem" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=localhost" \
+  -keyout "$TMP/tls.key" -out "$TMP/tls.csr" 2>/dev/null
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >"$TMP/tls.ext"
+openssl x509 -req -in "$TMP/tls.csr" -CA "$TMP/ca.pem" -CAkey "$TMP/ca.key" -CAcreateserial -days 2 \
+  -extfile "$TMP/tls.ext" -out "$TMP/tls.pem" 2>/dev/null
+sed -e "s/127.0.0.1:$PROXY\"/127.0.0.1:$PROXY_TLS\"/" -e "s/127.0.0.1:$METRICS\"/127.0.0.1:$METRICS_TLS\"/" \
+  -e "s#$TMP/infergate.pid#$TMP/infergate-tls.pid#" -e "s#$TMP/infergate_upgrade.sock#$TMP/infergate-tls_upgrade.sock#" \
+  "$TMP/infergate.yaml" >"$TMP/infergate-tls.yaml"
+printf 'tls: { cert_file: "%s", key_file: "%s" }\n' "$TMP/tls.pem" "$TMP/tls.key" >>"$TMP/infergate-tls.yaml"
+cp "$TMP/infergate-tls.yaml" "$LOGS/infergate-tls.yaml"
+RUST_LOG=info target/debug/infergate -c "$TMP/infergate-tls.yaml" >"$LOGS/infergate-tls.log" 2>&1 &
+PIDS+=($!)
+wait_until "the TLS router's health" curl -sf --cacert "$TMP/ca.pem" -o /dev/null "https://localhost:$PROXY_TLS/health"
+log "router over TLS on localhost:$PROXY_TLS (metrics :$METRICS_TLS)"
+
 # --- the suite, once per SDK version ------------------------------------------------------------------------------
 export INFERGATE_URL=http://127.0.0.1:$PROXY
 export INFERGATE_METRICS_URL=http://127.0.0.1:$METRICS/metrics
 export INFERGATE_CLIENT_KEY=$CLIENT_KEY
+export INFERGATE_TLS_URL=https://localhost:$PROXY_TLS
+export INFERGATE_TLS_CA=$TMP/ca.pem
 export ENGINES_M1=http://127.0.0.1:$E1,http://127.0.0.1:$E2
 export ENGINES_M2=http://127.0.0.1:$E3,http://127.0.0.1:$E4
 export PYTHONDONTWRITEBYTECODE=1

@@ -18,6 +18,7 @@ pub const FLOORS: &[(&str, &[&str])] = &[
             "logging",
             "cli",
             "tokens",
+            "tls",
         ],
     ),
     ("config", &["config"]),

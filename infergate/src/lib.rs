@@ -36,5 +36,6 @@ pub mod state;
 pub mod state_file;
 pub mod status;
 pub mod stored_responses;
+pub mod tls;
 pub mod tokens;
 pub mod traces;

@@ -41,8 +41,22 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
         &state.metrics,
     );
     let mut proxy = Service::new("infergate proxy".to_string(), gate);
+    if let Some(tls) = &state.cfg.tls {
+        log::info!(
+            "TLS on {}: certificate {}",
+            state.cfg.listen.join(", "),
+            tls.certificate
+        );
+        if let Some(w) = tls.certificate.expiry_warning(crate::tls::unix_now()) {
+            log::warn!("{}: {w}", tls.cert_file.display());
+        }
+    }
     for addr in &state.cfg.listen {
-        proxy.add_listener(clients::listener(addr));
+        let mut listener = clients::listener(addr);
+        if let Some(cert) = &state.server_cert {
+            listener = listener.tls(crate::tls::listener_settings(cert, &server.configuration)?);
+        }
+        proxy.add_listener(listener);
     }
     crate::state_file::install(&mut server, &state.sessions());
     crate::cluster::install(&mut server, state.cluster.as_ref());

@@ -32,6 +32,8 @@ pub struct RouterState {
     pub tokens: Arc<Tokenizing>,
     /// Request spans exported over OTLP (`tracing`): off until housekeeping builds the pipeline after start.
     pub tracing: Arc<crate::traces::Tracing>,
+    /// The certificate the `listen` addresses serve (`tls`), swapped by a reload; None = plain HTTP.
+    pub server_cert: Option<Arc<crate::tls::ServerCert>>,
 }
 
 impl RouterState {
@@ -46,6 +48,10 @@ impl RouterState {
             tokens.add_pool(&p.name);
         }
         RouterState {
+            server_cert: cfg
+                .tls
+                .as_ref()
+                .map(|t| crate::tls::ServerCert::new(&t.loaded)),
             tokens,
             tracing: crate::traces::Tracing::new(&metrics),
             cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),

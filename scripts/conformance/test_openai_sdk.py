@@ -18,6 +18,8 @@ What the suites share (addresses, metrics, the engines' records): router.py.
 """
 
 import json
+import os
+import ssl
 import subprocess
 import time
 import uuid
@@ -308,6 +310,45 @@ def test_client_disconnect_mid_stream_releases_gauges(client):
     stream.close()
     wait_for("the router's gauges at 0 (requests, prefill tokens)", lambda: gauges() == (0, 0))
     wait_for("the engine to abort the request", lambda: sim_total("m1", "aborted") > aborted)
+
+
+# --- over TLS: the same router with `tls` (scripts/conformance.sh makes its CA and certificate) ----------------
+
+TLS_URL = os.environ["INFERGATE_TLS_URL"]
+TLS_CA = os.environ["INFERGATE_TLS_CA"]
+
+
+@pytest.fixture(scope="module")
+def tls_client():
+    """An SDK client on the router's TLS port that trusts the conformance CA (and nothing else)."""
+    http_client = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=TLS_CA))
+    with openai.OpenAI(
+        base_url=f"{TLS_URL}/v1", api_key=CLIENT_KEY, max_retries=0, timeout=30, http_client=http_client
+    ) as c:
+        yield c
+
+
+@MODELS
+def test_chat_completion_over_tls(tls_client, model):
+    rid, resp = chat(tls_client, model, "hello over TLS")
+    assert resp.model == model
+    assert resp.choices[0].message.content
+    got = received(rid)
+    assert len(got) == 1 and got[0][0] in POOLS[model], f"request {rid} reached {got}"
+    _, stream = chat(tls_client, model, "stream over TLS", stream=True)
+    chunks = list(stream)
+    assert any(c.choices and c.choices[0].delta.content for c in chunks)
+
+
+def test_models_list_over_tls(tls_client):
+    assert {"m1", "m2"} <= {m.id for m in tls_client.models.list().data}
+
+
+def test_a_client_that_does_not_trust_the_router_certificate_is_refused():
+    """The system's CAs do not include the conformance CA: the SDK fails to connect, nothing is sent."""
+    with openai.OpenAI(base_url=f"{TLS_URL}/v1", api_key=CLIENT_KEY, max_retries=0, timeout=10) as c:
+        with pytest.raises(openai.APIConnectionError):
+            c.models.list()
 
 
 # --- curl tests ----------------------------------------------------------------------------------------------

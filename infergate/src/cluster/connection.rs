@@ -170,6 +170,8 @@ impl Cluster {
     }
 
     pub(super) async fn connect(&self) -> redis::RedisResult<ConnectionManager> {
+        // `rediss://` builds its rustls client with the process's provider.
+        crate::tls::provider();
         let client = redis::Client::open(self.cfg.connection.clone())?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(BACKGROUND_TIMEOUT)

@@ -38,6 +38,16 @@ pub struct ClusterConfig {
     pub key_prefix: String,
     /// The key that set the password, for messages: `cluster.password_file` or `cluster.redis`.
     pub password_key: &'static str,
+    /// `rediss://`: the CA file Redis's certificate is checked against (None: the system's CA certificates) and
+    /// the client certificate, if Redis asks for one (`tls-auth-clients`); see [`ClusterTls`].
+    pub tls: Option<ClusterTls>,
+}
+
+/// What TLS to Redis was configured with (for messages; the certificates themselves are in `connection`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterTls {
+    pub ca_file: Option<std::path::PathBuf>,
+    pub cert_file: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -48,6 +58,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("publish_interval", &self.publish_interval)
             .field("read_timeout", &self.read_timeout)
             .field("key_prefix", &self.key_prefix)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -66,11 +77,27 @@ impl ClusterConfig {
     }
 
     pub(super) fn read(n: Node<'_>, listen: &[String]) -> Result<ClusterConfig, ConfigError> {
-        read_keys!(n; redis_url: "redis", password_file, replica, publish_interval, read_timeout, key_prefix);
+        read_keys!(
+            n;
+            redis_url: "redis",
+            password_file,
+            ca_file,
+            cert_file,
+            key_file,
+            replica,
+            publish_interval,
+            read_timeout,
+            key_prefix,
+        );
         redis_url.required()?;
         let text = redis_url.string()?.trim();
         let mut connection = connection_info(text).map_err(|r| redis_url.err(r))?;
         let mut password_key = "cluster.redis";
+        let tls = redis_tls(
+            &mut connection,
+            &redis_url,
+            [&ca_file, &cert_file, &key_file],
+        )?;
         if password_file.value().is_some() {
             password_key = "cluster.password_file";
             if connection.redis.password.is_some() {
@@ -106,8 +133,79 @@ impl ClusterConfig {
             read_timeout: wait,
             key_prefix,
             password_key,
+            tls,
         })
     }
+}
+
+/// `ca_file`, `cert_file` and `key_file` of a `rediss://` store: read, checked and put into `connection`.
+fn redis_tls(
+    connection: &mut redis::ConnectionInfo,
+    url: &Field<'_>,
+    [ca_file, cert_file, key_file]: [&Field<'_>; 3],
+) -> Result<Option<ClusterTls>, ConfigError> {
+    let insecure = match &connection.addr {
+        redis::ConnectionAddr::TcpTls { insecure, .. } => *insecure,
+        _ => {
+            if let Some(f) = [ca_file, cert_file, key_file]
+                .into_iter()
+                .find(|f| f.value().is_some())
+            {
+                return Err(
+                    f.err("applies to TLS only: write the `redis` URL as `rediss://host:port`")
+                );
+            }
+            return Ok(None);
+        }
+    };
+    if insecure {
+        return Err(url.err(
+            "`#insecure` (no certificate check) is not supported: give the CA that issued Redis's certificate in              `ca_file`",
+        ));
+    }
+    let path = |f: &Field<'_>| -> Result<Option<std::path::PathBuf>, ConfigError> {
+        match f.value() {
+            None | Some(Value::Null) => Ok(None),
+            Some(_) => super::access_log::file_path(f, f.string()?.trim()).map(Some),
+        }
+    };
+    let (ca, cert, key) = (path(ca_file)?, path(cert_file)?, path(key_file)?);
+    let read = |f: &Field<'_>, p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| f.err(format!("cannot read `{}`: {e}", p.display())))
+    };
+    let root_cert = match &ca {
+        Some(p) => {
+            crate::tls::read_ca(p).map_err(|r| ca_file.err(r))?;
+            Some(read(ca_file, p)?)
+        }
+        None => None,
+    };
+    let client_tls = match (&cert, &key) {
+        (None, None) => None,
+        (Some(c), Some(k)) => {
+            crate::tls::read_certs(c).map_err(|r| cert_file.err(r))?;
+            crate::tls::load_cert(c, k).map_err(|r| key_file.err(r))?;
+            Some(redis::ClientTlsConfig {
+                client_cert: read(cert_file, c)?,
+                client_key: read(key_file, k)?,
+            })
+        }
+        (Some(_), None) => return Err(key_file.err("required with `cert_file`")),
+        (None, Some(_)) => return Err(cert_file.err("required with `key_file`")),
+    };
+    let client = redis::Client::build_with_tls(
+        connection.clone(),
+        redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .map_err(|e| url.err(format!("TLS settings rejected: {e}")))?;
+    *connection = client.get_connection_info().clone();
+    Ok(Some(ClusterTls {
+        ca_file: ca,
+        cert_file: cert,
+    }))
 }
 
 /// Parse a `redis://` URL (or `rediss://`, `unix://`) into connection info, with a reason on failure.
@@ -121,18 +219,8 @@ fn connection_info(url: &str) -> Result<redis::ConnectionInfo, String> {
             shown_url(url)
         ));
     }
-    url.into_connection_info().map_err(|e| {
-        let why = e.to_string();
-        if url.starts_with("rediss") || url.starts_with("valkeys") {
-            format!(
-                "`{}`: TLS to Redis is not built into this binary ({why}); reach Redis over a private network, \
-                 a TLS tunnel (stunnel) or a Unix socket",
-                shown_url(url)
-            )
-        } else {
-            format!("`{}`: {why}", shown_url(url))
-        }
-    })
+    url.into_connection_info()
+        .map_err(|e| format!("`{}`: {e}", shown_url(url)))
 }
 
 /// The URL with its password (if any) replaced by `***`.
@@ -235,6 +323,74 @@ mod tests {
     }
 
     #[test]
+    fn rediss_takes_a_ca_file_and_a_client_certificate() {
+        use crate::tls::testing::{self_signed, write_pem};
+        let (cert, key) = self_signed("redis.test");
+        let (c, k) = write_pem("cluster-tls", &cert, &key);
+        let (_, other_key) = self_signed("other.test");
+        let (_, k2) = write_pem("cluster-tls-2", &cert, &other_key);
+        let (cs, ks, k2s) = (c.display(), k.display(), k2.display());
+        let plain = parse(&format!(
+            "cluster: {{ redis: \"rediss://127.0.0.1:6390\" }}\n{POOL}"
+        ))
+        .unwrap()
+        .cluster
+        .unwrap();
+        assert!(matches!(
+            plain.connection.addr,
+            redis::ConnectionAddr::TcpTls {
+                insecure: false,
+                ..
+            }
+        ));
+        assert_eq!(
+            plain.tls,
+            Some(ClusterTls {
+                ca_file: None,
+                cert_file: None
+            })
+        );
+        let t = parse(&format!(
+            "cluster: {{ redis: \"rediss://127.0.0.1:6390\", ca_file: {cs}, cert_file: {cs}, key_file: {ks} }}\n{POOL}"
+        ))
+        .unwrap()
+        .cluster
+        .unwrap();
+        assert_eq!(
+            t.tls.as_ref().unwrap().ca_file.as_deref(),
+            Some(c.as_path())
+        );
+        assert!(!format!("{t:?}").contains("PRIVATE"));
+        assert_err(
+            &format!("cluster: {{ redis: \"redis://127.0.0.1:6390\", ca_file: {cs} }}\n{POOL}"),
+            "cluster.ca_file",
+            &["rediss://"],
+        );
+        assert_err(
+            &format!("cluster: {{ redis: \"rediss://127.0.0.1:6390#insecure\" }}\n{POOL}"),
+            "cluster.redis",
+            &["not supported", "ca_file"],
+        );
+        assert_err(
+            &format!("cluster: {{ redis: \"rediss://127.0.0.1:6390\", ca_file: {ks} }}\n{POOL}"),
+            "cluster.ca_file",
+            &["no certificate"],
+        );
+        assert_err(
+            &format!("cluster: {{ redis: \"rediss://127.0.0.1:6390\", cert_file: {cs} }}\n{POOL}"),
+            "cluster.key_file",
+            &["required with `cert_file`"],
+        );
+        assert_err(
+            &format!(
+                "cluster: {{ redis: \"rediss://127.0.0.1:6390\", cert_file: {cs}, key_file: {k2s} }}\n{POOL}"
+            ),
+            "cluster.key_file",
+            &["does not belong"],
+        );
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         assert_err(
             &format!("cluster: {{ replica: a }}\n{POOL}"),
@@ -245,11 +401,6 @@ mod tests {
             &format!("cluster: {{ redis: \"http://127.0.0.1:6379\" }}\n{POOL}"),
             "cluster.redis",
             &["not a Redis URL"],
-        );
-        assert_err(
-            &format!("cluster: {{ redis: \"rediss://127.0.0.1:6379\" }}\n{POOL}"),
-            "cluster.redis",
-            &["TLS"],
         );
         assert_err(
             &format!("cluster: {{ redis: \"redis://127.0.0.1\", publish_interval: 5ms }}\n{POOL}"),

@@ -10,6 +10,7 @@ mod auth;
 mod clients;
 mod cluster;
 mod cors;
+mod engine_tls;
 mod expose_paths;
 mod kv_events;
 mod metrics_auth;
@@ -23,6 +24,7 @@ mod state_file;
 #[cfg(test)]
 mod testing;
 mod tracing;
+mod tls;
 mod trusted_proxies;
 mod values;
 mod walk;
@@ -32,6 +34,7 @@ pub use auth::{AuthConfig, ClientKey, KeyLimits};
 pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
 pub use cluster::ClusterConfig;
 pub use cors::CorsOrigins;
+pub use engine_tls::EngineTls;
 use expose_paths::expose_paths;
 pub use kv_events::{KvEndpointConfig, KvEventsConfig, KvSubscription};
 pub use metrics_auth::{is_loopback, MetricsAuthConfig};
@@ -47,6 +50,7 @@ pub use route_receipt::RouteReceipt;
 use server::server_yaml;
 pub use state_file::StateFileConfig;
 pub use tracing::TracingConfig;
+pub use tls::TlsConfig;
 use trusted_proxies::trusted_proxies;
 pub use trusted_proxies::Cidr;
 use values::{check_listen_addr, to_usize};
@@ -60,6 +64,8 @@ pub struct Config {
     pub source: PathBuf,
     /// Client-facing HTTP listeners ("host:port"), at least one.
     pub listen: Vec<String>,
+    /// HTTPS on every `listen` address (`tls`); None = plain HTTP.
+    pub tls: Option<TlsConfig>,
     /// Prometheus listener ("host:port"); None disables the metrics service.
     pub metrics_listen: Option<String>,
     /// Who may read `/metrics` and the status page on `metrics_listen` (`metrics_auth`); see `metrics_port`.
@@ -250,6 +256,7 @@ const SECTIONS: &[(&str, Reader)] = &[
     ("cluster", |n| ClusterConfig::read(n, &[]).map(drop)),
     ("metrics_auth", |n| MetricsAuthConfig::read(n).map(drop)),
     ("tracing", |n| TracingConfig::read(n).map(drop)),
+    ("tls", |n| TlsConfig::read(n).map(drop)),
 ];
 
 impl Config {
@@ -279,6 +286,7 @@ impl Config {
             cluster,
             tracing,
             route_receipt,
+            tls,
         );
         let listen = listen_list(&listen)?;
         let metrics_addr = match metrics_listen.value() {
@@ -300,6 +308,7 @@ impl Config {
         };
         Ok(Config {
             source: n.file().to_path_buf(),
+            tls: TlsConfig::read_optional(&tls)?,
             metrics_auth: MetricsAuthConfig::read_for(
                 &metrics_auth,
                 metrics_addr.as_deref(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
+use super::engine_tls::{engine_tls, EngineTls};
 use super::expose_paths::expose_paths;
 use super::kv_events::{KvEndpointConfig, KvEventsConfig, KvSubscription};
 use super::outlier::OutlierConfig;
@@ -143,6 +144,7 @@ impl PoolConfig {
             queue,
             kv_events,
             tokenizer,
+            tls,
         );
         let name = {
             let s = name.string()?.trim().to_string();
@@ -165,13 +167,15 @@ impl PoolConfig {
             }
         };
         let endpoints_at = endpoints;
-        let endpoints = endpoint_list(&endpoints_at)?;
+        let mut endpoints = endpoint_list(&endpoints_at)?;
+        engine_tls(&tls, &mut endpoints)?;
         let health_check = HealthCheckConfig::read(health_check.section()?)?;
         let prefill = PrefillConfig::read(prefill.section()?)?;
         let sessions = match sessions.optional_section()? {
             None => None,
             Some(s) => Some(SessionsConfig::read(s, policy)?),
         };
+        super::engine_tls::no_https_scrapes(&engine_stats, &endpoints)?;
         let engine_stats = match engine_stats.optional_section()? {
             None => None,
             Some(e) => Some(EngineStatsConfig::read(e)?),
@@ -278,7 +282,7 @@ fn model_list(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {
 /// `Debug` shows `api_key` as `Some("***")`, never the key itself.
 #[derive(Clone)]
 pub struct EndpointConfig {
-    /// The URL as written ("http://host:port"); only http is supported.
+    /// The URL as written ("http://host:port" or "https://host:port").
     pub url: String,
     /// "host:port" as written in the URL (port defaulted to 80): the `endpoint` metric label.
     pub label: String,
@@ -290,6 +294,8 @@ pub struct EndpointConfig {
     pub api_key: Option<String>,
     /// The engine's KV-event publisher, if the router subscribes to it.
     pub kv_events: Option<KvEndpointConfig>,
+    /// `https://`: how its certificate is checked (the pool's `tls`); None = plain HTTP.
+    pub tls: Option<EngineTls>,
 }
 
 impl std::fmt::Debug for EndpointConfig {
@@ -301,6 +307,7 @@ impl std::fmt::Debug for EndpointConfig {
             .field("addr", &self.addr)
             .field("api_key", &self.api_key.as_ref().map(|_| "***"))
             .field("kv_events", &self.kv_events)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -354,7 +361,8 @@ impl EndpointConfig {
     /// The endpoint at the URL in `url` (parsed and resolved), without an API key.
     fn at_url(url: &Field<'_>) -> Result<EndpointConfig, ConfigError> {
         let text = url.string()?.trim().to_string();
-        let (host, port) = parse_http_url(&text).map_err(|r| url.err(r))?;
+        let (host, port, https) = parse_http_url(&text).map_err(|r| url.err(r))?;
+        let tls = https.then(|| EngineTls::for_host(&host));
         let addr = resolve(&host, port).map_err(|r| url.err(r))?;
         Ok(EndpointConfig {
             label: format!("{host}:{port}"),
@@ -363,6 +371,7 @@ impl EndpointConfig {
             addr,
             api_key: None,
             kv_events: None,
+            tls,
         })
     }
 }

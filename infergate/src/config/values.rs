@@ -78,19 +78,15 @@ pub(super) fn to_usize(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
-/// Parse "http://host[:port][/]" into (host as written, port). IPv6 hosts keep their brackets.
-pub(super) fn parse_http_url(url: &str) -> Result<(String, u16), String> {
+/// Parse "http[s]://host[:port][/]" into (host as written, port, https). IPv6 hosts keep their brackets.
+pub(super) fn parse_http_url(url: &str) -> Result<(String, u16, bool), String> {
     const EXAMPLE: &str = "e.g. `http://10.0.0.5:8000`";
-    let rest = match url.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-            return Err(format!(
-                "https is not supported yet; use an http:// URL ({EXAMPLE}) on a private network"
-            ))
-        }
+    let (rest, https) = match url.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => (rest, false),
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => (rest, true),
         Some((scheme, _)) => {
             return Err(format!(
-                "unsupported scheme `{scheme}`; expected an http:// URL ({EXAMPLE})"
+                "unsupported scheme `{scheme}`; expected an http:// or https:// URL ({EXAMPLE})"
             ))
         }
         None => return Err(format!("expected an http:// URL ({EXAMPLE})")),
@@ -143,6 +139,7 @@ pub(super) fn parse_http_url(url: &str) -> Result<(String, u16), String> {
         return Err(format!("invalid host `{host}`"));
     }
     let port = match port {
+        None if https => 443,
         None => 80,
         Some("") => return Err("missing port after `:`".to_string()),
         Some(p) => match p.parse::<u16>() {
@@ -150,7 +147,7 @@ pub(super) fn parse_http_url(url: &str) -> Result<(String, u16), String> {
             _ => return Err(format!("bad port `{p}`; expected a number from 1 to 65535")),
         },
     };
-    Ok((host.to_string(), port))
+    Ok((host.to_string(), port, https))
 }
 
 /// Resolve `host` (as written; IPv6 in brackets) to one address, preferring IPv4.
@@ -316,7 +313,6 @@ mod tests {
 
     #[test]
     fn bad_urls() {
-        url_err("https://127.0.0.1:8101", &["https is not supported yet"]);
         url_err("ftp://127.0.0.1:8101", &["unsupported scheme `ftp`"]);
         url_err("127.0.0.1:8101", &["expected an http:// URL"]);
         url_err("http://:8101", &["missing host"]);

@@ -9,7 +9,7 @@ use pingora_load_balancing::health_check::HttpHealthCheck;
 use pingora_load_balancing::Backend;
 
 use super::{HealthTracker, PrefillSpeed};
-use crate::config::{EndpointConfig, HealthCheckConfig};
+use crate::config::{EndpointConfig, EngineTls, HealthCheckConfig};
 use crate::engine_stats::StatsCell;
 use crate::kv_events::KvIndex;
 use crate::ledger::{EndpointLoad, PeerLoad};
@@ -22,6 +22,8 @@ static NEXT_ENDPOINT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct Target {
     pub addr: std::net::SocketAddr,
     pub api_key: Option<String>,
+    /// `https://`: the name and CA its certificate is checked against; None = plain HTTP.
+    pub tls: Option<EngineTls>,
     pub(super) checker: HttpHealthCheck,
     /// The `health_check` path and timeout the checker was built with.
     pub(super) checked_as: (String, Duration),
@@ -29,7 +31,12 @@ pub struct Target {
 
 impl Target {
     fn new(cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Target {
-        let mut checker = HttpHealthCheck::new(&cfg.label, false);
+        let mut checker = HttpHealthCheck::new(&cfg.label, cfg.tls.is_some());
+        if let Some(tls) = &cfg.tls {
+            // `new` takes the label ("host:port") for the name; the check verifies as requests do.
+            checker.peer_template.sni.clone_from(&tls.server_name);
+            checker.peer_template.options.ca.clone_from(&tls.ca);
+        }
         // `new` builds a valid "GET /" header; set our path and headers on it.
         if let Ok(req) = pingora_http::RequestHeader::build("GET", hc.path.as_bytes(), None) {
             checker.req = req;
@@ -46,6 +53,7 @@ impl Target {
         Target {
             addr: cfg.addr,
             api_key: cfg.api_key.clone(),
+            tls: cfg.tls.clone(),
             checker,
             checked_as: (hc.path.clone(), hc.timeout),
         }
@@ -142,7 +150,7 @@ impl Endpoint {
     /// Apply a reloaded key, address or health-check path and timeout; true if the key or address changed.
     pub(super) fn retarget(&self, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> bool {
         let cur = self.target.load();
-        let moved = cur.addr != cfg.addr || cur.api_key != cfg.api_key;
+        let moved = cur.addr != cfg.addr || cur.api_key != cfg.api_key || cur.tls != cfg.tls;
         let (path, timeout) = &cur.checked_as;
         if moved || *path != hc.path || *timeout != hc.timeout {
             self.target.store(Arc::new(Target::new(cfg, hc)));

@@ -319,12 +319,13 @@ impl Pool {
         self.cfg().models.iter().any(|m| m == "*")
     }
 
-    /// Ask one healthy endpoint of a `"*"` pool which models it serves, for the router's `GET /v1/models`.
+    /// Ask one healthy endpoint of a `"*"` pool which models it serves, for the router's `GET /v1/models` (a plain
+    /// HTTP one: the client speaks no TLS).
     pub async fn refresh_models(&self, client: &reqwest::Client, timeout: Duration) {
         let Some(ep) = self
             .endpoints()
             .iter()
-            .find(|e| e.health.is_healthy())
+            .find(|e| e.health.is_healthy() && e.target().tls.is_none())
             .cloned()
         else {
             return;

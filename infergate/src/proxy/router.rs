@@ -197,7 +197,17 @@ impl Router {
     }
 
     pub(super) fn peer(&self, ep: &Endpoint, fresh: bool) -> HttpPeer {
-        let mut peer = HttpPeer::new(ep.addr(), false, String::new());
+        let target = ep.target();
+        let mut peer = match &target.tls {
+            None => HttpPeer::new(target.addr, false, String::new()),
+            Some(tls) => {
+                let mut peer = HttpPeer::new(target.addr, true, tls.server_name.clone());
+                peer.options.ca.clone_from(&tls.ca);
+                // HTTP/1.1 as to plain engines (vLLM's server speaks no HTTP/2 over TLS by default).
+                peer.options.alpn = pingora_core::protocols::ALPN::H1;
+                peer
+            }
+        };
         let t = self.current().timeouts;
         peer.options.connection_timeout = Some(t.connect);
         // Per read, not per response (pingora-notes.md): the longest legitimate silence is the wait for the first

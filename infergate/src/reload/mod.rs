@@ -148,6 +148,17 @@ pub fn apply(state: &RouterState, new: &Config) {
         endpoints.push("client keys and limits re-read".to_string());
     }
     endpoints.extend(running.metrics_auth.reload_note(&new.metrics_auth));
+    let cert = state.server_cert.as_ref().zip(effective.tls.as_ref());
+    if let Some((served, tls)) = cert.filter(|(served, tls)| !served.serves(&tls.loaded)) {
+        served.set(&tls.loaded);
+        notes.push(format!(
+            "tls: new connections get the certificate {}",
+            tls.certificate
+        ));
+        if let Some(w) = tls.certificate.expiry_warning(crate::tls::unix_now()) {
+            log::warn!("reload {path}: {}: {w}", tls.cert_file.display());
+        }
+    }
     state.set_current(effective);
     if let Err(e) = state.tracing.configure(state.current().tracing.as_ref()) {
         log::error!("reload {path}: {e}; tracing stays as it was");

@@ -2,8 +2,8 @@
 //! configuration and what it applies and does not.
 
 use super::table::{
-    Part, Row, Rule, Value, ENGINE_STATS, POOL, PREFIX, QUEUE, SESSIONS, TOP, WHY_OTHER,
-    WHY_POLICY, WHY_POOLS, WHY_PREDICTED_PREFIX, WHY_QUEUE, WHY_SESSIONS, WHY_STATS,
+    Part, Row, Rule, Value, ENGINE_STATS, POOL, PREFIX, QUEUE, SESSIONS, TLS, TOP, WHY_OTHER,
+    WHY_POLICY, WHY_POOLS, WHY_PREDICTED_PREFIX, WHY_QUEUE, WHY_SESSIONS, WHY_STATS, WHY_TLS,
 };
 use super::{Applied, NotApplied, Plan};
 use crate::config::{Config, PolicyConfig, PoolConfig};
@@ -129,6 +129,7 @@ pub fn plan(running: &Config, new: &Config) -> Plan {
     };
     let mut next = new.clone();
     d.rows(TOP, running, &mut next);
+    d.optional("tls", TLS, &running.tls, &mut next.tls, WHY_TLS, true);
     let r = running;
     for pc in &new.pools {
         if !r.pools.iter().any(|p| p.name == pc.name) {

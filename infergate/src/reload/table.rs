@@ -5,7 +5,7 @@ use std::any::Any;
 use std::fmt::Debug;
 
 use crate::config::{
-    Config, EngineStatsConfig, PoolConfig, PrefixConfig, QueueConfig, SessionsConfig,
+    Config, EngineStatsConfig, PoolConfig, PrefixConfig, QueueConfig, SessionsConfig, TlsConfig,
 };
 
 /// A setting's value, compared by its `Debug` text (every config type has one, and it never shows a key) and
@@ -65,6 +65,8 @@ pub(super) enum Row<C: 'static> {
 }
 
 pub(super) const WHY_LISTEN: &str = "listening sockets are bound at start";
+pub(super) const WHY_TLS: &str =
+    "the listeners are bound at start as plain HTTP or HTTPS; only their certificate changes in place";
 pub(super) const WHY_SERVER: &str = "Pingora reads its server settings at start";
 pub(super) const WHY_GATE: &str = "the client connection gate is built at start";
 pub(super) const WHY_BUDGET: &str = "the shared body budget is sized at start";
@@ -99,6 +101,8 @@ pub(super) const TOP: &[Row<Config>] = &[
     Key("metrics_listen", AtStart(WHY_LISTEN), |c| {
         &mut c.metrics_listen
     }),
+    // On or off is fixed ([`WHY_TLS`]); its keys ([`TLS`]) change in place: the plan compares it by itself.
+    Key("tls", Elsewhere, |c| &mut c.tls),
     Key("server", AtStartUnshown(WHY_SERVER), |c| &mut c.server_yaml),
     Key("timeouts.connect", InPlace, |c| &mut c.timeouts.connect),
     Key("timeouts.response_header", InPlace, |c| {
@@ -148,6 +152,13 @@ pub(super) const TOP: &[Row<Config>] = &[
     // their spans through the old one.
     Key("tracing", InPlace, |c| &mut c.tracing),
     Key("route_receipt", InPlace, |c| &mut c.route_receipt),
+];
+
+/// `tls`, when it is on before and after: new handshakes take the certificate the files hold now.
+pub(super) const TLS: &[Row<TlsConfig>] = &[
+    Key("tls.cert_file", InPlace, |t| &mut t.cert_file),
+    Key("tls.key_file", InPlace, |t| &mut t.key_file),
+    Key("tls.certificate", InPlace, |t| &mut t.certificate),
 ];
 
 /// One pool's settings.

@@ -20,8 +20,8 @@ const CASES: &[(&str, &str)] = &[
         "timeouts.connect: expected a duration with a unit, found the bare number 2",
     ),
     (
-        "https_url.yaml",
-        "pools[0].endpoints[0].url: https is not supported yet",
+        "tls_without_https.yaml",
+        "pools[0].tls: applies to `https://` endpoints, and this pool has none",
     ),
     (
         "sessions_round_robin.yaml",

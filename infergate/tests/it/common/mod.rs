@@ -6,6 +6,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod bursts;
+pub mod certs;
 pub mod engines;
 pub mod metrics;
 pub mod otlp;
@@ -14,6 +15,7 @@ pub mod router;
 pub mod tools;
 
 pub use bursts::*;
+pub use certs::*;
 pub use engines::*;
 pub use metrics::*;
 pub use otlp::*;

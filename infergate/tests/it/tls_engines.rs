@@ -1,0 +1,184 @@
+//! TLS from the router to its engines: an engine behind a TLS terminator (rustls, as a sidecar in front of vLLM
+//! would be) is reached over `https://`, its certificate checked against the pool's `tls.ca_file` and the name in
+//! `tls.server_name` (sent as SNI), or the URL's IP address; a certificate from another CA or for another name is
+//! refused, by the health checks and by requests alike.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::common::*;
+use infergate_sim::SimConfig;
+
+/// A TLS terminator on a loopback port in front of a plain engine: what reached it (SNI of each completed
+/// handshake, handshakes that failed).
+struct Terminator {
+    addr: SocketAddr,
+    names: Arc<Mutex<Vec<Option<String>>>>,
+    failed: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Terminator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Terminator {
+    async fn start(issued: &Issued, backend: SocketAddr) -> Terminator {
+        let certs = CertificateDer::pem_slice_iter(issued.cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(issued.key.as_bytes()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let names = Arc::new(Mutex::new(Vec::new()));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let (n, f) = (names.clone(), failed.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, n, f) = (acceptor.clone(), n.clone(), f.clone());
+                tokio::spawn(async move {
+                    let mut tls = match acceptor.accept(tcp).await {
+                        Ok(tls) => tls,
+                        Err(_) => {
+                            f.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                    };
+                    n.lock()
+                        .push(tls.get_ref().1.server_name().map(str::to_string));
+                    let Ok(mut plain) = tokio::net::TcpStream::connect(backend).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                });
+            }
+        });
+        Terminator {
+            addr,
+            names,
+            failed,
+            task,
+        }
+    }
+
+    fn served(&self) -> usize {
+        self.names.lock().len()
+    }
+}
+
+fn engine_addr(url: &str) -> SocketAddr {
+    url.trim_start_matches("http://").parse().unwrap()
+}
+
+/// A router with one pool over `url` and the pool-level `tls` YAML `tls` (indented by 4).
+async fn router(url: &str, tls: &str) -> TestRouter {
+    start_router(&pool_yaml("load_aware", &[url.to_string()], tls)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_engines_are_checked_against_the_pool_ca_and_server_name() {
+    let dir = tls_dir("engines");
+    let ca = TestCa::new("engine CA");
+    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
+    let engine = engine(SimConfig::default()).await;
+    let term = Terminator::start(
+        &ca.issue("engine", &["engine.internal", "127.0.0.1"]),
+        engine_addr(&engine.url()),
+    )
+    .await;
+    let url = format!("https://127.0.0.1:{}", term.addr.port());
+
+    // By name: SNI sent, certificate checked against the pool's CA.
+    let tls = format!(
+        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
+        ca_file.display()
+    );
+    let r = router(&url, &tls).await;
+    r.ready().await;
+    assert_eq!(post_chat(&r.url(), chat_body(2_000, true, 4)).await, 200);
+    assert_eq!(post_chat(&r.url(), chat_body(2_000, false, 4)).await, 200);
+    assert!(generate_requests(&engine) >= 2);
+    assert!(
+        term.names
+            .lock()
+            .iter()
+            .all(|n| n.as_deref() == Some("engine.internal")),
+        "SNI: {:?}",
+        term.names.lock()
+    );
+    drop(r);
+
+    // By the URL's IP address: checked against the certificate's IP addresses, no SNI.
+    let before = term.served();
+    let tls = format!("    tls: {{ ca_file: \"{}\" }}\n", ca_file.display());
+    let r = router(&url, &tls).await;
+    r.ready().await;
+    assert_eq!(post_chat(&r.url(), chat_body(2_000, true, 4)).await, 200);
+    assert!(term.names.lock()[before..].iter().all(Option::is_none));
+    drop(r);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_certificate_from_another_ca_or_for_another_name_is_refused() {
+    let dir = tls_dir("engines-refused");
+    let (ca, other) = (TestCa::new("engine CA"), TestCa::new("another CA"));
+    let other_file = write(&dir, "other-ca.pem", &other.pem());
+    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
+    let engine = engine(SimConfig::default()).await;
+    let term = Terminator::start(
+        &ca.issue("engine", &["engine.internal"]),
+        engine_addr(&engine.url()),
+    )
+    .await;
+    let url = format!("https://127.0.0.1:{}", term.addr.port());
+
+    for (tls, what) in [
+        (
+            format!(
+                "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
+                other_file.display()
+            ),
+            "a certificate from another CA",
+        ),
+        (
+            format!(
+                "    tls: {{ ca_file: \"{}\", server_name: other.internal }}\n",
+                ca_file.display()
+            ),
+            "a certificate for another name",
+        ),
+    ] {
+        let failed_before = term.failed.load(Ordering::Relaxed);
+        let r = router(&url, &tls).await;
+        // The health checks fail their handshakes: the endpoint never turns healthy.
+        r.wait_for(
+            "refused health-check handshakes",
+            std::time::Duration::from_secs(10),
+            |_| term.failed.load(Ordering::Relaxed) >= failed_before + 2,
+        )
+        .await;
+        assert!(!r.state.pools.any_healthy(), "{what}: endpoint healthy");
+        // A request placed there anyway (every endpoint unhealthy: the pool's health panic) is not served.
+        let status = post_chat(&r.url(), chat_body(2_000, false, 4)).await;
+        assert_ne!(status, 200, "{what}: served");
+        assert_eq!(term.served(), 0, "{what}: a handshake completed");
+        assert_eq!(generate_requests(&engine), 0, "{what}: reached the engine");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
