@@ -24,6 +24,8 @@ fn sample() -> Line<'static> {
         request_id: "req-1",
         error: None,
         user_agent: Some("OpenAI/Python 1.109.1"),
+        prefill_endpoint: None,
+        prefill: None,
     }
 }
 
@@ -34,7 +36,7 @@ fn text_is_logfmt_with_quoting_and_dashes() {
         "time=2023-11-14T22:13:20.123Z client=127.0.0.1:5555 method=POST path=/v1/chat/completions \
          model=\"llama 3 \\\"70b\\\"\" pool=default endpoint=10.0.0.5:8000 reason=sticky status=200 tokens=1234 \
          ttfb_ms=12.345 duration_ms=1500.250 bytes_in=4096 bytes_out=777 retries=1 client_key=- \
-         session=00000000000000ab request_id=req-1 error=- user_agent=\"OpenAI/Python 1.109.1\""
+         session=00000000000000ab request_id=req-1 error=- user_agent=\"OpenAI/Python 1.109.1\" prefill_endpoint=- prefill_ms=-"
     );
     let mut l = sample();
     l.model = Some("a\nb=c\u{7}");
@@ -59,7 +61,7 @@ fn json_has_the_same_keys_numbers_and_nulls() {
     assert_eq!(v["client_key"], serde_json::Value::Null);
     assert_eq!(v["session"], "00000000000000ab");
     assert_eq!(v["user_agent"], "OpenAI/Python 1.109.1");
-    assert_eq!(v.as_object().unwrap().len(), 20);
+    assert_eq!(v.as_object().unwrap().len(), 22);
     // Same keys in the same order (values without spaces, so the text splits on spaces).
     let mut l = sample();
     l.model = Some("m");
@@ -70,7 +72,7 @@ fn json_has_the_same_keys_numbers_and_nulls() {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, _)| k)
         .collect();
-    assert_eq!(keys.len(), 20);
+    assert_eq!(keys.len(), 22);
     let at: Vec<usize> = keys
         .iter()
         .map(|k| {

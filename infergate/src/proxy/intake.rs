@@ -93,21 +93,7 @@ impl Router {
         }
         // After the key's limits: a refused request makes no engine look for a stored response.
         self.pin_continued_response(ctx, &pool).await;
-        if let Some(s) = pool.cfg().policy.sessions() {
-            let headers = &session.req_header().headers;
-            let body_key = || {
-                let key = ctx.scan.prompt_cache_key.as_deref()?;
-                (s.prompt_cache_key && !key.is_empty()).then_some(key.as_bytes())
-            };
-            ctx.session_key = s
-                .headers
-                .iter()
-                .filter_map(|h| headers.get(h.as_str()))
-                .map(|v| v.as_bytes())
-                .find(|v| !v.is_empty())
-                .or_else(body_key)
-                .map(<[u8]>::to_vec);
-        }
+        ctx.session_key = session_key(&pool, &session.req_header().headers, &ctx.scan);
         if let (Some(cluster), Some(key)) = (&self.cluster, &ctx.session_key) {
             // Another replica may have served this session: its binding, before placement (bounded wait).
             cluster.lookup_binding(&pool, key).await;
@@ -115,4 +101,26 @@ impl Router {
         ctx.pool = Some(pool);
         Ok(false)
     }
+}
+
+/// The request's session key under `pool`'s `sessions`: the first configured header with a value, else the body's
+/// `prompt_cache_key` where allowed; None without sessions.
+pub(super) fn session_key(
+    pool: &crate::pool::Pool,
+    headers: &http::HeaderMap,
+    scan: &request::BodyScan,
+) -> Option<Vec<u8>> {
+    let cfg = pool.cfg();
+    let s = cfg.policy.sessions()?;
+    let body_key = || {
+        let key = scan.prompt_cache_key.as_deref()?;
+        (s.prompt_cache_key && !key.is_empty()).then_some(key.as_bytes())
+    };
+    s.headers
+        .iter()
+        .filter_map(|h| headers.get(h.as_str()))
+        .map(|v| v.as_bytes())
+        .find(|v| !v.is_empty())
+        .or_else(body_key)
+        .map(<[u8]>::to_vec)
 }

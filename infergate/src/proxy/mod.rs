@@ -55,6 +55,7 @@ mod failure;
 mod first_output;
 mod intake;
 mod output;
+mod prefill_leg;
 mod router;
 mod stored;
 mod upstream;
@@ -95,6 +96,8 @@ pub struct Router {
     /// `infergate_router_responses_total{code}`: the answers the router writes itself (`answers`).
     answered: prometheus::IntCounterVec,
     access_log: Option<crate::access_log::AccessLog>,
+    /// The prefill legs of disaggregated pools: their HTTP client and series.
+    disagg: prefill_leg::Disagg,
 }
 
 impl Deref for Router {
@@ -110,7 +113,9 @@ impl Router {
         let exposure = Exposure::new(&state.cfg);
         let stored_responses = crate::stored_responses::StoredResponses::new(&state.metrics);
         let answered = answers::counter(&state.metrics);
+        let disagg = prefill_leg::Disagg::new(&state);
         Router {
+            disagg,
             state,
             body_budget,
             exposure,

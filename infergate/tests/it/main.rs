@@ -14,6 +14,7 @@ mod config_cli;
 mod config_fixtures;
 mod cors;
 mod deploy;
+mod disagg;
 mod exposure;
 mod faults;
 mod forwarded;
