@@ -15,7 +15,9 @@
 //!                          engine holding it, else 404), charge the key's tokens; pin a request for a stored
 //!                          response to its engine (stored_responses); for a session, the binding another
 //!                          replica stored (cluster, bounded wait)
-//! upstream_peer            (per attempt) the pool's wait queue (first attempt) → snapshot → policy.place (a pinned
+//! upstream_peer            (per attempt) a disaggregated pool's prefill leg first, once (prefill_leg: the router's
+//!                          own request to a prefill engine; the body becomes the decode leg's), then
+//!                          the pool's wait queue (first attempt) → snapshot → policy.place (a pinned
 //!                          request: its engine, or 503) → ledger hold → peer; a stale pooled connection is
 //!                          retried once on the same endpoint over a fresh connection
 //! upstream_request_filter  Host, the engine's key (never the client's Authorization or x-api-key), one

@@ -358,20 +358,6 @@ impl Router {
         Some((ep, hold, placement))
     }
 
-    fn retried(&self, set: &Pool, ep: &Endpoint, why: &str) {
-        self.metrics.unless_removed(&ep.removed, || {
-            self.metrics
-                .retries_total
-                .with_label_values(&[&*set.name, &ep.label])
-                .inc();
-        });
-        log::warn!(
-            "pool {} endpoint {}: {why}; trying another endpoint",
-            set.name,
-            ep.label
-        );
-    }
-
     /// Send the prefill leg to `ep` and read its answer.
     async fn send_prefill(
         &self,

@@ -240,19 +240,24 @@ impl Router {
         ctx.finish_hold();
         if let (Some(pool), Some(ep)) = (&ctx.pool, ctx.endpoint.take()) {
             ctx.tried.push(ep.id);
-            self.metrics.unless_removed(&ep.removed, || {
-                self.metrics
-                    .retries_total
-                    .with_label_values(&[&*pool.name, &ep.label])
-                    .inc();
-            });
-            log::warn!(
-                "pool {} endpoint {}: {why}; trying another endpoint",
-                pool.name,
-                ep.label
-            );
+            self.retried(pool, &ep, why);
             ctx.last_endpoint = Some(ep);
         }
+    }
+
+    /// An attempt of `pool` failed on `ep` and goes elsewhere: counted and logged.
+    pub(super) fn retried(&self, pool: &Pool, ep: &Endpoint, why: &str) {
+        self.metrics.unless_removed(&ep.removed, || {
+            self.metrics
+                .retries_total
+                .with_label_values(&[&*pool.name, &ep.label])
+                .inc();
+        });
+        log::warn!(
+            "pool {} endpoint {}: {why}; trying another endpoint",
+            pool.name,
+            ep.label
+        );
     }
 
     /// Count a failure the engine owns against the attempt's endpoint (once per attempt), with the attempt's
