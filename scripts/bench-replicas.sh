@@ -44,48 +44,8 @@ START_EPOCH=$(date +%s)
 log() { printf '%s [%4ss] %s\n' "$(date +%H:%M:%S)" "$(( $(date +%s) - START_EPOCH ))" "$*" >&2; }
 command -v redis-server >/dev/null || { echo "redis-server is missing: run scripts/ensure-test-tools.sh" >&2; exit 1; }
 
-PIDS=()
-stop_pid() {
-  local pid=$1 i
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-}
-stop_all() {
-  local p
-  for p in "${PIDS[@]+"${PIDS[@]}"}"; do stop_pid "$p"; done
-  PIDS=()
-}
-trap stop_all EXIT
-trap 'log "interrupted"; exit 130' INT TERM
-start_bg() {
-  local logf=$1; shift
-  setsid "$@" >"$logf" 2>&1 </dev/null &
-  LAST_PID=$!
-  PIDS+=("$LAST_PID")
-}
-free_port() { PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'); }
-wait_port() {
-  local i
-  for i in $(seq 1 100); do
-    ss -ltnH "sport = :$1" 2>/dev/null | grep -q . && return 0
-    sleep 0.1
-  done
-  echo "nothing listens on $1" >&2
-  return 1
-}
-wait_ready() {
-  local i
-  for i in $(seq 1 120); do
-    curl -sf -m 5 -o /dev/null -H 'content-type: application/json' \
-      -d '{"model":"sim-model","messages":[{"role":"user","content":"ready"}],"max_tokens":1}' \
-      "$1/v1/chat/completions" && return 0
-    sleep 0.25
-  done
-  echo "$1 did not answer" >&2
-  return 1
-}
+# shellcheck source=scripts/bench/procs.sh
+. scripts/bench/procs.sh
 
 log "building infergate, engine-sim and loadgen (release)"
 cargo build --release --bin infergate --bin engine-sim --bin loadgen 2>&1 | tail -n 1 >&2
@@ -208,17 +168,9 @@ lines += ["", f"Goal (issue 12): clustered replicas within 10% of one router on 
           "One seed, one run each: differences of a few percent are within run-to-run noise here (the main "
           "table's repeated seeds move TTFT p95 by up to 40%).", ""]
 section = "\n".join(lines) + "\n"
-text = open(md).read() if os.path.exists(md) else ""
-marker = "<!-- measured by other scripts: kept by scripts/bench.sh -->"
-start = text.find("## Router replicas (`cluster`)")
-if start >= 0:
-    nxt = text.find("\n## ", start + 1)
-    text = text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
-elif marker in text:
-    text = text.rstrip("\n") + "\n\n" + section
-else:
-    text = text.rstrip("\n") + "\n\n" + marker + "\n\n" + section
-open(md, "w").write(text)
+sys.path.insert(0, "scripts/bench")
+from section import put
+put(md, "## Router replicas (`cluster`)", section)
 print(section)
 PY
 log "done in ${ELAPSED}s: $MD (raw results in $OUT)"

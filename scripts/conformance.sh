@@ -78,11 +78,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Eight free loopback ports, held together so they are distinct: four engines, the proxy and the metrics
-# listener, and the same two of the router over TLS.
-read -r E1 E2 E3 E4 PROXY METRICS PROXY_TLS METRICS_TLS < <(python3 -c '
+# Ten free loopback ports, held together so they are distinct: six engines, the proxy and the metrics listener,
+# and the same two of the router over TLS.
+read -r E1 E2 E3 E4 E5 E6 PROXY METRICS PROXY_TLS METRICS_TLS < <(python3 -c '
 import socket
-socks = [socket.socket() for _ in range(8)]
+socks = [socket.socket() for _ in range(10)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
@@ -95,6 +95,10 @@ SIM=(target/debug/engine-sim --time-scale 0.05 --responses-store)
 "${SIM[@]}" --model m1 --ports "$E1,$E2" >"$LOGS/engine-sim-m1.log" 2>&1 &
 PIDS+=($!)
 "${SIM[@]}" --model m2 --ports "$E3,$E4" >"$LOGS/engine-sim-m2.log" 2>&1 &
+PIDS+=($!)
+# Pool pd, disaggregated: a prefill engine and a decode engine speaking NixlConnector's kv_transfer_params (one
+# process: a decode engine takes only params a prefill engine of its process issued).
+"${SIM[@]}" --model pd --kv-transfer --ports "$E5,$E6" >"$LOGS/engine-sim-pd.log" 2>&1 &
 PIDS+=($!)
 
 # The router requires a key (`auth`), as a production one would; the suites send it as each SDK does.
@@ -131,6 +135,16 @@ pools:
     # default health panic, placing across its engines when every one fails its check.
     health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1, route_when_all_unhealthy: false }
     sessions: { prompt_cache_key: true }
+  - name: pd
+    models: [pd]
+    endpoints: ["http://127.0.0.1:$E6"]
+    health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }
+    disaggregation:
+      connector: nixl
+      prefill:
+        policy: predicted_ttft
+        endpoints: ["http://127.0.0.1:$E5"]
+        health_check: { path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }
 EOF
 cp "$TMP/infergate.yaml" "$LOGS/infergate.yaml"
 
@@ -151,18 +165,18 @@ wait_until() {
 }
 engines_up() {
   local p
-  for p in "$E1" "$E2" "$E3" "$E4"; do curl -sf -o /dev/null "http://127.0.0.1:$p/health" || return 1; done
+  for p in "$E1" "$E2" "$E3" "$E4" "$E5" "$E6"; do curl -sf -o /dev/null "http://127.0.0.1:$p/health" || return 1; done
 }
 all_endpoints_healthy() {
-  [ "$(curl -sf "http://127.0.0.1:$METRICS/metrics" | grep -c '^infergate_endpoint_healthy{.*} 1$')" = 4 ]
+  [ "$(curl -sf "http://127.0.0.1:$METRICS/metrics" | grep -c '^infergate_endpoint_healthy{.*} 1$')" = 6 ]
 }
 
 wait_until "the engines" engines_up
 RUST_LOG=info target/debug/infergate -c "$TMP/infergate.yaml" >"$LOGS/infergate.log" 2>&1 &
 PIDS+=($!)
 wait_until "the router's health" curl -sf -o /dev/null "http://127.0.0.1:$PROXY/health"
-wait_until "all four endpoints healthy" all_endpoints_healthy
-log "router on 127.0.0.1:$PROXY (metrics :$METRICS), pool m1: engines :$E1 :$E2, pool m2: engines :$E3 :$E4"
+wait_until "all six endpoints healthy" all_endpoints_healthy
+log "router on 127.0.0.1:$PROXY (metrics :$METRICS), pool m1: engines :$E1 :$E2, pool m2: engines :$E3 :$E4, pool pd: prefill :$E5, decode :$E6"
 
 # The same router over TLS (`tls`) on the same engines, with a certificate for localhost and 127.0.0.1 from a CA
 # made here; the openai suite's TLS tests trust that CA.
@@ -191,6 +205,7 @@ export INFERGATE_TLS_URL=https://localhost:$PROXY_TLS
 export INFERGATE_TLS_CA=$TMP/ca.pem
 export ENGINES_M1=http://127.0.0.1:$E1,http://127.0.0.1:$E2
 export ENGINES_M2=http://127.0.0.1:$E3,http://127.0.0.1:$E4
+export ENGINES_PD_PREFILL=http://127.0.0.1:$E5 ENGINES_PD_DECODE=http://127.0.0.1:$E6
 export PYTHONDONTWRITEBYTECODE=1
 failed=0
 # suite SDK VERSION: the SDK's test file under that release.

@@ -6,7 +6,9 @@
 #   scripts/real-vllm.sh [FILTER]    (runs the tests whose path under real_vllm:: starts with FILTER)
 #
 # Two engines (2 GB and ~25 s to start each, both at once), serving model "tiny" with prefix caching,
-# prompt-token details in usage and KV-cache events published on a ZMQ socket each (with a replay socket).
+# prompt-token details in usage and KV-cache events published on a ZMQ socket each (with a replay socket). Then,
+# those stopped, a prefill and a decode engine speaking vLLM's NixlConnector over CPU buffers for the disaggregated
+# test (real_vllm::disagg; scripts/vllm/ensure-nixl.sh installs nixl beside the venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -22,6 +24,11 @@ scripts/ensure-deps.sh
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+FILTER=${1:-}
+# The disaggregated test (real_vllm::disagg) runs last, on a pair of engines of its own speaking NixlConnector.
+MAIN=1 PD=1
+case "$FILTER" in "") ;; disagg*) MAIN=0 ;; *) PD=0 ;; esac
+
 PIDS=()
 stop() {
   for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
@@ -33,7 +40,7 @@ stop() {
 trap stop EXIT
 
 urls=() kv=() replay=()
-for i in $(seq "$ENGINES"); do
+for i in $(seq "$((ENGINES * MAIN))"); do
   port=$(free_port) kvport=$(free_port) replayport=$(free_port)
   urls+=("http://127.0.0.1:$port") kv+=("tcp://127.0.0.1:$kvport") replay+=("tcp://127.0.0.1:$replayport")
   log "starting engine $i on 127.0.0.1:$port (KV events on $kvport); log $LOGS/engine-$i.log"
@@ -52,31 +59,70 @@ done
 log "cargo build --tests (while the engines start)"
 cargo test -p infergate --test it --no-run --quiet 2>&1 | grep -v '^ *Executable' || true
 
-start=$SECONDS
-for i in "${!urls[@]}"; do
-  until curl -sf "${urls[$i]}/health" >/dev/null; do
-    if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
-      log "engine $((i + 1)) exited; its log:"; tail -40 "$LOGS/engine-$((i + 1)).log"; exit 1
-    fi
-    if (( SECONDS - start > STARTUP_TIMEOUT )); then
-      log "engine $((i + 1)) not healthy after ${STARTUP_TIMEOUT}s; its log:"; tail -40 "$LOGS/engine-$((i + 1)).log"; exit 1
-    fi
-    sleep 1
+# wait_healthy NAME...: every engine started (urls[i] logged to $LOGS/NAME[i].log) answers /health.
+wait_healthy() {
+  local start=$SECONDS names=("$@") i
+  for i in "${!urls[@]}"; do
+    until curl -sf "${urls[$i]}/health" >/dev/null; do
+      if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+        log "${names[$i]} exited; its log:"; tail -40 "$LOGS/${names[$i]}.log"; exit 1
+      fi
+      if (( SECONDS - start > STARTUP_TIMEOUT )); then
+        log "${names[$i]} not healthy after ${STARTUP_TIMEOUT}s; its log:"; tail -40 "$LOGS/${names[$i]}.log"; exit 1
+      fi
+      sleep 1
+    done
   done
-done
-log "engines healthy after $((SECONDS - start))s: ${urls[*]}"
+  log "engines healthy after $((SECONDS - start))s: ${urls[*]}"
+}
 
-export INFERGATE_VLLM_ENGINES=$(IFS=,; echo "${urls[*]}")
-export INFERGATE_VLLM_KV_EVENTS=$(IFS=,; echo "${kv[*]}")
-export INFERGATE_VLLM_KV_REPLAY=$(IFS=,; echo "${replay[*]}")
 export INFERGATE_VLLM_MODEL_DIR=$VLLM_MODEL INFERGATE_VLLM_PYTHON=$VLLM_PYTHON INFERGATE_VLLM_MODEL=tiny
-out=$LOGS/suite.log
-set +e
-timeout "$SUITE_TIMEOUT" cargo test -p infergate --test it "real_vllm::${1:-}" -- --ignored --test-threads=1 --nocapture 2>&1 | tee "$out"
-rc=${PIPESTATUS[0]}
-set -e
-if [ "$rc" -ne 0 ]; then log "FAILED (exit $rc)"; exit "$rc"; fi
+passed=0
+# suite FILTER [ARGS...]: the real-engine tests under real_vllm::FILTER; counts the passed into $passed.
+suite() {
+  local out=$LOGS/suite-${1:-all}.log rc n
+  set +e
+  timeout "$SUITE_TIMEOUT" cargo test -p infergate --test it "real_vllm::$1" -- --ignored --test-threads=1 --nocapture \
+    "${@:2}" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -ne 0 ]; then log "FAILED (exit $rc)"; exit "$rc"; fi
+  n=$(grep -oE 'test result: ok\. [0-9]+ passed' "$out" | awk '{ s += $4 } END { print s + 0 }')
+  passed=$((passed + n))
+}
+
+if [ "$MAIN" = 1 ]; then
+  names=(); for i in "${!urls[@]}"; do names+=("engine-$((i + 1))"); done
+  wait_healthy "${names[@]}"
+  export INFERGATE_VLLM_ENGINES=$(IFS=,; echo "${urls[*]}")
+  export INFERGATE_VLLM_KV_EVENTS=$(IFS=,; echo "${kv[*]}")
+  export INFERGATE_VLLM_KV_REPLAY=$(IFS=,; echo "${replay[*]}")
+  suite "$FILTER" --skip real_vllm::disagg
+  stop; PIDS=()
+fi
+
+if [ "$PD" = 1 ]; then
+  # A prefill and a decode engine with vLLM's NixlConnector over CPU buffers (nixl from PyPI, beside the venv).
+  eval "$(scripts/vllm/ensure-nixl.sh)"
+  urls=()
+  for role in prefill decode; do
+    port=$(free_port) side=$(free_port)
+    urls+=("http://127.0.0.1:$port")
+    log "starting the $role engine on 127.0.0.1:$port (NixlConnector, side channel $side); log $LOGS/pd-$role.log"
+    PYTHONPATH=$VLLM_NIXL_PATH VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=$side \
+    VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+    VLLM_HOST_IP=127.0.0.1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+      setsid "$VLLM_PYTHON" scripts/vllm/serve.py serve "$VLLM_MODEL" --load-format dummy \
+        --host 127.0.0.1 --port "$port" --served-model-name tiny --max-model-len 4096 --enforce-eager \
+        --kv-cache-memory-bytes 256M --max-num-seqs 4 \
+        --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}' \
+        >"$LOGS/pd-$role.log" 2>&1 &
+    PIDS+=($!)
+  done
+  wait_healthy pd-prefill pd-decode
+  export INFERGATE_VLLM_PD_PREFILL=${urls[0]} INFERGATE_VLLM_PD_DECODE=${urls[1]}
+  suite disagg
+fi
 # A filter that matches nothing passes with 0 tests: that is not a pass.
-passed=$(grep -oE 'test result: ok\. [0-9]+ passed' "$out" | awk '{ s += $4 } END { print s + 0 }')
 if [ "${passed:-0}" -eq 0 ]; then log "no real-engine test ran"; exit 1; fi
 log "$passed real-engine tests passed"

@@ -65,6 +65,13 @@ pub struct SimConfig {
     /// Publish KV-cache events in vLLM's wire format on this ZMQ address (`tcp://*:P` binds, `tcp://HOST:P`
     /// connects, as vLLM's `--kv-events-config` endpoint); topic `kv`. None: no events (vLLM's default).
     pub kv_events: Option<String>,
+    /// Play both roles of vLLM's NixlConnector (`--kv-transfer-config '{"kv_connector":"NixlConnector",
+    /// "kv_role":"kv_both"}'`): answer a prefill leg with `kv_transfer_params`, pull a decode leg's KV cache from
+    /// the engine that issued its params (`kv_transfer`). Off: the params are ignored, as vLLM does without a
+    /// connector.
+    pub kv_transfer: bool,
+    /// KV-cache transfer speed of a decode leg's pull, in prompt tokens per second.
+    pub kv_transfer_tokens_per_sec: f64,
 }
 
 impl Default for SimConfig {
@@ -91,6 +98,8 @@ impl Default for SimConfig {
             responses_store: false,
             only_served_model: false,
             kv_events: None,
+            kv_transfer: false,
+            kv_transfer_tokens_per_sec: 200_000.0,
         }
     }
 }
@@ -107,6 +116,9 @@ impl SimConfig {
         self.max_recorded_requests = self.max_recorded_requests.max(1);
         if !(self.prefill_tokens_per_sec.is_finite() && self.prefill_tokens_per_sec > 0.0) {
             self.prefill_tokens_per_sec = 44_000.0;
+        }
+        if !(self.kv_transfer_tokens_per_sec.is_finite() && self.kv_transfer_tokens_per_sec > 0.0) {
+            self.kv_transfer_tokens_per_sec = 200_000.0;
         }
         if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
             self.time_scale = 1.0;

@@ -70,6 +70,8 @@ pub struct EngineTotals {
     pub prompt_tokens: u64,
     /// Prompt tokens actually prefilled (`source="local_compute"`).
     pub computed_prompt_tokens: u64,
+    /// Prompt tokens whose KV cache a prefill engine sent (`source="external_kv_transfer"`).
+    pub external_prompt_tokens: u64,
     /// Prompt tokens served from the prefix cache (`source="local_cache_hit"`).
     pub cached_prompt_tokens: u64,
     pub generation_tokens: u64,
@@ -85,6 +87,10 @@ pub struct EngineTotals {
     pub steps: u64,
     /// Simulated (scaled) time spent in steps.
     pub busy_seconds: f64,
+    /// Prefill legs answered with `kv_transfer_params` (`kv_transfer`).
+    pub kv_params_issued: u64,
+    /// Decode legs that pulled a prefill engine's KV cache (`kv_transfer`).
+    pub kv_pulls: u64,
 }
 
 /// Bodies above this size are hashed and parsed on the blocking pool, off the runtime's workers.
@@ -104,6 +110,11 @@ pub(crate) struct Engine {
     pub refused_queue_full: AtomicU64,
     pub next_id: AtomicU64,
     pub next_record: AtomicU64,
+    /// This engine's id in the `kv_transfer_params` it issues (`kv_transfer`) and its address.
+    pub engine_id: String,
+    pub addr: std::net::SocketAddr,
+    pub kv_issued: AtomicU64,
+    pub kv_pulled: AtomicU64,
     /// Stored Responses API responses; stays empty unless `cfg.responses_store`.
     pub responses: Arc<ResponseStore>,
 }
@@ -134,6 +145,7 @@ impl Engine {
             aborted: c.aborted,
             prompt_tokens: c.prompt_tokens,
             computed_prompt_tokens: c.computed_prompt_tokens,
+            external_prompt_tokens: c.external_prompt_tokens,
             cached_prompt_tokens: c.cached_prompt_tokens,
             generation_tokens: c.generation_tokens,
             prefix_cache_queries: c.prefix_cache_queries,
@@ -145,6 +157,8 @@ impl Engine {
             cached_blocks: c.cached_blocks as u64,
             steps: c.steps,
             busy_seconds: c.busy.as_secs_f64(),
+            kv_params_issued: self.kv_issued.load(Ordering::Relaxed),
+            kv_pulls: self.kv_pulled.load(Ordering::Relaxed),
         }
     }
 

@@ -18,6 +18,7 @@ mod engine;
 mod errors;
 mod http;
 pub mod kv_events;
+mod kv_transfer;
 mod metrics;
 mod scheduler;
 mod server;
@@ -152,6 +153,10 @@ pub async fn spawn_engine_on(addr: SocketAddr, cfg: SimConfig) -> io::Result<Eng
         next_record: AtomicU64::new(1),
         next_id: AtomicU64::new(1),
         responses: Arc::new(ResponseStore::new(MAX_STORED_RESPONSES)),
+        engine_id: format!("sim-{addr}-{:08x}", fastrand::u32(..)),
+        addr,
+        kv_issued: AtomicU64::new(0),
+        kv_pulled: AtomicU64::new(0),
     });
     let kv = cfg.kv_events.clone().map(|endpoint| {
         let (tx, rx) = mpsc::unbounded_channel();

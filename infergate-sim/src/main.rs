@@ -179,6 +179,15 @@ struct Cli {
     /// `tcp://HOST:P` connects (as vLLM's --kv-events-config endpoint); engine i uses port P + i [default: off]
     #[arg(long, value_name = "ADDR", help_heading = KNOBS)]
     kv_events: Option<String>,
+    /// Play both roles of vLLM's NixlConnector (kv_role kv_both): answer a prefill leg (kv_transfer_params
+    /// do_remote_decode) with the params a decode engine needs; pull a decode leg's KV cache from the engine of
+    /// this process that issued its params, refusing any other [default: off, params ignored as by vLLM]
+    #[arg(long, help_heading = KNOBS)]
+    kv_transfer: bool,
+    /// KV-cache transfer speed of a decode leg's pull, prompt tokens per second
+    #[arg(long, value_name = "F", value_parser = positive, allow_negative_numbers = true,
+          default_value_t = SimConfig::default().kv_transfer_tokens_per_sec, help_heading = KNOBS)]
+    kv_transfer_tokens_per_sec: f64,
 }
 
 /// `tcp://HOST:P` with its port moved up by `by` (vLLM's data-parallel ranks do the same).
@@ -264,6 +273,8 @@ where
         responses_store: cli.responses_store,
         only_served_model: cli.only_served_model,
         kv_events: cli.kv_events.clone(),
+        kv_transfer: cli.kv_transfer,
+        kv_transfer_tokens_per_sec: cli.kv_transfer_tokens_per_sec,
     };
     Ok(Args {
         host: cli.host,

@@ -117,7 +117,7 @@ pub fn render(
         &[
             (",source=\"local_compute\"", c.computed_prompt_tokens),
             (",source=\"local_cache_hit\"", c.cached_prompt_tokens),
-            (",source=\"external_kv_transfer\"", 0),
+            (",source=\"external_kv_transfer\"", c.external_prompt_tokens),
         ],
     );
     w.split(

@@ -22,6 +22,8 @@ use super::tokenize::PromptTokens;
 pub struct SchedRequest {
     pub prompt: PromptTokens,
     pub max_tokens: usize,
+    /// Prompt tokens whose KV cache arrived from a prefill engine (a decode leg): not computed here.
+    pub external_tokens: usize,
     /// Output tokens go here; dropping the receiver aborts the request (frees its slot), like vLLM on disconnect.
     pub tx: mpsc::UnboundedSender<TokenEvent>,
 }
@@ -43,6 +45,8 @@ pub struct SchedCounters {
     pub prompt_tokens: u64,
     pub computed_prompt_tokens: u64,
     pub cached_prompt_tokens: u64,
+    /// Prompt tokens whose KV cache came from a prefill engine.
+    pub external_prompt_tokens: u64,
     pub generation_tokens: u64,
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
@@ -101,6 +105,8 @@ impl SchedShared {
 struct Seq {
     prompt: PromptTokens,
     max_tokens: usize,
+    /// Prompt tokens whose KV cache a prefill engine sent.
+    external: usize,
     /// Prompt tokens whose KV exists (cache hits included).
     computed: usize,
     cached: usize,
@@ -178,6 +184,7 @@ impl Core {
         self.waiting.push_back(Seq {
             prompt: r.prompt,
             max_tokens: r.max_tokens.max(1),
+            external: r.external_tokens,
             computed: 0,
             cached: 0,
             generated: 0,
@@ -252,7 +259,9 @@ impl Core {
                 bt,
             );
             s.cached = hit_blocks * bt;
-            s.computed = s.cached;
+            // What a prefill engine sent is there too, less the last token (computed here, as in vLLM).
+            s.external = s.external.min(s.prompt.len - 1).saturating_sub(s.cached);
+            s.computed = s.cached + s.external;
             self.counters.prefix_cache_queries += s.prompt.len as u64;
             self.counters.prefix_cache_hits += s.cached as u64;
             let n = (s.prompt.len - s.computed).min(budget);
@@ -309,7 +318,9 @@ impl Core {
                         );
                         self.counters.prompt_tokens += s.prompt.len as u64;
                         self.counters.cached_prompt_tokens += s.cached as u64;
-                        self.counters.computed_prompt_tokens += (s.prompt.len - s.cached) as u64;
+                        self.counters.computed_prompt_tokens +=
+                            (s.prompt.len - s.cached - s.external) as u64;
+                        self.counters.external_prompt_tokens += s.external as u64;
                         emit = true;
                     }
                 } else {
@@ -455,6 +466,7 @@ mod tests {
             SchedRequest {
                 prompt: prompt(len, seed, 16),
                 max_tokens,
+                external_tokens: 0,
                 tx,
             },
             rx,

@@ -43,11 +43,39 @@ pub struct PoolStatus {
     /// Every endpoint fails its health check and the pool places across those whose engine answers it
     /// (`health_check.route_when_all_unhealthy`).
     pub health_panic: bool,
+    /// A disaggregated pool's part: null for a pool that is not disaggregated.
+    pub disaggregation: Option<DisaggStatus>,
     pub endpoints: Vec<EndpointStatus>,
     /// Placements by reason over the last minute: every reason the pool's policy can give, then any other seen.
     pub placements_last_minute: Vec<ReasonCount>,
     /// The latest placements, newest first (at most `RECENT_PLACEMENTS`).
     pub recent_placements: Vec<RecentPlacement>,
+}
+
+/// Which set of a disaggregated pool a pool is.
+#[derive(Debug, Serialize)]
+pub struct DisaggStatus {
+    /// `decode` (the pool clients name: its endpoints stream the answers) or `prefill` (its prefill set).
+    pub role: &'static str,
+    /// The other set's pool name.
+    pub other: String,
+    /// The protocol between the legs (`nixl`); null on the prefill set.
+    pub connector: Option<&'static str>,
+}
+
+fn disagg_status(cfg: &crate::config::PoolConfig) -> Option<DisaggStatus> {
+    if let Some(d) = &cfg.disaggregation {
+        return Some(DisaggStatus {
+            role: "decode",
+            other: d.prefill_pool.clone(),
+            connector: Some(d.connector.as_str()),
+        });
+    }
+    cfg.prefill_of.as_ref().map(|of| DisaggStatus {
+        role: "prefill",
+        other: of.clone(),
+        connector: None,
+    })
 }
 
 #[derive(Debug, Serialize)]
@@ -177,6 +205,7 @@ fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStat
         queue_length,
         max_in_flight_per_endpoint: pool.cfg().max_in_flight_per_endpoint,
         health_panic: gate.panic,
+        disaggregation: disagg_status(&pool.cfg()),
         endpoints: eps,
         placements_last_minute,
         recent_placements,

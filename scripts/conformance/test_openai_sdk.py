@@ -37,6 +37,7 @@ from router import (
     SENT,
     assert_delivered,
     gauges,
+    http,
     learn_both_throughputs,
     metric,
     pool_unhealthy_for,
@@ -201,7 +202,7 @@ def test_a_background_response_is_polled_and_cancelled_on_its_engine(client, mod
 
 
 def test_models_list(client):
-    assert sorted(m.id for m in client.models.list()) == ["m1", "m2"]
+    assert sorted(m.id for m in client.models.list()) == ["m1", "m2", "pd"]
 
 
 def stream_long(client, model):
@@ -371,3 +372,46 @@ def test_curl_chunked_upload_model_last_is_routed(tmp_path, model):
     rid, status, _, resp = curl(tmp_path, body, "Transfer-Encoding: chunked", "Expect:")
     assert status == 200, resp
     assert_delivered(rid, model, len(body))
+
+
+# --- a disaggregated pool (model pd): each request a prefill leg on one engine, the answer from another -----------
+
+PD_PREFILL, PD_DECODE = os.environ["ENGINES_PD_PREFILL"], os.environ["ENGINES_PD_DECODE"]
+
+
+def pd_stats():
+    """GET /sim/stats of pool pd's prefill engine and of its decode engine."""
+    return tuple(json.loads(http(f"{url}/sim/stats")) for url in (PD_PREFILL, PD_DECODE))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_disaggregated_pool_serves_the_sdk_through_both_legs(client, stream):
+    (p0, d0) = pd_stats()
+    raw = client.chat.completions.with_raw_response.create(
+        model="pd", messages=[{"role": "user", "content": text(8 * KIB)}], max_tokens=4, stream=stream
+    )
+    assert raw.headers["x-infergate-prefill-endpoint"] == PD_PREFILL.removeprefix("http://")
+    assert raw.headers["x-infergate-endpoint"] == PD_DECODE.removeprefix("http://")
+    resp = raw.parse()
+    if stream:
+        chunks = [c for c in resp if c.choices]
+        assert len([c for c in chunks if c.choices[0].delta.content]) == 4
+        assert chunks[-1].choices[0].finish_reason == "length"
+    else:
+        assert resp.usage.completion_tokens == 4
+        assert resp.choices[0].message.content
+    (p1, d1) = pd_stats()
+    # The prefill engine computed the prompt and answered one token with kv_transfer_params; the decode engine
+    # pulled them and decoded the answer without computing the prompt again.
+    assert p1["kv_params_issued"] - p0["kv_params_issued"] == 1
+    assert p1["generation_tokens"] - p0["generation_tokens"] == 1
+    assert d1["kv_pulls"] - d0["kv_pulls"] == 1
+    assert d1["generation_tokens"] - d0["generation_tokens"] == 4
+    assert d1["computed_prompt_tokens"] - d0["computed_prompt_tokens"] <= 1
+    assert metric("infergate_disagg_prefill_legs_total", pool="pd", outcome="served") >= 1
+    wait_for("the router's gauges at 0 (requests, prefill tokens)", lambda: gauges() == (0, 0))
+
+
+def test_a_disaggregated_pool_refuses_what_the_protocol_cannot_carry(client):
+    with pytest.raises(openai.BadRequestError, match="`n` above 1"):
+        client.chat.completions.create(model="pd", messages=[{"role": "user", "content": "hi"}], max_tokens=2, n=2)

@@ -11,6 +11,7 @@ use super::respond::{respond_error, respond_gen_error, respond_invalid, respond_
 use super::responses;
 use crate::engine::{Engine, Refusal};
 use crate::http::{self, ConnIo, InBuf, Request};
+use crate::kv_transfer::{self, Role};
 use crate::scheduler::SchedRequest;
 use crate::store::Turn;
 use crate::tokenize::{ApiKind, BadRequest};
@@ -46,6 +47,25 @@ fn context_length_error(
             "max_tokens",
         )
     })
+}
+
+/// The request's part in a disaggregated prefill and decode: its role, the prompt tokens a decode leg pulls and
+/// how long the pull takes (scaled); none without `kv_transfer`. Err: why its params are refused.
+fn kv_leg(
+    eng: &Engine,
+    parsed: &crate::tokenize::GenRequest,
+) -> Result<(Option<Role>, usize, std::time::Duration), String> {
+    if !eng.cfg.kv_transfer {
+        return Ok((None, 0, std::time::Duration::ZERO));
+    }
+    let role = kv_transfer::role(parsed.kv_transfer.as_ref())?;
+    let Some(Role::Decode(remote)) = &role else {
+        return Ok((role, 0, std::time::Duration::ZERO));
+    };
+    let tokens = kv_transfer::claim(remote, &parsed.prompt)?;
+    eng.kv_pulled.fetch_add(1, Ordering::Relaxed);
+    let secs = tokens as f64 / eng.cfg.kv_transfer_tokens_per_sec * eng.cfg.time_scale;
+    Ok((role, tokens, std::time::Duration::from_secs_f64(secs)))
 }
 
 /// A generation call: optional injected delay / failure, parse, length and queue checks, schedule, then stream
@@ -133,16 +153,34 @@ pub(super) async fn generate(
         );
         return respond_gen_error(io, rb, &req, kind, 429, &msg, None).await;
     }
+    // Disaggregated prefill and decode (kv_transfer): a prefill leg answers with params, a decode leg pulls
+    // (once admitted: a refused request leaves the prefill's KV cache for another decode engine).
+    let (role, external, transfer) = match kv_leg(eng, &parsed) {
+        Ok(leg) => leg,
+        Err(m) => {
+            eng.sched.unreserve();
+            eng.refuse(seq, Refusal::Invalid, 400);
+            return respond_gen_error(io, rb, &req, kind, 400, &m, Some("kv_transfer_params"))
+                .await;
+        }
+    };
+    let issues_params = (role == Some(Role::Prefill)).then(|| parsed.prompt.clone());
     let (tx, mut rx) = mpsc::unbounded_channel();
-    if eng
-        .sched_tx
-        .send(SchedRequest {
-            prompt: parsed.prompt,
-            max_tokens,
-            tx,
-        })
-        .is_err()
-    {
+    let sched_req = SchedRequest {
+        prompt: parsed.prompt,
+        max_tokens,
+        external_tokens: external,
+        tx,
+    };
+    if !transfer.is_zero() {
+        // The pull takes its time before the engine schedules the request (it waits, like vLLM's
+        // WAITING_FOR_REMOTE_KVS); headers go out at once all the same.
+        let sched_tx = eng.sched_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(transfer).await;
+            let _ = sched_tx.send(sched_req);
+        });
+    } else if eng.sched_tx.send(sched_req).is_err() {
         eng.sched.unreserve();
         let msg = "engine is shutting down";
         return respond_gen_error(io, rb, &req, kind, 503, msg, None).await;
@@ -213,7 +251,14 @@ pub(super) async fn generate(
             Some(None) => respond_gen_error(io, rb, &req, kind, 503, "engine stopped", None).await,
             Some(Some(cached)) => {
                 store_final(cached);
-                respond_json(io, rb, &req, 200, &reply.full_body(cached)).await
+                let mut body = reply.full_body(cached);
+                if let Some(prompt) = &issues_params {
+                    let (id, bt) = (&eng.engine_id, eng.cfg.block_tokens);
+                    body["kv_transfer_params"] =
+                        kv_transfer::issue(id, eng.addr, &reply.id, prompt, bt);
+                    eng.kv_issued.fetch_add(1, Ordering::Relaxed);
+                }
+                respond_json(io, rb, &req, 200, &body).await
             }
         };
     }

@@ -188,6 +188,8 @@ pub struct GenRequest {
     pub prompt: PromptTokens,
     /// Responses API: the request's `input` as chat messages (what a stored response keeps); empty otherwise.
     pub input: Vec<Value>,
+    /// The request's `kv_transfer_params` (disaggregated prefill and decode, `kv_transfer`).
+    pub kv_transfer: Option<Value>,
 }
 
 /// The Responses API's storage fields of a request.
@@ -463,6 +465,7 @@ pub fn gen_request(
         max_tokens,
         prompt,
         input,
+        kv_transfer: v.get("kv_transfer_params").cloned(),
     })
 }
 

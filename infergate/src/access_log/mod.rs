@@ -108,6 +108,10 @@ pub struct Line<'a> {
     pub error: Option<&'a str>,
     /// The client's `User-Agent` (which SDK or agent, and its version).
     pub user_agent: Option<&'a str>,
+    /// A disaggregated pool's request: the endpoint that ran its prefill leg (`endpoint` ran the decode leg).
+    pub prefill_endpoint: Option<&'a str>,
+    /// The prefill leg's time, its first dispatch to its answer.
+    pub prefill: Option<Duration>,
 }
 
 impl Line<'_> {
@@ -171,6 +175,8 @@ impl Line<'_> {
                 .map(|u| bounded(u, MAX_VALUE_BYTES))
                 .as_deref(),
         );
+        put("prefill_endpoint", self.prefill_endpoint);
+        put("prefill_ms", self.prefill.map(ms).as_deref());
         out
     }
 
@@ -202,6 +208,8 @@ impl Line<'_> {
             trace_id: self.trace_id,
             error: self.error,
             user_agent: self.user_agent.map(|u| bounded(u, MAX_VALUE_BYTES)),
+            prefill_endpoint: self.prefill_endpoint,
+            prefill_ms: self.prefill.map(ms),
         };
         // Strings, numbers and options only: serialisation cannot fail.
         escape_forging(serde_json::to_string(&line).unwrap_or_default())
@@ -234,6 +242,8 @@ struct JsonLine<'a> {
     trace_id: Option<&'a str>,
     error: Option<&'a str>,
     user_agent: Option<Cow<'a, str>>,
+    prefill_endpoint: Option<&'a str>,
+    prefill_ms: Option<f64>,
 }
 
 /// A session hash as 16 hex digits.

@@ -27,6 +27,8 @@ fn sample() -> Line<'static> {
         trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
         error: None,
         user_agent: Some("OpenAI/Python 1.109.1"),
+        prefill_endpoint: None,
+        prefill: None,
     }
 }
 
@@ -38,7 +40,8 @@ fn text_is_logfmt_with_quoting_and_dashes() {
          model=\"llama 3 \\\"70b\\\"\" pool=default endpoint=10.0.0.5:8000 reason=sticky status=200 tokens=1234 \
          predicted_ttft_ms=40.000 ttfb_ms=12.345 ttft_ms=11.000 duration_ms=1500.250 bytes_in=4096 bytes_out=777 \
          retries=1 client_key=- session=00000000000000ab request_id=req-1 \
-         trace_id=4bf92f3577b34da6a3ce929d0e0e4736 error=- user_agent=\"OpenAI/Python 1.109.1\""
+         trace_id=4bf92f3577b34da6a3ce929d0e0e4736 error=- user_agent=\"OpenAI/Python 1.109.1\" \
+         prefill_endpoint=- prefill_ms=-"
     );
     let mut l = sample();
     l.model = Some("a\nb=c\u{7}");
@@ -66,7 +69,7 @@ fn json_has_the_same_keys_numbers_and_nulls() {
     assert_eq!(v["client_key"], serde_json::Value::Null);
     assert_eq!(v["session"], "00000000000000ab");
     assert_eq!(v["user_agent"], "OpenAI/Python 1.109.1");
-    assert_eq!(v.as_object().unwrap().len(), 23);
+    assert_eq!(v.as_object().unwrap().len(), 25);
     // Same keys in the same order (values without spaces, so the text splits on spaces).
     let mut l = sample();
     l.model = Some("m");
@@ -77,7 +80,7 @@ fn json_has_the_same_keys_numbers_and_nulls() {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, _)| k)
         .collect();
-    assert_eq!(keys.len(), 23);
+    assert_eq!(keys.len(), 25);
     let at: Vec<usize> = keys
         .iter()
         .map(|k| {

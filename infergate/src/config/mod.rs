@@ -11,6 +11,7 @@ mod clients;
 mod cluster;
 mod cors;
 mod engine_tls;
+mod disaggregation;
 mod expose_paths;
 mod kv_events;
 mod metrics_auth;
@@ -35,6 +36,7 @@ pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
 pub use cluster::ClusterConfig;
 pub use cors::CorsOrigins;
 pub use engine_tls::EngineTls;
+pub use disaggregation::{prefill_set_name, Connector, Disaggregation};
 use expose_paths::expose_paths;
 pub use kv_events::{KvEndpointConfig, KvEventsConfig, KvSubscription};
 pub use metrics_auth::{is_loopback, MetricsAuthConfig};
@@ -197,7 +199,18 @@ impl Config {
                 .iter()
                 .position(|p| p.models.iter().any(|x| x == m))
                 .or_else(wildcard),
-            None => wildcard().or(if self.pools.len() == 1 { Some(0) } else { None }),
+            // A disaggregated pool's prefill set is no pool a client can name.
+            None => wildcard().or_else(|| {
+                let mut named = self
+                    .pools
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.prefill_of.is_none());
+                match (named.next(), named.next()) {
+                    (Some((i, _)), None) => Some(i),
+                    _ => None,
+                }
+            }),
         }
     }
 }
@@ -236,6 +249,9 @@ const SECTIONS: &[(&str, Reader)] = &[
     }),
     ("health_check", |n| HealthCheckConfig::read(n).map(drop)),
     ("prefill", |n| PrefillConfig::read(n).map(drop)),
+    ("disaggregation", |n| {
+        Disaggregation::read_section(n, "").map(drop)
+    }),
     ("tokenizer", |n| TokenizerConfig::read(n).map(drop)),
     ("sessions", |n| {
         SessionsConfig::read(n, Policy::LoadAware).map(drop)

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_norway::Value;
 
 use super::engine_tls::{engine_tls, EngineTls};
+use super::disaggregation::Disaggregation;
 use super::expose_paths::expose_paths;
 use super::kv_events::{KvEndpointConfig, KvEventsConfig, KvSubscription};
 use super::outlier::OutlierConfig;
@@ -44,6 +45,10 @@ pub struct PoolConfig {
     pub kv_events: KvEventsConfig,
     /// The model's tokenizer for exact prompt tokens; None = bytes / `prefill.bytes_per_token`.
     pub tokenizer: Option<TokenizerConfig>,
+    /// Prefill engines apart (`disaggregation`): this pool's endpoints are then its decode engines.
+    pub disaggregation: Option<Disaggregation>,
+    /// This is the prefill set of the disaggregated pool of this name (`disaggregation.prefill`).
+    pub prefill_of: Option<String>,
 }
 
 /// A pool's `tokenizer`: the model directory, loaded and checked when the file is read (start or reload).
@@ -88,12 +93,14 @@ pub(super) fn pools_list(f: &Field<'_>) -> Result<Vec<PoolConfig>, ConfigError> 
         return Err(f.err("at least one pool is required"));
     }
     let mut pools: Vec<PoolConfig> = Vec::new();
+    let mut prefill_sets: Vec<(usize, PoolConfig)> = Vec::new();
     for (i, v) in seq.iter().enumerate() {
         let item = f.item(i, v);
         if v.is_null() {
             return Err(item.type_err("a mapping", v));
         }
-        let pool = PoolConfig::read(item.section()?)?;
+        let (pool, prefill_set) = PoolConfig::read_as(item.section()?, None)?;
+        prefill_sets.extend(prefill_set.map(|s| (i, s)));
         if let Some(j) = pools.iter().position(|p| p.name == pool.name) {
             return Err(item.err_in(
                 "name",
@@ -122,11 +129,37 @@ pub(super) fn pools_list(f: &Field<'_>) -> Result<Vec<PoolConfig>, ConfigError> 
         }
         pools.push(pool);
     }
+    // After every configured pool: the positions of those stay the file's.
+    for (i, set) in prefill_sets {
+        if let Some(j) = pools.iter().position(|p| p.name == set.name) {
+            return Err(f.item(i, &seq[i]).err_in(
+                "disaggregation.prefill",
+                format!(
+                    "pool `{}` (pools[{j}]) already has the name of this prefill set; rename it",
+                    set.name
+                ),
+            ));
+        }
+        pools.push(set);
+    }
     Ok(pools)
 }
 
 impl PoolConfig {
     pub(super) fn read(n: Node<'_>) -> Result<PoolConfig, ConfigError> {
+        PoolConfig::read_as(n, None).map(|(p, _)| p)
+    }
+
+    /// The prefill set of a disaggregated pool, as the pool `name` (the pool-only keys were refused).
+    pub(super) fn read_set(n: Node<'_>, name: String) -> Result<PoolConfig, ConfigError> {
+        PoolConfig::read_as(n, Some(name)).map(|(p, _)| p)
+    }
+
+    /// A pool and, when it is disaggregated, its prefill set; `set_name`: read a prefill set under this name.
+    fn read_as(
+        n: Node<'_>,
+        set_name: Option<String>,
+    ) -> Result<(PoolConfig, Option<PoolConfig>), ConfigError> {
         read_keys!(
             n;
             name,
@@ -145,15 +178,25 @@ impl PoolConfig {
             kv_events,
             tokenizer,
             tls,
+            disaggregation,
         );
-        let name = {
-            let s = name.string()?.trim().to_string();
-            if s.is_empty() {
-                return Err(name.err("must not be empty"));
+        let is_set = set_name.is_some();
+        let name = match set_name {
+            Some(s) => s,
+            None => {
+                let s = name.string()?.trim().to_string();
+                if s.is_empty() {
+                    return Err(name.err("must not be empty"));
+                }
+                s
             }
-            s
         };
-        let models = model_list(&models)?;
+        // A prefill set serves no model of its own: only its pool's prefill legs reach it.
+        let models = if is_set {
+            Vec::new()
+        } else {
+            model_list(&models)?
+        };
         let policy = Policy::read(&policy)?;
         let max_in_flight_per_endpoint = match max_in_flight_per_endpoint.value() {
             None | Some(Value::Null) => None,
@@ -192,7 +235,14 @@ impl PoolConfig {
             None => None,
             Some(t) => Some(TokenizerConfig::read(t)?),
         };
-        Ok(PoolConfig {
+        let (disaggregation, prefill_set) = match Disaggregation::read(&disaggregation, &name)? {
+            Some((d, set)) => {
+                super::disaggregation::check_apart(&disaggregation, &endpoints, &set, &name)?;
+                (Some(d), Some(set))
+            }
+            None => (None, None),
+        };
+        let pool = PoolConfig {
             kv_events,
             name,
             models,
@@ -206,7 +256,10 @@ impl PoolConfig {
             expose_paths: expose_paths(&expose)?,
             queue,
             tokenizer,
-        })
+            disaggregation,
+            prefill_of: None,
+        };
+        Ok((pool, prefill_set))
     }
 }
 

@@ -3,6 +3,7 @@
 //! Nothing here does I/O, reads a clock or knows Pingora: the proxy builds the snapshot from live counters and
 //! passes time and randomness in, so every rule is a plain unit test.
 
+pub mod decode;
 pub mod factory;
 pub mod ladder;
 pub mod least_request;

@@ -14,6 +14,9 @@ use crate::request_id;
 /// The response header naming the endpoint that served the request (`host:port`); `endpoint_header: false` drops it.
 pub const ENDPOINT_HEADER: &str = "x-infergate-endpoint";
 
+/// In a disaggregated pool, the header naming the endpoint that ran the prefill leg (`endpoint_header` too).
+pub const PREFILL_ENDPOINT_HEADER: &str = "x-infergate-prefill-endpoint";
+
 /// Set the request's id on a response: the value `request_id::assign` left in the request header.
 pub(super) fn echo_request_id(session: &Session, resp: &mut ResponseHeader) -> Result<()> {
     if let Some(id) = session.req_header().headers.get(request_id::HEADER) {
@@ -37,6 +40,9 @@ impl Router {
         if cfg.endpoint_header {
             if let Some(ep) = &ctx.endpoint {
                 resp.insert_header(ENDPOINT_HEADER, ep.label.as_str())?;
+            }
+            if let Some(p) = &ctx.prefill {
+                resp.insert_header(PREFILL_ENDPOINT_HEADER, p.endpoint.as_str())?;
             }
         }
         Ok(())
@@ -77,7 +83,8 @@ impl Router {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-");
         let downstream = session.as_downstream();
-        let retries = ctx.tried.len() + usize::from(ctx.fresh_retry_used);
+        let prefill_retries = ctx.prefill.as_ref().map_or(0, |p| p.retries as usize);
+        let retries = ctx.tried.len() + usize::from(ctx.fresh_retry_used) + prefill_retries;
         let trace_id = trace.as_ref().map(|t| t.trace_id());
         let line = Line {
             time: Some(ctx.log.start_wall),
@@ -106,6 +113,8 @@ impl Router {
                 .headers
                 .get(http::header::USER_AGENT)
                 .and_then(|v| v.to_str().ok()),
+            prefill_endpoint: ctx.prefill.as_ref().map(|p| p.endpoint.as_str()),
+            prefill: ctx.prefill.as_ref().map(|p| p.took),
         };
         if let Some(log) = &self.access_log {
             log.write(&line);

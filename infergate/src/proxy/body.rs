@@ -88,6 +88,13 @@ pub struct HeldBody {
     _claim: Option<OwnedSemaphorePermit>,
 }
 
+impl HeldBody {
+    /// Hold `bytes` instead (a decode leg's body), under the same claim on the budget.
+    pub fn replace(&mut self, bytes: Bytes) {
+        self.bytes = bytes;
+    }
+}
+
 /// Why a body could not be read.
 #[derive(Debug)]
 pub enum BodyError {

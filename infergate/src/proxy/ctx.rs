@@ -51,6 +51,10 @@ pub struct Ctx {
     pub(super) error: Option<ApiError>,
     /// The status the router answered with itself (counted instead of the absent upstream status).
     pub(super) answered: Option<u16>,
+    /// A disaggregated request's prefill leg, once it has served (prefill_leg): the decode leg follows.
+    pub(super) prefill: Option<super::prefill_leg::PrefillDone>,
+    /// A prefill engine's own error answer (status, body), passed to the client as the engine gave it.
+    pub(super) relay: Option<(u16, bytes::Bytes)>,
     /// The client key and its concurrency slot (given back when the context drops).
     pub(super) admission: crate::admission::Pass,
     /// Timing and client facts for the access log; its `start` also times `infergate_request_duration_seconds`.

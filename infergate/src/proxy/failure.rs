@@ -100,6 +100,18 @@ impl Router {
         ctx: &mut Ctx,
     ) -> FailToProxy {
         ctx.release_prefill(ReleaseCause::Aborted);
+        if let Some((status, body)) = ctx.relay.take() {
+            // A prefill engine's own answer (a 4xx for the request, or a refusal no other engine could take).
+            if session.response_written().is_none()
+                && self.respond(session, status, body, None).await.is_ok()
+            {
+                ctx.answered = Some(status);
+                return FailToProxy {
+                    error_code: status,
+                    can_reuse_downstream: false,
+                };
+            }
+        }
         let api = ctx.error.take().or_else(|| ApiError::from_proxy_error(e));
         ctx.log.router_error = api.as_ref().map(|a| a.code);
         let code = match api {

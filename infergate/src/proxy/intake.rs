@@ -93,27 +93,16 @@ impl Router {
             }
         };
         // The session key before anything is charged to the client's key: a key too long is refused first.
-        if let Some(s) = pool.cfg().policy.sessions() {
-            let headers = &session.req_header().headers;
-            let body_key = || {
-                let key = ctx.scan.prompt_cache_key.as_deref()?;
-                (s.prompt_cache_key && !key.is_empty()).then_some(key.as_bytes())
-            };
-            let header = s
-                .headers
-                .iter()
-                .filter_map(|h| headers.get(h.as_str()))
-                .map(|v| v.as_bytes())
-                .find(|v| !v.is_empty());
-            let key = header.or_else(body_key);
-            if let Some(k) = key {
-                let limit = self.current().max_session_key_bytes;
-                if let Err(e) = crate::framing::check_session_key(k, limit, header.is_some()) {
-                    self.respond_error(session, &e).await?;
-                    return Ok(true);
-                }
+        let limit = self.current().max_session_key_bytes;
+        let key = find_session_key(&pool, &session.req_header().headers, &ctx.scan)
+            .map(|(k, header)| crate::framing::check_session_key(k, limit, header).map(|()| k.to_vec()))
+            .transpose();
+        match key {
+            Ok(key) => ctx.session_key = key,
+            Err(e) => {
+                self.respond_error(session, &e).await?;
+                return Ok(true);
             }
-            ctx.session_key = key.map(<[u8]>::to_vec);
         }
         // Exact prompt tokens (a pool with a tokenizer) before the key's token limits and placement use them.
         self.count_tokens(&pool, ctx).await;
@@ -129,4 +118,35 @@ impl Router {
         ctx.pool = Some(pool);
         Ok(false)
     }
+}
+
+/// The request's session key under `pool`'s `sessions`: the first configured header with a value, else the body's
+/// `prompt_cache_key` where allowed; None without sessions.
+pub(super) fn session_key(
+    pool: &crate::pool::Pool,
+    headers: &http::HeaderMap,
+    scan: &request::BodyScan,
+) -> Option<Vec<u8>> {
+    find_session_key(pool, headers, scan).map(|(k, _)| k.to_vec())
+}
+
+/// The session key as [`session_key`] finds it, and whether it came from a header (else the body).
+fn find_session_key<'a>(
+    pool: &crate::pool::Pool,
+    headers: &'a http::HeaderMap,
+    scan: &'a request::BodyScan,
+) -> Option<(&'a [u8], bool)> {
+    let cfg = pool.cfg();
+    let s = cfg.policy.sessions()?;
+    let header = s
+        .headers
+        .iter()
+        .filter_map(|h| headers.get(h.as_str()))
+        .map(|v| v.as_bytes())
+        .find(|v| !v.is_empty());
+    if let Some(v) = header {
+        return Some((v, true));
+    }
+    let key = scan.prompt_cache_key.as_deref()?;
+    (s.prompt_cache_key && !key.is_empty()).then_some((key.as_bytes(), false))
 }

@@ -16,7 +16,9 @@
 //!                          engine holding it, else 404), charge the key's tokens; pin a request for a stored
 //!                          response to its engine (stored_responses); for a session, the binding another
 //!                          replica stored (cluster, bounded wait)
-//! upstream_peer            (per attempt) the pool's wait queue (first attempt) → snapshot → policy.place (a pinned
+//! upstream_peer            (per attempt) a disaggregated pool's prefill leg first, once (prefill_leg: the router's
+//!                          own request to a prefill engine; the body becomes the decode leg's), then
+//!                          the pool's wait queue (first attempt) → snapshot → policy.place (a pinned
 //!                          request: its engine, or 503) → ledger hold → the attempt's span → peer; a stale
 //!                          pooled connection is retried once on the same endpoint over a fresh connection
 //! upstream_request_filter  Host, the engine's key (never the client's Authorization or x-api-key), one
@@ -58,6 +60,7 @@ mod first_output;
 mod intake;
 mod output;
 mod receipt;
+mod prefill_leg;
 mod router;
 mod spans;
 mod stored;
@@ -99,6 +102,8 @@ pub struct Router {
     /// `infergate_router_responses_total{code}`: the answers the router writes itself (`answers`).
     answered: prometheus::IntCounterVec,
     access_log: Option<crate::access_log::AccessLog>,
+    /// The prefill legs of disaggregated pools: their HTTP client and series.
+    disagg: prefill_leg::Disagg,
 }
 
 impl Deref for Router {
@@ -114,7 +119,9 @@ impl Router {
         let exposure = Exposure::new(&state.cfg);
         let stored_responses = crate::stored_responses::StoredResponses::new(&state.metrics);
         let answered = answers::counter(&state.metrics);
+        let disagg = prefill_leg::Disagg::new(&state);
         Router {
+            disagg,
             state,
             body_budget,
             exposure,

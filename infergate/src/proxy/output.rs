@@ -47,6 +47,15 @@ impl Router {
             if success {
                 ctx.attempt.first_output_at = Some(std::time::Instant::now());
             }
+            if let (Some(_), Some(pool), Some(t0), true) = (
+                &ctx.prefill,
+                &ctx.pool,
+                ctx.attempt.dispatched_at,
+                success && ctx.is_stream(),
+            ) {
+                // A decode leg's first output: the KV cache arrived and the first token was decoded.
+                self.disagg.observe_transfer(&pool.name, t0.elapsed());
+            }
             if let Some(h) = &ctx.hold {
                 // A successful stream's first output marks the end of prefill: what it teaches is applied once
                 // the request has ended well (`settle`).

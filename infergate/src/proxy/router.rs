@@ -18,6 +18,24 @@ use crate::placement::{self, Reason};
 use crate::pool::{Endpoint, Pool};
 use crate::request::CallKind;
 
+/// Whom a placement is for: the request's own attempt, or its prefill leg (prefill_leg), each with the endpoints it
+/// already failed on and the session key its pool's `sessions` give.
+#[derive(Clone, Copy)]
+pub(super) struct Leg<'a> {
+    pub(super) tried: &'a [u64],
+    pub(super) session_key: Option<&'a [u8]>,
+}
+
+impl<'a> Leg<'a> {
+    /// The request's own attempt.
+    pub(super) fn of(ctx: &'a Ctx) -> Leg<'a> {
+        Leg {
+            tried: &ctx.tried,
+            session_key: ctx.session_key.as_deref(),
+        }
+    }
+}
+
 impl Router {
     pub(super) fn body_limits(&self) -> BodyLimits {
         let cfg = self.current();
@@ -73,16 +91,17 @@ impl Router {
             .clone()
     }
 
-    /// Choose an endpoint for this attempt. None when no eligible endpoint exists.
+    /// Choose an endpoint of `pool` for this attempt of `leg`. None when no eligible endpoint exists.
     pub(super) fn place(
         &self,
         pool: &Pool,
         ctx: &Ctx,
+        leg: Leg<'_>,
         now: Instant,
     ) -> Option<(Arc<Endpoint>, Placement)> {
         let endpoints = pool.endpoints();
         let req = PlaceRequest {
-            session_key: ctx.session_key.as_deref(),
+            session_key: leg.session_key,
             model: ctx.scan.model.as_deref().unwrap_or(""),
             prompt: &ctx.scan.prompt,
             conversation_at: ctx.scan.conversation_at,
@@ -93,13 +112,17 @@ impl Router {
             // Only this endpoint has the stored response: there or nowhere (the caller answers 503).
             let i = endpoints.iter().position(|e| e.label == pin.endpoint)?;
             let ep = &endpoints[i];
-            if !pool.health_gate(&endpoints).available(ep) || ctx.tried.contains(&ep.id) {
+            if !pool.health_gate(&endpoints).available(ep) || leg.tried.contains(&ep.id) {
                 return None;
             }
             let placement = Placement::whole(i, Reason::StoredResponse, &req);
             return Some((ep.clone(), placement));
         }
-        let mut cands = pool.candidates(&endpoints, &ctx.tried, now);
+        let mut cands = pool.candidates(&endpoints, leg.tried, now);
+        if ctx.prefill.is_some() {
+            // A decode leg: an engine whose KV cache is full would preempt to take the pulled prompt.
+            placement::decode::spare_full_kv(&mut cands);
+        }
         if let Some(tokens) = &ctx.prompt_tokens {
             pool.fill_kv_held(&endpoints, &mut cands, &tokens.ids, now);
         }
@@ -230,19 +253,24 @@ impl Router {
         }
         if let (Some(pool), Some(ep)) = (&ctx.pool, ctx.endpoint.take()) {
             ctx.tried.push(ep.id);
-            self.metrics.unless_removed(&ep.removed, || {
-                self.metrics
-                    .retries_total
-                    .with_label_values(&[&*pool.name, &ep.label])
-                    .inc();
-            });
-            log::warn!(
-                "pool {} endpoint {}: {why}; trying another endpoint",
-                pool.name,
-                ep.label
-            );
+            self.retried(pool, &ep, why);
             ctx.last_endpoint = Some(ep);
         }
+    }
+
+    /// An attempt of `pool` failed on `ep` and goes elsewhere: counted and logged.
+    pub(super) fn retried(&self, pool: &Pool, ep: &Endpoint, why: &str) {
+        self.metrics.unless_removed(&ep.removed, || {
+            self.metrics
+                .retries_total
+                .with_label_values(&[&*pool.name, &ep.label])
+                .inc();
+        });
+        log::warn!(
+            "pool {} endpoint {}: {why}; trying another endpoint",
+            pool.name,
+            ep.label
+        );
     }
 
     /// Count a failure the engine owns against the attempt's endpoint (once per attempt), with the attempt's
@@ -308,17 +336,33 @@ impl Router {
             pool.record_success(ep, Instant::now());
         }
         if let Some(l) = ctx.attempt.learned.take() {
-            ep.prefill_speed.observe(l.tokens, l.ttft);
-            // predicted_ttft: the prefill that was ahead plus this one's, over the wait, is the throughput it
-            // predicts with; and how far off its prediction was.
-            if let Some((predicted, ahead)) = l.prediction {
-                ep.prefill_speed
-                    .observe_throughput(ahead.saturating_add(l.tokens), l.ttft);
-                if let Some(p) = predicted {
-                    self.metrics.observe_ttft_prediction(ep.series(), p, l.ttft);
-                }
+            self.learn(ep, l);
+        }
+    }
+
+    /// What a prefill that ended well teaches its endpoint: its speed, and for predicted_ttft the prefill that was
+    /// ahead plus this one's over the wait (the throughput it predicts with), and how far off its prediction was.
+    pub(super) fn learn(&self, ep: &Endpoint, l: super::ctx::Learned) {
+        ep.prefill_speed.observe(l.tokens, l.ttft);
+        if let Some((predicted, ahead)) = l.prediction {
+            ep.prefill_speed
+                .observe_throughput(ahead.saturating_add(l.tokens), l.ttft);
+            if let Some(p) = predicted {
+                self.metrics.observe_ttft_prediction(ep.series(), p, l.ttft);
             }
         }
+    }
+
+    /// A generate request's placement: counted by reason, shown on the status page, told to the policy.
+    pub(super) fn count_placement(&self, pool: &Pool, ep: &Endpoint, p: &Placement, now: Instant) {
+        self.metrics.unless_removed(&ep.removed, || {
+            self.metrics
+                .placements_total
+                .with_label_values(&[&*pool.name, &ep.label, p.reason.as_str()])
+                .inc();
+        });
+        pool.recent.record(ep.id, p.reason, now);
+        pool.policy.dispatched(ep.id, &p.ticket, now);
     }
 
     /// Retries left for this request (the fresh-connection retry on the same endpoint is not counted).

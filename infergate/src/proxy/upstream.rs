@@ -10,7 +10,7 @@ use pingora_proxy::Session;
 use crate::errors::ApiError;
 
 use super::ctx::Attempt;
-use super::router::{non_streaming_release, remove_if_present};
+use super::router::{non_streaming_release, remove_if_present, Leg};
 use super::Ctx;
 use super::{first_output, Router};
 use crate::forwarded;
@@ -28,6 +28,8 @@ impl Router {
         };
         // A retry: the previous attempt's hold was finished when it failed.
         ctx.finish_hold();
+        // A disaggregated pool: the prefill leg first (once), then this attempt is the decode leg.
+        self.prefill_first(session, &pool, ctx).await?;
         let path = ctx.target.as_ref().map_or("", |t| t.target.path.as_str());
         let preamble = if ctx.is_stream() {
             first_output::preamble_events(path)
@@ -56,7 +58,7 @@ impl Router {
                 (ep, true)
             }
             (_, previous) => {
-                let Some((ep, placement)) = self.place(&pool, ctx, now) else {
+                let Some((ep, placement)) = self.place(&pool, ctx, Leg::of(ctx), now) else {
                     // The last attempt's placement stays for the access log.
                     ctx.placement = previous;
                     let e = if let Some(pin) = &ctx.pinned {
@@ -75,21 +77,16 @@ impl Router {
                 };
                 let generating = ctx.kind == CallKind::Generate;
                 if generating {
-                    self.metrics.unless_removed(&ep.removed, || {
-                        self.metrics
-                            .placements_total
-                            .with_label_values(&[&*pool.name, &ep.label, placement.reason.as_str()])
-                            .inc();
-                    });
-                    pool.recent.record(ep.id, placement.reason, now);
-                    pool.policy.dispatched(ep.id, &placement.ticket, now);
+                    self.count_placement(&pool, &ep, &placement, now);
                 }
                 ctx.placement = Some(placement);
                 (ep, false)
             }
         };
 
-        let counts_tokens = ctx.kind == CallKind::Generate && pool.policy.counts_tokens();
+        // A decode leg computes no prompt: its load is its request (prefill_leg held the prefill set's tokens).
+        let counts_tokens =
+            ctx.kind == CallKind::Generate && pool.policy.counts_tokens() && ctx.prefill.is_none();
         let tokens = match &ctx.placement {
             Some(p) if counts_tokens => self.placed_tokens(&pool, p),
             _ => 0,

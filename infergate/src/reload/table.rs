@@ -165,6 +165,13 @@ pub(super) const TLS: &[Row<TlsConfig>] = &[
 pub(super) const POOL: &[Row<PoolConfig>] = &[
     Key("name", Elsewhere, |p| &mut p.name),
     Key("models", AtStart(WHY_MODELS), |p| &mut p.models),
+    // A prefill set is a pool of its own, built at start like any pool.
+    Key("disaggregation", AtStart(WHY_POOLS), |p| {
+        &mut p.disaggregation
+    }),
+    Key("disaggregation (prefill set)", AtStart(WHY_POOLS), |p| {
+        &mut p.prefill_of
+    }),
     Row::Part(|p| &mut p.policy, Part::Policy),
     Key("outlier_detection.consecutive_failures", InPlace, |p| {
         &mut p.outlier.consecutive_failures

@@ -278,3 +278,30 @@ fn tracing_and_the_route_receipt_apply_in_place() {
     assert_eq!(format!("{:?}", p.effective), format!("{new:?}"));
     assert_eq!(plan(&new, &old).applied.len(), 2, "and off again");
 }
+
+#[test]
+fn disaggregation_is_built_at_start_and_its_prefill_set_reloads_like_a_pool() {
+    let disagg = |prefill: &str| {
+        format!(
+            "    disaggregation:\n      connector: nixl\n      prefill: {{ endpoints: [{prefill}], max_in_flight_per_endpoint: 2 }}\n"
+        )
+    };
+    let old = conf("", "");
+    let new = conf("", &disagg("\"http://127.0.0.1:10\""));
+    let p = plan(&old, &new);
+    let keys: Vec<&str> = p.not_applied.iter().map(|n| n.key.as_str()).collect();
+    assert!(keys.contains(&"disaggregation"), "{keys:?}");
+    // The running pool stays whole: no prefill leg towards a set that does not run.
+    assert_eq!(p.effective.pools.len(), 1);
+    assert_eq!(p.effective.pools[0].disaggregation, None);
+    // A running prefill set takes its endpoints and limits in place.
+    let old = conf("", &disagg("\"http://127.0.0.1:10\""));
+    let new = conf(
+        "",
+        &disagg("\"http://127.0.0.1:10\", \"http://127.0.0.1:11\"").replace("2 }", "3 }"),
+    );
+    let p = plan(&old, &new);
+    assert_eq!(p.not_applied, vec![]);
+    assert_eq!(p.effective.pools[1].endpoints.len(), 2);
+    assert_eq!(p.effective.pools[1].max_in_flight_per_endpoint, Some(3));
+}

@@ -3,6 +3,8 @@
 //! The scan finds `model`, `stream` and the prompt text wherever they sit in the body, in one pass and without
 //! building a JSON tree (a 1 MiB prompt costs a byte loop), and tolerates a body cut short or malformed.
 
+pub mod kv_transfer;
+
 /// What kind of call a request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CallKind {

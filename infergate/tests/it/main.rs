@@ -15,6 +15,7 @@ mod config_cli;
 mod config_fixtures;
 mod cors;
 mod deploy;
+mod disagg;
 mod exposure;
 mod fault_soak;
 mod faults;

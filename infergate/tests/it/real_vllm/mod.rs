@@ -3,6 +3,7 @@
 //! time (they share the engines, so each uses prompts no other test sends).
 
 mod apis;
+mod disagg;
 mod exact;
 mod parity;
 mod prefill;
