@@ -65,6 +65,12 @@ pub struct SimConfig {
     /// Publish KV-cache events in vLLM's wire format on this ZMQ address (`tcp://*:P` binds, `tcp://HOST:P`
     /// connects, as vLLM's `--kv-events-config` endpoint); topic `kv`. None: no events (vLLM's default).
     pub kv_events: Option<String>,
+    /// How fast this engine runs against the calibrated defaults: every step takes `1 / speed` as long (0.5: a
+    /// GPU of half the speed). The control API (`{"speed": F}`) changes it at run time.
+    pub speed: f64,
+    /// The engine's speed becomes `.1` this long (simulated, so scaled by `time_scale`) after it first had work: a
+    /// GPU that throttles, or a neighbour saturating the node, mid-run.
+    pub speed_change: Option<(Duration, f64)>,
 }
 
 impl Default for SimConfig {
@@ -91,6 +97,8 @@ impl Default for SimConfig {
             responses_store: false,
             only_served_model: false,
             kv_events: None,
+            speed: 1.0,
+            speed_change: None,
         }
     }
 }
@@ -111,6 +119,10 @@ impl SimConfig {
         if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
             self.time_scale = 1.0;
         }
+        if !valid_speed(self.speed) {
+            self.speed = 1.0;
+        }
+        self.speed_change = self.speed_change.filter(|(_, f)| valid_speed(*f));
         self
     }
 
@@ -120,4 +132,9 @@ impl SimConfig {
             + Duration::from_secs_f64(prefill_tokens as f64 / self.prefill_tokens_per_sec)
             + self.decode_step_cost_per_seq * decoding as u32
     }
+}
+
+/// A speed factor the scheduler can divide by.
+pub(crate) fn valid_speed(f: f64) -> bool {
+    f.is_finite() && f > 0.0
 }
