@@ -21,6 +21,7 @@ mod state_file;
 #[cfg(test)]
 mod testing;
 mod trusted_proxies;
+mod ttft_budget;
 mod values;
 mod walk;
 
@@ -43,6 +44,7 @@ use server::server_yaml;
 pub use state_file::StateFileConfig;
 use trusted_proxies::trusted_proxies;
 pub use trusted_proxies::Cidr;
+pub use ttft_budget::{effective as effective_ttft_budget, OverBudget, TtftBudgetConfig};
 use values::{check_listen_addr, to_usize};
 use walk::read_keys;
 use walk::{kind, yaml_reason, Field, Node, Reader, Walker};
@@ -228,6 +230,9 @@ const SECTIONS: &[(&str, Reader)] = &[
         auth::read_key_limits_section,
     ),
     ("queue", |n| QueueConfig::read(n, Some(1)).map(drop)),
+    ("ttft_budget", |n| {
+        TtftBudgetConfig::read(n, Policy::PredictedTtft).map(drop)
+    }),
     ("access_log", |n| AccessLogConfig::read(n).map(drop)),
     ("state_file", |n| StateFileConfig::read(n).map(drop)),
     ("cluster", |n| ClusterConfig::read(n, &[]).map(drop)),

@@ -135,7 +135,7 @@ impl Router {
 /// Resolves when the client closes its connection (the body is read whole before routing, so the only thing left
 /// to read is the end of the connection). Bytes of a pipelined next request are kept for it by Pingora, and this
 /// stays pending.
-async fn client_closed(session: &mut Session) -> Box<Error> {
+pub(super) async fn client_closed(session: &mut Session) -> Box<Error> {
     loop {
         match session.as_downstream_mut().read_body_or_idle(true).await {
             Err(e) => return e.into_down(),

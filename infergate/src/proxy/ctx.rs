@@ -51,6 +51,8 @@ pub struct Ctx {
     pub(super) error: Option<ApiError>,
     /// The status the router answered with itself (counted instead of the absent upstream status).
     pub(super) answered: Option<u16>,
+    /// The request's TTFT budget, in a pool with `ttft_budget` (a generate request that has one).
+    pub(super) budget: Option<super::budget::Budget>,
     /// The client key and its concurrency slot (given back when the context drops).
     pub(super) admission: crate::admission::Pass,
     /// Timing and client facts for the access log; its `start` also times `infergate_request_duration_seconds`.
@@ -78,6 +80,8 @@ pub(super) struct Attempt {
     pub(super) failed: bool,
     /// What the first output taught, applied when the request ends without the engine failing it.
     pub(super) learned: Option<Learned>,
+    /// A successful stream's chunks from its first output on: its decode speed, learned if it ends well.
+    pub(super) timing: super::stream_timing::StreamTiming,
 }
 
 /// A successful stream's prefill as measured at its first output: learned only once the request has ended well

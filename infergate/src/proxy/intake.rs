@@ -108,6 +108,9 @@ impl Router {
                 .or_else(body_key)
                 .map(<[u8]>::to_vec);
         }
+        if !self.read_budget(session, ctx, &pool).await? {
+            return Ok(true);
+        }
         if let (Some(cluster), Some(key)) = (&self.cluster, &ctx.session_key) {
             // Another replica may have served this session: its binding, before placement (bounded wait).
             cluster.lookup_binding(&pool, key).await;

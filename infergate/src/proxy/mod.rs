@@ -50,6 +50,7 @@ mod access;
 mod admit;
 mod answers;
 mod body;
+mod budget;
 mod ctx;
 mod failure;
 mod first_output;
@@ -57,6 +58,7 @@ mod intake;
 mod output;
 mod router;
 mod stored;
+mod stream_timing;
 mod upstream;
 
 use std::ops::Deref;
@@ -94,6 +96,8 @@ pub struct Router {
     stored_responses: crate::stored_responses::StoredResponses,
     /// `infergate_router_responses_total{code}`: the answers the router writes itself (`answers`).
     answered: prometheus::IntCounterVec,
+    /// `infergate_ttft_budget_total{pool, key, outcome}` (`budget`).
+    budgets: prometheus::IntCounterVec,
     access_log: Option<crate::access_log::AccessLog>,
 }
 
@@ -110,12 +114,14 @@ impl Router {
         let exposure = Exposure::new(&state.cfg);
         let stored_responses = crate::stored_responses::StoredResponses::new(&state.metrics);
         let answered = answers::counter(&state.metrics);
+        let budgets = budget::counter(&state.metrics);
         Router {
             state,
             body_budget,
             exposure,
             stored_responses,
             answered,
+            budgets,
             access_log: None,
         }
     }

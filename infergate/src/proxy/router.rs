@@ -10,13 +10,22 @@ use pingora_http::RequestHeader;
 use pingora_proxy::Session;
 
 use super::body::{self, BodyError, BodyLimits};
+use super::ctx::Learned;
 use super::{Ctx, Router, UPSTREAM_IDLE_TIMEOUT};
 use crate::errors::ApiError;
 use crate::ledger::{ReleaseCause, ReleaseHook};
 use crate::placement::policy::{PlaceRequest, Placement, Snapshot};
 use crate::placement::{self, Reason};
-use crate::pool::{Endpoint, Pool};
+use crate::pool::{Endpoint, Pool, PrefillSample};
 use crate::request::CallKind;
+
+/// A placement and where it goes.
+pub(super) struct Placed {
+    pub(super) ep: Arc<Endpoint>,
+    pub(super) placement: Placement,
+    /// Tokens the endpoint's KV index said it holds of a generate request.
+    pub(super) kv_held: Option<u64>,
+}
 
 impl Router {
     pub(super) fn body_limits(&self) -> BodyLimits {
@@ -73,13 +82,9 @@ impl Router {
             .clone()
     }
 
-    /// Choose an endpoint for this attempt. None when no eligible endpoint exists.
-    pub(super) fn place(
-        &self,
-        pool: &Pool,
-        ctx: &Ctx,
-        now: Instant,
-    ) -> Option<(Arc<Endpoint>, Placement)> {
+    /// Choose an endpoint for this attempt (no side effects: `note_kv_dispatch` once it is dispatched). None when
+    /// no eligible endpoint exists.
+    pub(super) fn place(&self, pool: &Pool, ctx: &Ctx, now: Instant) -> Option<Placed> {
         let endpoints = pool.endpoints();
         let req = PlaceRequest {
             session_key: ctx.session_key.as_deref(),
@@ -88,6 +93,8 @@ impl Router {
             conversation_at: ctx.scan.conversation_at,
             body_bytes: ctx.prompt_bytes(&pool.cfg().prefill),
             tokens: ctx.prompt_tokens.as_ref().map(|t| t.count),
+            output_tokens: pool.answers.expected(ctx.scan.max_tokens),
+            ttft_budget: ctx.budget.map(|b| b.seconds()),
         };
         if let Some(pin) = &ctx.pinned {
             // Only this endpoint has the stored response: there or nowhere (the caller answers 503).
@@ -97,7 +104,11 @@ impl Router {
                 return None;
             }
             let placement = Placement::whole(i, Reason::StoredResponse, &req);
-            return Some((ep.clone(), placement));
+            return Some(Placed {
+                ep: ep.clone(),
+                placement,
+                kv_held: None,
+            });
         }
         let mut cands = pool.candidates(&endpoints, &ctx.tried, now);
         if let Some(tokens) = &ctx.prompt_tokens {
@@ -128,19 +139,28 @@ impl Router {
             Placement::whole(i, Reason::LeastRequest, &req)
         };
         let ep = endpoints.get(placement.index)?.clone();
-        if ctx.kind == CallKind::Generate {
-            // Its engine will publish what it stores: the KV index's silence clock starts.
-            ep.kv.note_dispatch(now);
-            if let Some(held) = cands.get(placement.index).and_then(|c| c.kv_held_tokens) {
-                ep.kv
-                    .counters
-                    .predicted_cached_tokens
-                    .fetch_add(held, std::sync::atomic::Ordering::Relaxed);
-                placement.estimate_tokens =
-                    placement::uncached_by_kv(placement.estimate_tokens, req.tokens, held);
-            }
+        let held = cands.get(placement.index).and_then(|c| c.kv_held_tokens);
+        if let (CallKind::Generate, Some(held)) = (ctx.kind, held) {
+            placement.estimate_tokens =
+                placement::uncached_by_kv(placement.estimate_tokens, req.tokens, held);
         }
-        Some((ep, placement))
+        Some(Placed {
+            ep,
+            placement,
+            kv_held: held.filter(|_| ctx.kind == CallKind::Generate),
+        })
+    }
+
+    /// A generate placement is being dispatched to `p.ep`: its engine will publish what it stores (the KV index's
+    /// silence clock starts) and what the index said it holds is counted.
+    pub(super) fn note_kv_dispatch(&self, p: &Placed, now: Instant) {
+        p.ep.kv.note_dispatch(now);
+        if let Some(held) = p.kv_held {
+            p.ep.kv
+                .counters
+                .predicted_cached_tokens
+                .fetch_add(held, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// The same endpoint again for a fresh-connection retry, if it can still take work.
@@ -281,8 +301,9 @@ impl Router {
         );
     }
 
-    /// Apply what the attempt taught once the request has ended: a success clears the endpoint's failures, and a
-    /// stream's prefill speed is learned unless the engine failed it.
+    /// Apply what the attempt taught once the request has ended: a success clears the endpoint's failures, a
+    /// stream's prefill speed is learned unless the engine failed it, and its decode speed and answer length when
+    /// it ended well.
     pub(super) fn settle(&self, ctx: &mut Ctx, e: Option<&pingora_error::Error>) {
         let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) else {
             return;
@@ -294,17 +315,38 @@ impl Router {
         if e.is_none() && answered {
             pool.record_success(ep, Instant::now());
         }
-        if let Some(l) = ctx.attempt.learned.take() {
-            ep.prefill_speed.observe(l.tokens, l.ttft);
+        let now = Instant::now();
+        let decode = if e.is_none()
+            && ctx
+                .attempt
+                .upstream_status
+                .is_some_and(|s| (200..300).contains(&s))
+        {
+            let peers = ep.peers.get().0;
+            let elsewhere = peers + ep.stats.fresh(now).map_or(0, |l| l.foreign_beyond(peers));
+            ctx.attempt.timing.sample(elsewhere)
+        } else {
+            None
+        };
+        let learned = ctx.attempt.learned.take();
+        if let Some(Learned {
+            ttft,
+            prediction: Some((Some(p), _)),
+            ..
+        }) = &learned
+        {
+            // How far off predicted_ttft's prediction was.
+            self.metrics.observe_ttft_prediction(ep.series(), *p, *ttft);
+        }
+        let prefill = learned.map(|l| PrefillSample {
+            tokens: l.tokens,
             // predicted_ttft: the prefill that was ahead plus this one's, over the wait, is the throughput it
-            // predicts with; and how far off its prediction was.
-            if let Some((predicted, ahead)) = l.prediction {
-                ep.prefill_speed
-                    .observe_throughput(ahead.saturating_add(l.tokens), l.ttft);
-                if let Some(p) = predicted {
-                    self.metrics.observe_ttft_prediction(ep.series(), p, l.ttft);
-                }
-            }
+            // predicts with.
+            ahead: l.prediction.map(|(_, ahead)| ahead),
+            ttft: l.ttft,
+        });
+        if prefill.is_some() || decode.is_some() {
+            pool.learn_stream(ep, prefill, decode, now);
         }
     }
 
