@@ -3,8 +3,15 @@
 # PyPI, installed into .venv/) under the same agent-session traffic, a burst of new sessions, and a router
 # overhead test. Writes BENCHMARKS.md (and raw JSON under bench-out/).
 #
-# Usage: scripts/bench.sh [--quick] [--no-peers] [--fleets "2 4"]
+# Usage: scripts/bench.sh [--quick] [--no-peers] [--fleets "2 4 4-unequal 2-slowing"]
 #                          [--scenarios "agent shared-prefix mixed burst overhead"] [--only REGEX] [--md FILE]
+#                          [--matrix]
+#   fleets: N equal engines; N-unequal: the second half at UNEQUAL_SPEED (0.5) of the others' speed; N-slowing:
+#              the last engine drops to SLOW_SPEED (0.3) of its speed SLOW_AFTER (20) wall seconds after it first
+#              has work
+#   --matrix     issue 26's matrix: agent, shared-prefix and mixed on fleets 2 4 4-unequal 2-slowing, seeds 7 8 9,
+#              infergate predicted_ttft with and without engine_stats beside vllm-router cache_aware and
+#              consistent_hash and smg cache_aware, one table per scenario and fleet (about 7 hours)
 #   scenarios: agent (default set: agent burst overhead), shared-prefix (every session opens with one shared
 #              SHARED_PREFIX_TOKENS-token system prompt), mixed (agent plus single-turn chats without the session
 #              header, 2 per session at twice the session rate)
@@ -17,7 +24,7 @@
 # again with these seeds), AGENT_MAX_SECONDS (120), BURST_SEEDS ("1 2 3 4 5"),
 # OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), ENGINE_STATS_INTERVAL (200ms), SHARED_PREFIX_TOKENS (16000),
 # SCENARIO_TABLES (0; 1: one table per scenario and fleet with means over every seed run, ratios to the best peer
-# per metric and issue 13's targets, instead of the single-seed matrix).
+# per metric and issue 26's targets, instead of the single-seed matrix).
 #
 # Every process it starts gets its own process group and is stopped (TERM, then KILL) after each run and on
 # exit. Only 127.0.0.1 is used; every port is a free one, and its owner is checked (ss -ltnp) against the
@@ -40,7 +47,11 @@ while [ $# -gt 0 ]; do
     --scenarios) SCENARIOS="$2"; shift ;;
     --only) ONLY="$2"; shift ;;
     --md) MD="$2"; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --matrix)
+      SCENARIOS="agent shared-prefix mixed"; FLEETS="2 4 4-unequal 2-slowing"; REPEAT_SEEDS="8 9"
+      REPEAT_ONLY='.*'; SCENARIO_TABLES=1
+      ONLY='^(infergate (predicted_ttft|predicted_ttft/nostats)|vllm-router (cache_aware|consistent_hash)|smg cache_aware)$' ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -59,6 +70,9 @@ OVERHEAD_REQUESTS=${OVERHEAD_REQUESTS:-20000}
 OVERHEAD_CONCURRENCY=${OVERHEAD_CONCURRENCY:-8}
 ENGINE_STATS_INTERVAL=${ENGINE_STATS_INTERVAL:-200ms}
 SHARED_PREFIX_TOKENS=${SHARED_PREFIX_TOKENS:-16000}
+UNEQUAL_SPEED=${UNEQUAL_SPEED:-0.5}
+SLOW_SPEED=${SLOW_SPEED:-0.3}
+SLOW_AFTER=${SLOW_AFTER:-20}
 if [ "$QUICK" = 1 ]; then
   FLEETS="2"
   SESSIONS_PER_ENGINE=${QUICK_SESSIONS_PER_ENGINE:-20}
@@ -218,16 +232,31 @@ fi
 # ---------------------------------------------------------------- engines and routers
 SIM_PID=""
 SIM_URLS=()
-# start_sim N TIME_SCALE
+# start_sim FLEET TIME_SCALE: FLEET is N, N-unequal or N-slowing (see the usage above).
 start_sim() {
-  local n=$1 ts=$2 ports=() i p
+  local n=${1%%-*} kind="" ts=$2 ports=() i p speed_args=()
+  case "$1" in *-*) kind=${1#*-} ;; esac
+  case "$kind" in
+    "") ;;
+    unequal)
+      local speeds=()
+      for i in $(seq 1 "$n"); do
+        if [ "$i" -gt $((n / 2)) ]; then speeds+=("$UNEQUAL_SPEED"); else speeds+=(1); fi
+      done
+      speed_args=(--speeds "$(IFS=,; echo "${speeds[*]}")") ;;
+    slowing)
+      # engine-sim counts simulated seconds: the wall-clock delay over the time scale.
+      speed_args=(--speed-change "$((n - 1)):$(python3 -c "print($SLOW_AFTER / $ts)"):$SLOW_SPEED") ;;
+    *) REASON="unknown fleet $1"; return 1 ;;
+  esac
   for i in $(seq 1 "$n"); do
     free_port || return 1
     ports+=("$PORT")
   done
   local csv
   csv=$(IFS=,; echo "${ports[*]}")
-  start_bg "$RUN_DIR/engine-sim.log" "$BIN/engine-sim" --ports "$csv" --time-scale "$ts" --max-recorded-requests 1
+  start_bg "$RUN_DIR/engine-sim.log" "$BIN/engine-sim" --ports "$csv" --time-scale "$ts" --max-recorded-requests 1 \
+    "${speed_args[@]+"${speed_args[@]}"}"
   SIM_PID=$LAST_PID
   SIM_URLS=()
   for p in "${ports[@]}"; do
@@ -362,7 +391,8 @@ case "$sc" in
   mixed) sc_args=() ;;
   *) sc_args=() ;;
 esac
-for n in $FLEETS; do
+for fleet in $FLEETS; do
+  n=${fleet%%-*}
   sessions=$((n * SESSIONS_PER_ENGINE))
   rate=$(python3 -c "print($n * $RATE_PER_ENGINE)")
   # The whole matrix with SEED, then the headline configurations again with each of REPEAT_SEEDS.
@@ -371,21 +401,21 @@ for n in $FLEETS; do
       set -- $entry
       router=$1 policy=$2
       skipped "$router" "$policy" && continue
-      NAME="$sc-$n-$router-$(echo "$policy" | tr ':/' '--')"
+      NAME="$sc-$fleet-$router-$(echo "$policy" | tr ':/' '--')"
       if [ "$seed" != "$SEED" ]; then
         echo "$router $policy" | grep -Eq -- "$REPEAT_ONLY" || continue
         NAME="$NAME-seed$seed"
       fi
-      LABEL="$router|$policy|$n"
+      LABEL="$router|$policy|$fleet"
       RUN_SEED=$seed
       RUN_DIR="$OUT/$NAME"
       mkdir -p "$RUN_DIR"
-      log "$sc: $n engines, $router $policy, seed $seed ($sessions sessions at $rate/s simulated)"
+      log "$sc: fleet $fleet, $router $policy, seed $seed ($sessions sessions at $rate/s simulated)"
       extra_args=("${sc_args[@]+"${sc_args[@]}"}")
       if [ "$sc" = mixed ]; then
         extra_args+=(--chat-requests $((2 * sessions)) --chat-rate "$(python3 -c "print(2 * $rate)")")
       fi
-      if ! start_sim "$n" "$TIME_SCALE"; then record_failure "engine-sim: $REASON"; stop_all; continue; fi
+      if ! start_sim "$fleet" "$TIME_SCALE"; then record_failure "engine-sim: $REASON"; stop_all; continue; fi
       if ! start_router "$router" "$policy"; then record_failure "$REASON"; stop_all; continue; fi
       stats_args=()
       for u in "${SIM_URLS[@]}"; do stats_args+=(--engine-stats-url "$u"); done

@@ -72,6 +72,12 @@ pub struct SimConfig {
     pub kv_transfer: bool,
     /// KV-cache transfer speed of a decode leg's pull, in prompt tokens per second.
     pub kv_transfer_tokens_per_sec: f64,
+    /// How fast this engine runs against the calibrated defaults: every step takes `1 / speed` as long (0.5: a
+    /// GPU of half the speed). The control API (`{"speed": F}`) changes it at run time.
+    pub speed: f64,
+    /// The engine's speed becomes `.1` this long (simulated, so scaled by `time_scale`) after it first had work: a
+    /// GPU that throttles, or a neighbour saturating the node, mid-run.
+    pub speed_change: Option<(Duration, f64)>,
 }
 
 impl Default for SimConfig {
@@ -100,6 +106,8 @@ impl Default for SimConfig {
             kv_events: None,
             kv_transfer: false,
             kv_transfer_tokens_per_sec: 200_000.0,
+            speed: 1.0,
+            speed_change: None,
         }
     }
 }
@@ -123,6 +131,10 @@ impl SimConfig {
         if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
             self.time_scale = 1.0;
         }
+        if !valid_speed(self.speed) {
+            self.speed = 1.0;
+        }
+        self.speed_change = self.speed_change.filter(|(_, f)| valid_speed(*f));
         self
     }
 
@@ -132,4 +144,9 @@ impl SimConfig {
             + Duration::from_secs_f64(prefill_tokens as f64 / self.prefill_tokens_per_sec)
             + self.decode_step_cost_per_seq * decoding as u32
     }
+}
+
+/// A speed factor the scheduler can divide by.
+pub(crate) fn valid_speed(f: f64) -> bool {
+    f.is_finite() && f > 0.0
 }

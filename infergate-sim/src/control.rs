@@ -25,13 +25,17 @@ pub struct Control {
     drop_mid_stream_after: AtomicUsize,
     extra_waiting: AtomicU64,
     extra_running: AtomicU64,
+    /// The engine's speed factor (an f64's bits; see `SimConfig::speed`).
+    speed: AtomicU64,
+    /// The configured speed, which `reset` restores.
+    base_speed: f64,
     pub(crate) net: Net,
 }
 
 const NONE: usize = usize::MAX;
 
 impl Control {
-    pub(crate) fn new(net: Net) -> Self {
+    pub(crate) fn new(net: Net, speed: f64) -> Self {
         Control {
             fail_status: AtomicU32::new(0),
             health_status: AtomicU32::new(200),
@@ -40,6 +44,8 @@ impl Control {
             drop_mid_stream_after: AtomicUsize::new(NONE),
             extra_waiting: AtomicU64::new(0),
             extra_running: AtomicU64::new(0),
+            speed: AtomicU64::new(speed.to_bits()),
+            base_speed: speed,
             net,
         }
     }
@@ -121,6 +127,17 @@ impl Control {
         self.extra_running.load(Ordering::SeqCst)
     }
 
+    /// Every step from now on takes `1 / speed` as long as the calibrated one (ignored unless finite and > 0).
+    pub fn set_speed(&self, speed: f64) {
+        if crate::config::valid_speed(speed) {
+            self.speed.store(speed.to_bits(), Ordering::SeqCst);
+        }
+    }
+
+    pub fn speed(&self) -> f64 {
+        f64::from_bits(self.speed.load(Ordering::SeqCst))
+    }
+
     /// Restores every request knob to its default (does not touch the listener).
     pub fn reset(&self) {
         self.set_fail_status(None);
@@ -130,6 +147,7 @@ impl Control {
         self.set_drop_mid_stream_after(None);
         self.set_extra_waiting(0);
         self.set_extra_running(0);
+        self.set_speed(self.base_speed);
     }
 
     /// `true`: close the listening socket now, so new connects are refused (RST); established connections
@@ -188,6 +206,7 @@ impl Control {
             "drop_mid_stream_after": self.drop_mid_stream_after(),
             "extra_waiting": self.extra_waiting(),
             "extra_running": self.extra_running(),
+            "speed": self.speed(),
             "refusing_connections": self.is_refusing(),
             "open_connections": self.open_connections(),
         })
@@ -231,6 +250,13 @@ impl Control {
                 }
                 "extra_waiting" => self.set_extra_waiting(num(k, x)?),
                 "extra_running" => self.set_extra_running(num(k, x)?),
+                "speed" => {
+                    let f = x
+                        .as_f64()
+                        .filter(|f| crate::config::valid_speed(*f))
+                        .ok_or("speed must be a number > 0")?;
+                    self.set_speed(f);
+                }
                 other => return Err(format!("unknown control key '{other}'")),
             }
         }

@@ -135,7 +135,7 @@ pub async fn spawn_engine_on(addr: SocketAddr, cfg: SimConfig) -> io::Result<Eng
     let cfg = cfg.sanitized();
     let net = Net::bind(addr)?;
     let addr = net.addr;
-    let control = Arc::new(Control::new(net));
+    let control = Arc::new(Control::new(net, cfg.speed));
     let (sched_tx, sched_rx) = mpsc::unbounded_channel();
     let sched = Arc::new(SchedShared::default());
     let engine = Arc::new(Engine {
@@ -169,7 +169,7 @@ pub async fn spawn_engine_on(addr: SocketAddr, cfg: SimConfig) -> io::Result<Eng
         Some((tx, task)) => (Some(tx), Some(task)),
         None => (None, None),
     };
-    let scheduler = tokio::spawn(scheduler::run(cfg, sched_rx, sched, kv_tx));
+    let scheduler = tokio::spawn(scheduler::run(cfg, sched_rx, sched, kv_tx, control.clone()));
     let acceptor = tokio::spawn(server::accept_loop(engine.clone()));
     Ok(EngineHandle {
         addr,

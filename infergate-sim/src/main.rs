@@ -15,7 +15,7 @@ const AFTER_HELP: &str = "\
 Logs go to stderr via env_logger (RUST_LOG=info). SIGINT / SIGTERM stop the process.
 Runtime failure injection: POST /sim/control with JSON, e.g. {\"fail_status\":503}, {\"fail_status\":null},
 {\"health_status\":500}, {\"slow_headers_ms\":2000}, {\"close_mid_stream_after\":3}, {\"drop_mid_stream_after\":1}, {\"extra_waiting\":10},
-{\"extra_running\":4}, {\"drop_idle_connections\":true}, {\"poison_idle_connections\":true},
+{\"extra_running\":4}, {\"speed\":0.33}, {\"drop_idle_connections\":true}, {\"poison_idle_connections\":true},
 {\"refuse_connections_ms\":1500}, {\"reset\":true}. An injected fail_status is answered at once with a JSON error
 body (429 and 503 with Retry-After: 1). GET /sim/stats returns per-engine totals (received, scheduled and refused
 generation requests among them); GET /sim/requests the recorded requests (method, path, headers, body_len,
@@ -188,6 +188,50 @@ struct Cli {
     #[arg(long, value_name = "F", value_parser = positive, allow_negative_numbers = true,
           default_value_t = SimConfig::default().kv_transfer_tokens_per_sec, help_heading = KNOBS)]
     kv_transfer_tokens_per_sec: f64,
+    /// Speed of every engine against the calibrated one: each step takes 1/F as long (0.5: half the speed)
+    #[arg(long, value_name = "F", value_parser = positive, allow_negative_numbers = true,
+          default_value_t = SimConfig::default().speed, help_heading = KNOBS)]
+    speed: f64,
+    /// Speeds of the engines in port order (an unequal fleet; engines beyond the list run at --speed)
+    #[arg(long, value_name = "F1,F2,...", value_parser = speed_list, help_heading = KNOBS)]
+    speeds: Option<SpeedList>,
+    /// Engine I (0-based, port order) changes to speed F once SECS simulated seconds have passed since it first
+    /// had work (repeatable; a GPU that throttles mid-run)
+    #[arg(long, value_name = "I:SECS:F", value_parser = speed_change, help_heading = KNOBS)]
+    speed_change: Vec<SpeedChange>,
+}
+
+/// The argument of `--speeds`.
+#[derive(Debug, Clone)]
+struct SpeedList(Vec<f64>);
+
+fn speed_list(v: &str) -> Result<SpeedList, String> {
+    v.split(',')
+        .map(|f| positive(f).map_err(|_| format!("'{}' is not a speed > 0", f.trim())))
+        .collect::<Result<_, _>>()
+        .map(SpeedList)
+}
+
+/// The argument of `--speed-change`.
+#[derive(Debug, Clone, Copy)]
+struct SpeedChange {
+    engine: usize,
+    after: Duration,
+    speed: f64,
+}
+
+fn speed_change(v: &str) -> Result<SpeedChange, String> {
+    let parts: Vec<&str> = v.split(':').map(str::trim).collect();
+    let [i, secs, f] = parts[..] else {
+        return Err("expected ENGINE:SECONDS:SPEED, e.g. 1:20:0.3".into());
+    };
+    Ok(SpeedChange {
+        engine: i
+            .parse()
+            .map_err(|_| format!("'{i}' is not an engine index"))?,
+        after: Duration::from_secs_f64(non_negative(secs)?),
+        speed: positive(f).map_err(|_| format!("'{f}' is not a speed > 0"))?,
+    })
 }
 
 /// `tcp://HOST:P` with its port moved up by `by` (vLLM's data-parallel ranks do the same).
@@ -206,6 +250,8 @@ struct Args {
     host: IpAddr,
     ports: Vec<u16>,
     cfg: SimConfig,
+    /// Per engine: its speed and its mid-run change, if any.
+    speeds: Vec<(f64, Option<(Duration, f64)>)>,
 }
 
 /// The ports of `--port` and `--ports` in command-line order, then those of `--engines` / `--base-port`.
@@ -275,11 +321,41 @@ where
         kv_events: cli.kv_events.clone(),
         kv_transfer: cli.kv_transfer,
         kv_transfer_tokens_per_sec: cli.kv_transfer_tokens_per_sec,
+        speed: cli.speed,
+        speed_change: None,
     };
+    let listed = cli.speeds.map_or_else(Vec::new, |l| l.0);
+    if listed.len() > ports.len() {
+        return Err(cmd.error(
+            ErrorKind::ValueValidation,
+            format!(
+                "--speeds lists {} speeds for {} engines",
+                listed.len(),
+                ports.len()
+            ),
+        ));
+    }
+    let mut speeds: Vec<(f64, Option<(Duration, f64)>)> = (0..ports.len())
+        .map(|i| (listed.get(i).copied().unwrap_or(cli.speed), None))
+        .collect();
+    for c in &cli.speed_change {
+        let Some(s) = speeds.get_mut(c.engine) else {
+            return Err(cmd.error(
+                ErrorKind::ValueValidation,
+                format!(
+                    "--speed-change names engine {} of {}",
+                    c.engine,
+                    ports.len()
+                ),
+            ));
+        };
+        s.1 = Some((c.after, c.speed));
+    }
     Ok(Args {
         host: cli.host,
         ports,
         cfg,
+        speeds,
     })
 }
 
@@ -317,6 +393,7 @@ async fn main() -> ExitCode {
     for (i, port) in args.ports.iter().enumerate() {
         let mut cfg = args.cfg.clone();
         cfg.kv_events = cfg.kv_events.map(|a| offset_port(&a, i));
+        (cfg.speed, cfg.speed_change) = args.speeds[i];
         match spawn_engine_on(SocketAddr::new(args.host, *port), cfg).await {
             Ok(h) => {
                 println!("engine-sim listening on {}", h.url());
@@ -471,6 +548,32 @@ mod tests {
         assert!(help.contains("POST /sim/control"), "{help}");
         assert!(help.contains("[default: 8192]"), "{help}");
         assert!(help.contains("[default: 0.25]"), "{help}");
+    }
+
+    #[test]
+    fn per_engine_speeds_and_a_change_mid_run() {
+        let a = parse("--ports 1,2,3 --speed 0.8 --speeds 1,0.5 --speed-change 2:20:0.3").unwrap();
+        assert_eq!(
+            a.speeds,
+            vec![
+                (1.0, None),
+                (0.5, None),
+                (0.8, Some((Duration::from_secs(20), 0.3)))
+            ]
+        );
+        assert_eq!(parse("--port 1").unwrap().speeds, vec![(1.0, None)]);
+        assert!(
+            parse("--port 1 --speeds 1,2").is_err(),
+            "more speeds than engines"
+        );
+        assert!(parse("--port 1 --speeds 0").is_err());
+        assert!(
+            parse("--port 1 --speed-change 1:5:0.5").is_err(),
+            "no engine 1"
+        );
+        assert!(parse("--port 1 --speed-change 0:5").is_err());
+        assert!(parse("--port 1 --speed-change 0:-1:0.5").is_err());
+        assert!(parse("--port 1 --speed-change 0:1:0").is_err());
     }
 
     #[test]

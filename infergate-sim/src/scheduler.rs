@@ -371,8 +371,12 @@ pub async fn run(
     mut rx: mpsc::UnboundedReceiver<SchedRequest>,
     shared: Arc<SchedShared>,
     kv_events: Option<mpsc::UnboundedSender<Vec<crate::kv_events::KvEvent>>>,
+    control: Arc<crate::control::Control>,
 ) {
     let scale = cfg.time_scale;
+    // The configured mid-run change of speed, due once the first request has been taken.
+    let mut change = cfg.speed_change;
+    let mut change_at: Option<tokio::time::Instant> = None;
     let mut core = Core::new(cfg);
     if kv_events.is_some() {
         core.kv_events = Some(Vec::new());
@@ -408,8 +412,15 @@ pub async fn run(
             }
         };
         publish(&core);
-        let scaled = step.mul_f64(scale);
         let now = tokio::time::Instant::now();
+        if let Some((after, speed)) = change {
+            let at = *change_at.get_or_insert(now + after.mul_f64(scale));
+            if now >= at {
+                control.set_speed(speed);
+                change = None;
+            }
+        }
+        let scaled = step.mul_f64(scale / control.speed());
         let base = match last_deadline {
             Some(d) if now.saturating_duration_since(d) < Duration::from_millis(20) => d,
             _ => now,

@@ -4,7 +4,7 @@
 //!
 //! The data: every pool (policy, models, sessions held, wait-queue length where a queue exists) and its endpoints
 //! (health, ejection, engine-stats state and last sample, requests and estimated prefill tokens in flight with
-//! their peak over the last 2 s, learned prefill speed), the pool's placements by reason over the last minute and its latest placements
+//! their peak over the last 2 s, learned prefill and decode speeds, speed outliers), the pool's placements by reason over the last minute and its latest placements
 //! (`RecentPlacements`, bounded).
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -99,6 +99,12 @@ pub struct EndpointStatus {
     pub prefill_tokens_peak: u64,
     /// Learned prefill speed (estimated tokens per second); null until learned.
     pub prefill_tokens_per_second: Option<f64>,
+    /// Learned time between a stream's chunks with one sequence running; null until learned.
+    pub decode_seconds_per_token: Option<f64>,
+    /// Its speed against its own recent history or the pool's median (1: as usual); null until judged.
+    pub relative_speed: Option<f64>,
+    /// Far below that: it gets less new work until it recovers.
+    pub speed_outlier: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -137,9 +143,12 @@ fn policy_name(policy: &dyn PlacementPolicy) -> String {
 fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStatus {
     let endpoints = pool.endpoints();
     let gate = pool.health_gate(&endpoints);
+    let decode = pool.decode_lines_now();
     let eps = endpoints
         .iter()
-        .map(|e| {
+        .zip(decode)
+        .map(|(e, decode)| {
+            let (speed_outlier, relative_speed) = e.drift.state();
             let (state, sample) = e.stats.sample(now);
             let age = sample.map(|(at, _)| now.saturating_duration_since(at).as_secs_f64());
             let load = sample.map(|(_, l)| l);
@@ -165,6 +174,9 @@ fn pool_status(pool: &Pool, queue_length: Option<u64>, now: Instant) -> PoolStat
                 prefill_tokens: e.load.prefill_tokens(),
                 prefill_tokens_peak: e.load.prefill_tokens_peak(now),
                 prefill_tokens_per_second: e.prefill_speed.tokens_per_sec(),
+                decode_seconds_per_token: decode.map(|l| l.at(1.0)),
+                relative_speed,
+                speed_outlier,
             }
         })
         .collect();

@@ -120,3 +120,55 @@ async fn client_disconnect_during_prefill_aborts() {
     assert_eq!(s.prompt_tokens, 0, "the prefill never completed");
     assert_eq!(s.generation_tokens, 0);
 }
+
+/// The engine's simulated busy time for one request of `tokens` new prompt tokens and 8 output tokens.
+async fn busy_for(c: &reqwest::Client, e: &infergate_sim::EngineHandle, salt: &str) -> f64 {
+    let before = e.stats().busy_seconds;
+    post_value(
+        c,
+        e,
+        "/v1/chat/completions",
+        &chat(&words(5_000, salt), 8, false),
+    )
+    .await;
+    e.stats().busy_seconds - before
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn speed_stretches_every_step_and_can_change_mid_run() {
+    let c = reqwest::Client::new();
+    let full = spawn_engine(scaled(0.01)).await.unwrap();
+    let half = spawn_engine(SimConfig {
+        speed: 0.5,
+        ..scaled(0.01)
+    })
+    .await
+    .unwrap();
+    // Slows down to a quarter as soon as it has work.
+    let throttled = spawn_engine(SimConfig {
+        speed_change: Some((Duration::ZERO, 0.25)),
+        ..scaled(0.01)
+    })
+    .await
+    .unwrap();
+    let base = busy_for(&c, &full, "a").await;
+    assert!(base > 0.0);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b;
+    // The same work (a new prompt of the same length each time) in steps twice and four times as long.
+    assert!(close(busy_for(&c, &half, "b").await, 2.0 * base));
+    assert!(close(busy_for(&c, &throttled, "c").await, 4.0 * base));
+    assert_eq!(throttled.control.speed(), 0.25);
+    // At run time through the control API; a reset restores the configured speed.
+    let v = post_value(&c, &full, "/sim/control", &json!({"speed": 0.5})).await;
+    assert_eq!(v["speed"], 0.5);
+    assert!(close(busy_for(&c, &full, "d").await, 2.0 * base));
+    post_value(&c, &half, "/sim/control", &json!({"reset": true})).await;
+    assert_eq!(half.control.speed(), 0.5);
+    let r = c
+        .post(format!("{}/sim/control", full.url()))
+        .json(&json!({"speed": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}

@@ -253,6 +253,7 @@ mod tests {
             requests_per_minute: Some(2),
             prompt_tokens_per_minute: Some(600),
             concurrent_requests: None,
+            ttft_budget: None,
         };
         let mut l = KeyLimiter::new(limits, t0);
         l.begin(t0).unwrap();

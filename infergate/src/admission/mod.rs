@@ -91,6 +91,13 @@ impl Pass {
     pub fn key(&self) -> &str {
         self.client.as_ref().map_or(NO_KEY, |c| &*c.name)
     }
+
+    /// The client key's TTFT budget (`auth.limits.ttft_budget`), if it has one.
+    pub fn ttft_budget(&self) -> Option<std::time::Duration> {
+        self.client
+            .as_ref()
+            .and_then(|c| c.limiter.lock().limits().ttft_budget)
+    }
 }
 
 impl Drop for Pass {

@@ -46,6 +46,8 @@ pub struct KeyLimits {
     /// Estimated prompt tokens per minute (body bytes / the pool's `prefill.bytes_per_token`).
     pub prompt_tokens_per_minute: Option<u64>,
     pub concurrent_requests: Option<u64>,
+    /// The key's TTFT budget in pools with `ttft_budget` (`config::ttft_budget`).
+    pub ttft_budget: Option<std::time::Duration>,
 }
 
 const LIMIT_KEYS: [&str; 3] = [
@@ -106,9 +108,13 @@ impl AuthConfig {
     }
 }
 
-/// One override of `per_key`: Some(None) = unlimited, Some(Some(n)) = n, None = the default.
+/// One override of `per_key`: Some(None) = unlimited, Some(Some(n)) = n, None = the default; the same for the
+/// TTFT budget.
 #[derive(Debug, Clone, Copy, Default)]
-struct Overrides([Option<Option<u64>>; 3]);
+struct Overrides(
+    [Option<Option<u64>>; 3],
+    Option<Option<std::time::Duration>>,
+);
 
 impl Overrides {
     fn over(self, d: KeyLimits) -> KeyLimits {
@@ -117,6 +123,19 @@ impl Overrides {
             requests_per_minute: r.unwrap_or(d.requests_per_minute),
             prompt_tokens_per_minute: t.unwrap_or(d.prompt_tokens_per_minute),
             concurrent_requests: c.unwrap_or(d.concurrent_requests),
+            ttft_budget: self.1.unwrap_or(d.ttft_budget),
+        }
+    }
+}
+
+/// A key's `ttft_budget`: absent = the default, empty = none, else a duration longer than 0.
+fn budget_value(f: &Field<'_>) -> Result<Option<Option<std::time::Duration>>, ConfigError> {
+    match f.value() {
+        None => Ok(None),
+        Some(Value::Null) => Ok(Some(None)),
+        Some(_) => {
+            // A zero duration is refused by the duration reader itself.
+            Ok(Some(Some(f.duration_or(std::time::Duration::ZERO)?)))
         }
     }
 }
@@ -136,11 +155,12 @@ fn limit_value(f: &Field<'_>) -> Result<Option<Option<u64>>, ConfigError> {
     }
 }
 
-fn limit_fields(fields: &[Field<'_>; 3]) -> Result<Overrides, ConfigError> {
+fn limit_fields(fields: &[Field<'_>; 3], budget: &Field<'_>) -> Result<Overrides, ConfigError> {
     let mut o = Overrides::default();
     for (slot, f) in o.0.iter_mut().zip(fields) {
         *slot = limit_value(f)?;
     }
+    o.1 = budget_value(budget)?;
     Ok(o)
 }
 
@@ -153,9 +173,14 @@ pub(super) fn read_limits_section(n: Node<'_>) -> Result<(), ConfigError> {
 
 /// `auth.limits`: the defaults of every key, then `per_key` overrides.
 fn read_limits(n: Node<'_>) -> Result<(KeyLimits, PerKey<'_>), ConfigError> {
-    let [rpm, tpm, conc, per_key] =
-        n.keys([LIMIT_KEYS[0], LIMIT_KEYS[1], LIMIT_KEYS[2], "per_key"])?;
-    let default = limit_fields(&[rpm, tpm, conc])?.over(KeyLimits::default());
+    let [rpm, tpm, conc, budget, per_key] = n.keys([
+        LIMIT_KEYS[0],
+        LIMIT_KEYS[1],
+        LIMIT_KEYS[2],
+        "ttft_budget",
+        "per_key",
+    ])?;
+    let default = limit_fields(&[rpm, tpm, conc], &budget)?.over(KeyLimits::default());
     let seq = match per_key.value() {
         None | Some(Value::Null) => return Ok((default, Vec::new())),
         Some(Value::Sequence(seq)) => seq,
@@ -180,14 +205,20 @@ fn read_limits(n: Node<'_>) -> Result<(KeyLimits, PerKey<'_>), ConfigError> {
 
 /// One item of `auth.limits.per_key`.
 fn read_key_limits(n: Node<'_>) -> Result<(String, Overrides), ConfigError> {
-    let [name, rpm, tpm, conc] = n.keys(["name", LIMIT_KEYS[0], LIMIT_KEYS[1], LIMIT_KEYS[2]])?;
+    let [name, rpm, tpm, conc, budget] = n.keys([
+        "name",
+        LIMIT_KEYS[0],
+        LIMIT_KEYS[1],
+        LIMIT_KEYS[2],
+        "ttft_budget",
+    ])?;
     let s = name.string()?.trim().to_string();
     if !valid_name(&s) {
         return Err(name.err(format!(
             "`{s}` is not a key name (letters, digits, `_`, `.`, `-`)"
         )));
     }
-    Ok((s, limit_fields(&[rpm, tpm, conc])?))
+    Ok((s, limit_fields(&[rpm, tpm, conc], &budget)?))
 }
 
 /// For `SECTIONS`: the reader of a `per_key` item.
@@ -364,7 +395,8 @@ mod tests {
         let f = keys_file("auth-ok", &format!("alice:{K1}\nbatch:{K2}\n"));
         let c = parse(&format!(
             "auth:\n  keys_file: {}\n  limits:\n    requests_per_minute: 600\n    concurrent_requests: 8\n    \
-             per_key:\n      - {{ name: batch, prompt_tokens_per_minute: 5000, concurrent_requests: }}\n{POOL}",
+             ttft_budget: 2s\n    per_key:\n      - {{ name: batch, prompt_tokens_per_minute: 5000, concurrent_requests: , \
+             ttft_budget: }}\n{POOL}",
             f.display()
         ))
         .unwrap();
@@ -376,7 +408,8 @@ mod tests {
             KeyLimits {
                 requests_per_minute: Some(600),
                 prompt_tokens_per_minute: None,
-                concurrent_requests: Some(8)
+                concurrent_requests: Some(8),
+                ttft_budget: Some(std::time::Duration::from_secs(2)),
             }
         );
         assert_eq!(
@@ -384,7 +417,8 @@ mod tests {
             KeyLimits {
                 requests_per_minute: Some(600),
                 prompt_tokens_per_minute: Some(5000),
-                concurrent_requests: None
+                concurrent_requests: None,
+                ttft_budget: None,
             }
         );
         assert!(

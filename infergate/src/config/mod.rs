@@ -10,8 +10,8 @@ mod auth;
 mod clients;
 mod cluster;
 mod cors;
-mod engine_tls;
 mod disaggregation;
+mod engine_tls;
 mod expose_paths;
 mod kv_events;
 mod metrics_auth;
@@ -24,9 +24,10 @@ mod server;
 mod state_file;
 #[cfg(test)]
 mod testing;
-mod tracing;
 mod tls;
+mod tracing;
 mod trusted_proxies;
+mod ttft_budget;
 mod values;
 mod walk;
 
@@ -35,8 +36,8 @@ pub use auth::{AuthConfig, ClientKey, KeyLimits};
 pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
 pub use cluster::ClusterConfig;
 pub use cors::CorsOrigins;
-pub use engine_tls::EngineTls;
 pub use disaggregation::{prefill_set_name, Connector, Disaggregation};
+pub use engine_tls::EngineTls;
 use expose_paths::expose_paths;
 pub use kv_events::{KvEndpointConfig, KvEventsConfig, KvSubscription};
 pub use metrics_auth::{is_loopback, MetricsAuthConfig};
@@ -51,10 +52,11 @@ pub use queue::QueueConfig;
 pub use route_receipt::RouteReceipt;
 use server::server_yaml;
 pub use state_file::StateFileConfig;
-pub use tracing::TracingConfig;
 pub use tls::TlsConfig;
+pub use tracing::TracingConfig;
 use trusted_proxies::trusted_proxies;
 pub use trusted_proxies::Cidr;
+pub use ttft_budget::{effective as effective_ttft_budget, OverBudget, TtftBudgetConfig};
 use values::{check_listen_addr, to_usize};
 use walk::read_keys;
 use walk::{kind, yaml_reason, Field, Node, Reader, Walker};
@@ -267,6 +269,9 @@ const SECTIONS: &[(&str, Reader)] = &[
         auth::read_key_limits_section,
     ),
     ("queue", |n| QueueConfig::read(n, Some(1)).map(drop)),
+    ("ttft_budget", |n| {
+        TtftBudgetConfig::read(n, Policy::PredictedTtft).map(drop)
+    }),
     ("access_log", |n| AccessLogConfig::read(n).map(drop)),
     ("state_file", |n| StateFileConfig::read(n).map(drop)),
     ("cluster", |n| ClusterConfig::read(n, &[]).map(drop)),

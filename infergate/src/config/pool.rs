@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
-use super::engine_tls::{engine_tls, EngineTls};
 use super::disaggregation::Disaggregation;
+use super::engine_tls::{engine_tls, EngineTls};
 use super::expose_paths::expose_paths;
 use super::kv_events::{KvEndpointConfig, KvEventsConfig, KvSubscription};
 use super::outlier::OutlierConfig;
 use super::policy::{EngineStatsConfig, Policy, PolicyConfig, PrefixConfig, SessionsConfig};
 use super::queue::QueueConfig;
+use super::ttft_budget::TtftBudgetConfig;
 use super::values::{parse_http_url, resolve, to_usize};
 use super::walk::read_keys;
 use super::walk::{Field, Node};
@@ -41,6 +42,8 @@ pub struct PoolConfig {
     pub expose_paths: Vec<String>,
     /// The router-side wait queue (needs `max_in_flight_per_endpoint`); None = off.
     pub queue: Option<QueueConfig>,
+    /// TTFT budgets (`predicted_ttft` only); None = off.
+    pub ttft_budget: Option<TtftBudgetConfig>,
     /// Defaults of the KV-event subscribers of the endpoints that name a publisher (`endpoints[N].kv_events`).
     pub kv_events: KvEventsConfig,
     /// The model's tokenizer for exact prompt tokens; None = bytes / `prefill.bytes_per_token`.
@@ -179,6 +182,7 @@ impl PoolConfig {
             tokenizer,
             tls,
             disaggregation,
+            ttft_budget,
         );
         let is_set = set_name.is_some();
         let name = match set_name {
@@ -229,6 +233,10 @@ impl PoolConfig {
             None => None,
             Some(q) => Some(QueueConfig::read(q, max_in_flight_per_endpoint)?),
         };
+        let ttft_budget = match ttft_budget.optional_section()? {
+            None => None,
+            Some(b) => Some(TtftBudgetConfig::read(b, policy)?),
+        };
         let kv_events = KvEventsConfig::read(kv_events.section()?)?;
         check_kv_publishers(&endpoints_at, &endpoints, &kv_events)?;
         let tokenizer = match tokenizer.optional_section()? {
@@ -258,6 +266,7 @@ impl PoolConfig {
             tokenizer,
             disaggregation,
             prefill_of: None,
+            ttft_budget,
         };
         Ok((pool, prefill_set))
     }

@@ -107,6 +107,8 @@ pub struct EndpointLoad {
     peak: PeakWindow,
     /// The most requests in flight since `mark_requests` (an engine stats scrape was sent).
     requests_since_mark: AtomicU64,
+    /// Requests whose prefill was not released yet (no first output): the rest of `requests` decode.
+    prefilling: AtomicU64,
 }
 
 impl EndpointLoad {
@@ -132,6 +134,11 @@ impl EndpointLoad {
 
     pub fn prefill_tokens(&self) -> u64 {
         self.prefill_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Requests in flight that have not had their first output (queued or prefilling).
+    pub fn prefilling(&self) -> u64 {
+        self.prefilling.load(Ordering::Relaxed)
     }
 
     /// The most prefill tokens in flight at any moment of the last [`PEAK_WINDOW`], the current level included.
@@ -234,6 +241,12 @@ impl HoldEntry {
             }
             st.prefill_released = true;
             self.load.sub_prefill(st.tokens);
+            let _ = self
+                .load
+                .prefilling
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(1))
+                });
             (st.tokens, st.served)
         };
         (self.on_release)(tokens, served, cause);
@@ -287,6 +300,7 @@ impl Ledger {
         load.requests_since_mark
             .fetch_max(requests, Ordering::Relaxed);
         load.add_prefill(tokens);
+        load.prefilling.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(HoldEntry {
             load,
             started: Instant::now(),

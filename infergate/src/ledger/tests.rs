@@ -257,3 +257,24 @@ fn overdue_headers_are_reported_once_and_never_after_the_headers_came() {
     assert_eq!(late.load(Ordering::SeqCst), 100);
     assert!(a.was_late() && !b.was_late());
 }
+
+#[test]
+fn a_request_prefills_until_its_first_output_and_decodes_after() {
+    let ledger = Ledger::new();
+    let load = Arc::new(EndpointLoad::default());
+    let (hook, _) = counting_hook();
+    let a = ledger.hold(load.clone(), 100, hook.clone());
+    let mut b = ledger.hold(load.clone(), 0, hook.clone());
+    assert_eq!((load.requests(), load.prefilling()), (2, 2));
+    a.release_prefill(ReleaseCause::FirstByte);
+    a.release_prefill(ReleaseCause::Aborted);
+    assert_eq!(
+        (load.requests(), load.prefilling()),
+        (2, 1),
+        "released once"
+    );
+    b.finish();
+    assert_eq!((load.requests(), load.prefilling()), (1, 0));
+    drop(a);
+    assert_eq!((load.requests(), load.prefilling()), (0, 0));
+}

@@ -3,10 +3,13 @@
 //! Nothing here does I/O, reads a clock or knows Pingora: the proxy builds the snapshot from live counters and
 //! passes time and randomness in, so every rule is a plain unit test.
 
+pub mod arrivals;
 pub mod decode;
+pub mod decode_leg;
 pub mod factory;
 pub mod ladder;
 pub mod least_request;
+pub mod line;
 pub mod load_aware;
 pub mod policy;
 pub mod predicted;
@@ -78,6 +81,14 @@ pub struct Candidate {
     pub debt_requests: u64,
     /// Their prefill tokens.
     pub debt_tokens: u64,
+    /// Of `requests`, those still waiting for their first output (queued or prefilling): the others decode.
+    pub prefilling: u64,
+    /// Learned seconds per output token over the sequences running there (`decode`); None until observed. Read
+    /// by `predicted_ttft`.
+    pub decode: Option<line::Line>,
+    /// Some(weight < 1) while the endpoint is a speed outlier (`pool::drift`): `load_aware` weighs its load by
+    /// 1 / weight. (`predicted_ttft` reads the slowdown in its corrected lines instead.)
+    pub speed_weight: Option<f64>,
 }
 
 impl Candidate {
@@ -122,11 +133,21 @@ impl Candidate {
             .map_or(0, |e| e.foreign_beyond(self.peer_requests))
     }
 
-    /// The load_aware score: requests × 16384 + prefill tokens in flight. Lower is better.
+    /// The load_aware score: requests × 16384 + prefill tokens in flight, over the speed weight of a speed
+    /// outlier. Lower is better.
     pub fn score(&self) -> u64 {
-        self.request_load()
+        let load = self
+            .request_load()
             .saturating_mul(REQUEST_WEIGHT_TOKENS)
-            .saturating_add(self.live_prefill_tokens())
+            .saturating_add(self.live_prefill_tokens());
+        match self.speed_weight {
+            Some(w) if w > 0.0 && w < 1.0 => {
+                // Even an idle outlier weighs one request: its slowness is the reason, not its load.
+                let load = load.max(REQUEST_WEIGHT_TOKENS) as f64 / w;
+                load.min(u64::MAX as f64) as u64
+            }
+            _ => load,
+        }
     }
 
     /// Fresh stats show a queue, or our own in-flight count reached the configured limit.

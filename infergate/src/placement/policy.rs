@@ -28,6 +28,12 @@ pub struct PlaceRequest<'a> {
     /// Policies keep measuring prompts in bytes (the prefix index, session sizes) and turn a part of the body into
     /// tokens by this count's share of it ([`PlaceRequest::exact_tokens`]).
     pub tokens: Option<u64>,
+    /// The answer length expected, in tokens: the pool's typical answer capped by the request's `max_tokens`
+    /// (None: unknown; the cost model then leaves the decode terms out).
+    pub output_tokens: Option<f64>,
+    /// The request's TTFT budget in seconds (`ttft_budget`): a policy that predicts time to first token places
+    /// only where the prediction fits it, if anywhere does.
+    pub ttft_budget: Option<f64>,
 }
 
 impl PlaceRequest<'_> {
@@ -90,6 +96,10 @@ pub struct Prediction {
     /// Prefill tokens ahead of this request on the chosen endpoint at placement (`predicted::tokens_ahead`): with
     /// the request's own estimate over its time to first byte, a sample of the endpoint's prefill throughput.
     pub tokens_ahead: u64,
+    /// No endpoint's predicted time to first token fitted the request's TTFT budget: the least of them, seconds.
+    pub over_budget: Option<f64>,
+    /// Nor would any of them fit it idle (its own prefill alone takes longer): waiting cannot help.
+    pub beyond_budget: bool,
 }
 
 impl Ticket {
@@ -257,6 +267,8 @@ mod tests {
             conversation_at: 0,
             body_bytes: prompt.len() as u64,
             tokens: None,
+            output_tokens: None,
+            ttft_budget: None,
         };
         let placed = p
             .place(&req, &snap, &mut fastrand::Rng::with_seed(7))
@@ -304,6 +316,8 @@ mod tests {
             conversation_at: 0,
             body_bytes: len as u64,
             tokens: Some(tokens),
+            output_tokens: None,
+            ttft_budget: None,
         };
         let first = p
             .place(&req(600, 150), &snap, &mut fastrand::Rng::with_seed(7))

@@ -1,35 +1,38 @@
-//! The predicted-TTFT cost model: what a request would cost on each endpoint, in seconds, and when a session
-//! should move.
+//! The cost model: what placing a request on each endpoint costs everyone, in seconds, and when a session should
+//! move.
 //!
-//! Pure: the caller passes the candidates (with their learned prefill throughput) and each one's uncached tokens
-//! for this request; nothing here reads a clock or does I/O.
+//! Pure: the caller passes the candidates (with their learned prefill and decode lines), each one's uncached
+//! tokens for this request, the rate at which session turns reach each one, and the answer length it expects;
+//! nothing here reads a clock or does I/O.
 //!
-//! For endpoint `e` with its learned line (`throughput::Fitted`: an overhead `o` in seconds and a throughput `s`
-//! in estimated tokens per second, queue included):
+//! For endpoint `e` with its learned prefill line (`throughput::Fitted`: an overhead `o` and a throughput `s`,
+//! queue included) and decode line (`decode`: seconds per output token over the sequences running there):
 //!
-//! * `ttft = o + (prefill tokens in flight there + foreign queue + this request's uncached tokens there) / s`:
-//!   chunked prefill is FIFO, so the request waits for what is ahead of it, then its own uncached part. Uncached
-//!   is the body less what `e` holds of it (the session's recorded size where it is bound, the prefix index
-//!   elsewhere). The foreign queue is the requests placed elsewhere that fresh engine stats show, at
-//!   [`FOREIGN_REQUEST_TOKENS`] each: the ledger cannot see them, and a tenant flooding an engine directly would
-//!   otherwise keep every session bound there waiting behind it.
-//! * `total = ttft + DECODE_WEIGHT (0.3) × requests in flight there × own prefill seconds`: every step that carries
-//!   this prefill also stalls the requests decoding there, so a prefill placed beside many decodes costs them.
+//! * **wait** `W = o + ahead / s`: chunked prefill is FIFO, so the request waits for the prefill tokens in flight
+//!   there (ours, our peers', and the requests placed elsewhere that fresh engine stats show, at
+//!   [`FOREIGN_REQUEST_TOKENS`] each: the ledger cannot see them).
+//! * **own prefill** `P = uncached / s`: the body less what `e` holds of it (the session's recorded size where it
+//!   is bound, the prefix index or the engine's own KV events elsewhere); a session move recomputes its context.
+//! * **ttft** `W + P`; **own decode** `D = answer tokens × seconds per token at the sequences there plus one`.
+//! * **stall** `decoding × P`: every step that carries this prefill is longer for each stream decoding there, by
+//!   about the prefill's share of the step, so each of them finishes about `P` later.
+//! * **batch** `decoding × answer tokens × per-sequence step cost`: one more sequence in their steps.
+//! * **queued** `turns/s × P × (W + P / 2)`: session turns bound to `e` that arrive while this prefill waits or
+//!   runs queue behind it: those arriving during `W` wait all of `P`, those arriving during `P` half of it.
 //!
-//! A session stays on its bound endpoint unless another one's `total` is lower by more than the move margin
-//! (`sessions.move_margin`, default 0.1) of staying's: the recompute of its whole context elsewhere (that
-//! endpoint's uncached tokens) and the stall it causes there are inside that `total`, so a move is taken only when
-//! the predicted saving exceeds its cost.
-//! The old token-only backlog spill is the case where the bound endpoint's queue ahead is long: it is this rule.
+//! `total = ttft + D + stall + batch + queued`: the seconds this placement adds to everyone's completion,
+//! including its own. The endpoint with the lowest total wins (ties at random). A session stays on its bound
+//! endpoint unless another one's total is lower by more than the move margin (`sessions.move_margin`) of
+//! staying's: the recompute of the whole context elsewhere, and the stall and queue it causes there, are inside
+//! that total, so a move is taken only when the saving exceeds its cost.
+//!
+//! What is unknown is not free: without fresh engine stats the live counts stand (our requests and our peers'),
+//! and until every eligible endpoint's decode line is learned the decode terms are left out for all of them (the
+//! caller passes no answer length).
 
+use super::decode::seconds_per_token;
 use super::throughput::Fitted;
 use super::Candidate;
-
-/// Weight of the decode stall a prefill causes, per request in flight on the endpoint, against the request's
-/// own waiting time. 0.3: with ten requests decoding there, their stall weighs three times the request's own
-/// prefill time. Chosen on the agent benchmark (2 engines, seeds 7 and 8): 0.1 gave the lowest TTFT p95 but ~10%
-/// lower slowest-5% decode; 1.0 gave up TTFT without a consistent decode gain.
-pub const DECODE_WEIGHT: f64 = 0.3;
 
 /// Prefill tokens a request placed elsewhere is taken to carry: its prompt and progress (waiting, prefilling
 /// or decoding) are unknown, and unknown is not idle, so the weight `load_aware` gives any request.
@@ -43,7 +46,14 @@ pub const TIE_SECONDS: f64 = 1e-6;
 pub struct Cost {
     /// Predicted time to first token.
     pub ttft: f64,
-    /// `ttft` plus the decode stall it causes.
+    /// Of it, the wait for the prefill queued ahead (what an idle endpoint would not have).
+    pub queued_ahead: f64,
+    /// Its own predicted decode time (0 when the decode terms are left out).
+    pub decode: f64,
+    /// The delay it adds to others: streams decoding there stalled by its prefill and slowed by its sequence,
+    /// and session turns arriving behind its prefill.
+    pub harm: f64,
+    /// All of it.
     pub total: f64,
 }
 
@@ -66,17 +76,70 @@ pub fn tokens_ahead(c: &Candidate) -> u64 {
     c.live_prefill_tokens().saturating_add(foreign)
 }
 
-/// The cost of `uncached` tokens on `c`; None until `c`'s throughput was learned.
-pub fn cost(c: &Candidate, uncached: u64) -> Option<Cost> {
+/// What the model needs of one request besides the candidates: `uncached[i]` tokens to compute on `cands[i]`,
+/// `arrivals[i]` session turns per second reaching it (missing: none), and the answer length expected (0: the
+/// decode terms are left out).
+#[derive(Debug, Clone, Copy)]
+pub struct Pricing<'a> {
+    pub uncached: &'a [u64],
+    pub arrivals: &'a [f64],
+    pub output_tokens: f64,
+}
+
+impl<'a> Pricing<'a> {
+    /// Prefill only: no turns arriving, no decode terms.
+    pub fn prefill(uncached: &'a [u64]) -> Self {
+        Pricing {
+            uncached,
+            arrivals: &[],
+            output_tokens: 0.0,
+        }
+    }
+
+    /// The cost of candidate `i`; None when it has no learned prefill line (or is out of range).
+    pub fn cost(&self, i: usize, c: &Candidate) -> Option<Cost> {
+        let uncached = *self.uncached.get(i)?;
+        let arrivals = self.arrivals.get(i).copied().unwrap_or(0.0);
+        cost(c, uncached, arrivals, self.output_tokens)
+    }
+
+    /// The key candidates are ranked by: the total; None for a candidate without a learned prefill line.
+    pub fn total(&self) -> impl Fn(usize, &Candidate) -> Option<f64> + '_ {
+        |i, c| Some(self.cost(i, c)?.total).filter(|t| t.is_finite())
+    }
+}
+
+/// The cost of placing `uncached` prefill tokens and an answer of `output_tokens` on `c`, with `arrivals` session
+/// turns per second reaching it; None until `c`'s prefill line is learned.
+pub fn cost(c: &Candidate, uncached: u64, arrivals: f64, output_tokens: f64) -> Option<Cost> {
     let fit = speed(c)?;
     let s = fit.tokens_per_second;
     let own = uncached as f64 / s;
-    let ttft = fit.overhead_seconds + tokens_ahead(c) as f64 / s + own;
-    let total = ttft + DECODE_WEIGHT * c.request_load() as f64 * own;
-    Some(Cost { ttft, total })
+    let ahead = tokens_ahead(c) as f64 / s;
+    let wait = fit.overhead_seconds + ahead;
+    let ttft = wait + own;
+    let running = c.request_load();
+    let decoding = running.saturating_sub(c.prefilling) as f64;
+    let (decode, batch) = match c.decode.filter(|_| output_tokens > 0.0) {
+        Some(line) => (
+            output_tokens * seconds_per_token(&line, running),
+            decoding * output_tokens * line.slope,
+        ),
+        None => (0.0, 0.0),
+    };
+    let stall = decoding * own;
+    let queued = arrivals.max(0.0) * own * (wait + own / 2.0);
+    let harm = stall + batch + queued;
+    Some(Cost {
+        ttft,
+        queued_ahead: ahead,
+        decode,
+        harm,
+        total: ttft + decode + harm,
+    })
 }
 
-/// Every eligible candidate has a learned throughput (otherwise the caller places as `load_aware` does).
+/// Every eligible candidate has a learned prefill line (otherwise the caller places as `load_aware` does).
 pub fn all_learned(cands: &[Candidate]) -> bool {
     cands
         .iter()
@@ -84,22 +147,23 @@ pub fn all_learned(cands: &[Candidate]) -> bool {
         .all(|c| speed(c).is_some())
 }
 
-/// The key candidates are ranked by for a request with `uncached[i]` tokens to compute on `cands[i]`: its `total`
-/// cost; None for a candidate without a learned throughput.
-pub fn total_cost(uncached: &[u64]) -> impl Fn(usize, &Candidate) -> Option<f64> + '_ {
-    |i, c| Some(cost(c, *uncached.get(i)?)?.total).filter(|t| t.is_finite())
+/// Every eligible candidate has a decode line (otherwise the decode terms are left out for all).
+pub fn all_decode_learned(cands: &[Candidate]) -> bool {
+    cands.iter().filter(|c| c.eligible).all(|c| {
+        c.decode
+            .is_some_and(|l| l.intercept.is_finite() && l.slope.is_finite())
+    })
 }
 
 /// The cheapest eligible candidate that `allow` accepts, by `total`; ties (within [`TIE_SECONDS`]) uniformly at
-/// random. `uncached[i]` is the request's uncached tokens on `cands[i]`. None when nothing qualifies or a
-/// qualifying candidate has no learned throughput.
+/// random. None when nothing qualifies or a qualifying candidate has no learned prefill line.
 pub fn cheapest(
     cands: &[Candidate],
-    uncached: &[u64],
+    pricing: &Pricing,
     rng: &mut fastrand::Rng,
     allow: impl Fn(usize, &Candidate) -> bool,
 ) -> Option<(usize, Cost)> {
-    let ok = |i: usize, c: &Candidate| c.eligible && i < uncached.len() && allow(i, c);
+    let ok = |i: usize, c: &Candidate| c.eligible && i < pricing.uncached.len() && allow(i, c);
     if cands
         .iter()
         .enumerate()
@@ -107,11 +171,11 @@ pub fn cheapest(
     {
         return None;
     }
-    let total = total_cost(uncached);
+    let total = pricing.total();
     let i = super::pick_min(cands, rng, TIE_SECONDS, |i, c| {
         ok(i, c).then(|| total(i, c)).flatten()
     })?;
-    Some((i, cost(&cands[i], uncached[i])?))
+    Some((i, pricing.cost(i, &cands[i])?))
 }
 
 /// Whether a session bound where it would cost `stay` should move to where it would cost `best`: only when that
@@ -139,11 +203,21 @@ mod tests {
     #[test]
     fn cost_is_queue_plus_own_prefill_plus_decode_stall() {
         let c = cand(10, 20_000, 10_000.0);
-        let k = cost(&c, 5_000).unwrap();
+        let k = cost(&c, 5_000, 0.0, 0.0).unwrap();
         assert!((k.ttft - 2.5).abs() < 1e-9, "{k:?}");
-        // 0.3 × 10 requests × 0.5 s of own prefill.
-        assert!((k.total - 4.0).abs() < 1e-9, "{k:?}");
-        assert_eq!(cost(&Candidate::default(), 5), None, "no speed, no cost");
+        // Each of the 10 streams decoding there finishes 0.5 s later.
+        assert!((k.harm - 5.0).abs() < 1e-9, "{k:?}");
+        assert!((k.total - 7.5).abs() < 1e-9, "{k:?}");
+        // Requests still waiting for their own prefill are not stalled by this one: it queues behind them.
+        let mut c = c;
+        c.prefilling = 4;
+        let k = cost(&c, 5_000, 0.0, 0.0).unwrap();
+        assert!((k.harm - 3.0).abs() < 1e-9, "{k:?}");
+        assert_eq!(
+            cost(&Candidate::default(), 5, 0.0, 0.0),
+            None,
+            "no speed, no cost"
+        );
     }
 
     #[test]
@@ -152,17 +226,27 @@ mod tests {
         // 40k-token body: endpoint 0 holds 36k of it but has 10k prefill queued; endpoint 1 is idle and cold.
         let cands = [cand(2, 10_000, 20_000.0), cand(0, 0, 20_000.0)];
         assert_eq!(
-            cheapest(&cands, &[4_000, 40_000], &mut rng, |_, _| true)
-                .unwrap()
-                .0,
+            cheapest(
+                &cands,
+                &Pricing::prefill(&[4_000, 40_000]),
+                &mut rng,
+                |_, _| true
+            )
+            .unwrap()
+            .0,
             0
         );
         // With 50k queued ahead, the cold idle endpoint wins.
         let cands = [cand(2, 50_000, 20_000.0), cand(0, 0, 20_000.0)];
         assert_eq!(
-            cheapest(&cands, &[4_000, 40_000], &mut rng, |_, _| true)
-                .unwrap()
-                .0,
+            cheapest(
+                &cands,
+                &Pricing::prefill(&[4_000, 40_000]),
+                &mut rng,
+                |_, _| true
+            )
+            .unwrap()
+            .0,
             1
         );
     }
@@ -172,17 +256,27 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(2);
         let cands = [cand(0, 0, 10_000.0), cand(0, 0, 30_000.0)];
         assert_eq!(
-            cheapest(&cands, &[9_000, 9_000], &mut rng, |_, _| true)
-                .unwrap()
-                .0,
+            cheapest(
+                &cands,
+                &Pricing::prefill(&[9_000, 9_000]),
+                &mut rng,
+                |_, _| true
+            )
+            .unwrap()
+            .0,
             1
         );
         // Same speed and queue; 30 requests decoding on endpoint 0: the stall sends the prefill elsewhere.
         let cands = [cand(30, 0, 10_000.0), cand(2, 0, 10_000.0)];
         assert_eq!(
-            cheapest(&cands, &[9_000, 9_000], &mut rng, |_, _| true)
-                .unwrap()
-                .0,
+            cheapest(
+                &cands,
+                &Pricing::prefill(&[9_000, 9_000]),
+                &mut rng,
+                |_, _| true
+            )
+            .unwrap()
+            .0,
             1
         );
     }
@@ -192,20 +286,35 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(3);
         // Bound endpoint 0: 1k growth behind 30k queued (1.55 s). Endpoint 1 idle but must recompute 60k (3 s).
         let cands = [cand(3, 30_000, 20_000.0), cand(0, 0, 20_000.0)];
-        let stay = cost(&cands[0], 1_000).unwrap();
-        let (best, k) = cheapest(&cands, &[1_000, 60_000], &mut rng, |_, _| true).unwrap();
+        let stay = cost(&cands[0], 1_000, 0.0, 0.0).unwrap();
+        let (best, k) = cheapest(
+            &cands,
+            &Pricing::prefill(&[1_000, 60_000]),
+            &mut rng,
+            |_, _| true,
+        )
+        .unwrap();
         assert_eq!(best, 0);
         assert!(!should_move(stay, k, MARGIN));
         // A short conversation (4k) behind the same queue: moving saves more than it costs.
-        let (best, k) = cheapest(&cands, &[1_000, 4_000], &mut rng, |_, _| true).unwrap();
+        let (best, k) = cheapest(
+            &cands,
+            &Pricing::prefill(&[1_000, 4_000]),
+            &mut rng,
+            |_, _| true,
+        )
+        .unwrap();
         assert_eq!(best, 1);
         assert!(should_move(stay, k, MARGIN));
         // A saving inside the margin is no move.
-        let a = Cost {
-            ttft: 1.0,
-            total: 1.0,
+        let saving = |total: f64| Cost {
+            ttft: total,
+            queued_ahead: 0.0,
+            decode: 0.0,
+            harm: 0.0,
+            total,
         };
-        let saving = |total: f64| Cost { ttft: total, total };
+        let a = saving(1.0);
         assert!(!should_move(a, saving(0.95), MARGIN));
         assert!(should_move(a, saving(0.8), MARGIN));
         // The operator's margin: 0 moves on any saving, 1 never moves.
@@ -214,18 +323,93 @@ mod tests {
         assert!(!should_move(a, saving(0.0), 1.0));
     }
 
+    fn decoding_at(mut c: Candidate, base: f64, per_seq: f64) -> Candidate {
+        c.decode = Some(crate::placement::line::Line {
+            intercept: base,
+            slope: per_seq,
+        });
+        c
+    }
+
+    #[test]
+    fn a_long_answer_goes_where_it_decodes_fastest() {
+        let mut rng = fastrand::Rng::with_seed(6);
+        // Twin prefill speeds; endpoint 0 decodes at 40 ms per token, endpoint 1 at 20 ms; endpoint 1 has 1k of
+        // prefill queued (50 ms).
+        let cands = [
+            decoding_at(cand(0, 0, 20_000.0), 0.04, 0.0),
+            decoding_at(cand(0, 1_000, 20_000.0), 0.02, 0.0),
+        ];
+        let priced = |out: f64| Pricing {
+            uncached: &[2_000, 2_000],
+            arrivals: &[],
+            output_tokens: out,
+        };
+        // Prefill alone: the idle one. A 100-token answer: 2 s more on endpoint 0.
+        assert_eq!(
+            cheapest(&cands, &priced(0.0), &mut rng, |_, _| true)
+                .unwrap()
+                .0,
+            0
+        );
+        let (i, k) = cheapest(&cands, &priced(100.0), &mut rng, |_, _| true).unwrap();
+        assert_eq!(i, 1);
+        assert!((k.decode - 2.0).abs() < 1e-9, "{k:?}");
+        // The batch it joins: 0.25 ms per sequence, read at the sequences running there plus one.
+        let c = decoding_at(cand(7, 0, 20_000.0), 0.02, 0.00025);
+        let k = cost(&c, 0, 0.0, 100.0).unwrap();
+        assert!(
+            (k.decode - 100.0 * (0.02 + 0.00025 * 8.0)).abs() < 1e-9,
+            "{k:?}"
+        );
+        // ...and the 7 streams there each step 0.25 ms longer for its 100 tokens.
+        assert!((k.harm - 7.0 * 100.0 * 0.00025).abs() < 1e-9, "{k:?}");
+        // One endpoint without a decode line: the caller leaves the decode terms out for all.
+        let mut partial = cands;
+        partial[0].decode = None;
+        assert!(all_decode_learned(&cands) && !all_decode_learned(&partial));
+    }
+
+    #[test]
+    fn a_long_prefill_avoids_the_endpoint_whose_sessions_will_queue_behind_it() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        // Twins, equally loaded; turns of the sessions bound to endpoint 0 arrive 3 times a second.
+        let cands = [cand(2, 0, 20_000.0), cand(2, 0, 20_000.0)];
+        let priced = |uncached: &'static [u64]| Pricing {
+            uncached,
+            arrivals: &[3.0, 0.0],
+            output_tokens: 0.0,
+        };
+        // 100k tokens, 5 s: about 15 turns would queue behind it, 2.5 s each on average.
+        let (i, k) = cheapest(&cands, &priced(&[100_000, 100_000]), &mut rng, |_, _| true).unwrap();
+        assert_eq!(i, 1, "{k:?}");
+        let k0 = priced(&[100_000, 100_000]).cost(0, &cands[0]).unwrap();
+        assert!(
+            (k0.harm - (2.0 * 5.0 + 3.0 * 5.0 * 2.5)).abs() < 1e-9,
+            "{k0:?}"
+        );
+        // Its own cached context on endpoint 0 outweighs that for a short turn: 1k there, 20k on the other.
+        let (i, _) = cheapest(&cands, &priced(&[1_000, 20_000]), &mut rng, |_, _| true).unwrap();
+        assert_eq!(i, 0);
+    }
+
     #[test]
     fn unlearned_speed_is_reported_not_guessed() {
         let mut rng = fastrand::Rng::with_seed(4);
         let mut cands = [cand(0, 0, 20_000.0), cand(0, 0, 20_000.0)];
         cands[1].prefill_speed = None;
         assert!(!all_learned(&cands));
-        assert_eq!(cheapest(&cands, &[1, 1], &mut rng, |_, _| true), None);
+        assert_eq!(
+            cheapest(&cands, &Pricing::prefill(&[1, 1]), &mut rng, |_, _| true),
+            None
+        );
         // An ineligible endpoint's missing speed does not matter.
         cands[1].eligible = false;
         assert!(all_learned(&cands));
         assert_eq!(
-            cheapest(&cands, &[1, 1], &mut rng, |_, _| true).unwrap().0,
+            cheapest(&cands, &Pricing::prefill(&[1, 1]), &mut rng, |_, _| true)
+                .unwrap()
+                .0,
             0
         );
         cands[0].prefill_speed = Some(Fitted::ratio(f64::NAN));
@@ -243,7 +427,10 @@ mod tests {
             kv_usage: 0.1,
             own_at_sample: 2,
         });
-        assert!(cost(&busy, 10_000).unwrap().total > cost(&fresh, 10_000).unwrap().total);
+        assert!(
+            cost(&busy, 10_000, 0.0, 0.0).unwrap().total
+                > cost(&fresh, 10_000, 0.0, 0.0).unwrap().total
+        );
         // Load placed elsewhere counts: 30 foreign requests on endpoint 1 make it the costlier one.
         fresh.engine = Some(EngineLoad {
             running: 32,
@@ -251,7 +438,10 @@ mod tests {
             kv_usage: 0.1,
             own_at_sample: 2,
         });
-        assert!(cost(&busy, 10_000).unwrap().total < cost(&fresh, 10_000).unwrap().total);
+        assert!(
+            cost(&busy, 10_000, 0.0, 0.0).unwrap().total
+                < cost(&fresh, 10_000, 0.0, 0.0).unwrap().total
+        );
     }
 
     #[test]
@@ -260,8 +450,9 @@ mod tests {
         // Bound endpoint 0 (1k of growth to compute); endpoint 1 idle, where the 20k conversation is recomputed.
         let mut cands = [cand(1, 0, 20_000.0), cand(0, 0, 20_000.0)];
         let uncached = [1_000, 20_000];
-        let stay = cost(&cands[0], uncached[0]).unwrap();
-        let (best, k) = cheapest(&cands, &uncached, &mut rng, |_, _| true).unwrap();
+        let stay = cost(&cands[0], uncached[0], 0.0, 0.0).unwrap();
+        let (best, k) =
+            cheapest(&cands, &Pricing::prefill(&uncached), &mut rng, |_, _| true).unwrap();
         assert!(
             best == 0 && !should_move(stay, k, MARGIN),
             "idle engines: it stays"
@@ -273,13 +464,14 @@ mod tests {
             kv_usage: 0.5,
             own_at_sample: 1,
         });
-        let stay = cost(&cands[0], uncached[0]).unwrap();
+        let stay = cost(&cands[0], uncached[0], 0.0, 0.0).unwrap();
         // Their prefill is taken to be ahead of the turn: 7 × 16384 tokens at 20k/s, about 5.8 s.
         assert!(
             (stay.ttft - (1_000.0 + 7.0 * 16_384.0) / 20_000.0).abs() < 1e-9,
             "{stay:?}"
         );
-        let (best, k) = cheapest(&cands, &uncached, &mut rng, |_, _| true).unwrap();
+        let (best, k) =
+            cheapest(&cands, &Pricing::prefill(&uncached), &mut rng, |_, _| true).unwrap();
         assert!(best == 1 && should_move(stay, k, MARGIN), "{stay:?} {k:?}");
     }
 
@@ -289,7 +481,7 @@ mod tests {
         let cands = [cand(1, 100, 20_000.0); 3];
         let mut seen = [0; 3];
         for _ in 0..600 {
-            seen[cheapest(&cands, &[500; 3], &mut rng, |_, _| true)
+            seen[cheapest(&cands, &Pricing::prefill(&[500; 3]), &mut rng, |_, _| true)
                 .unwrap()
                 .0] += 1;
         }

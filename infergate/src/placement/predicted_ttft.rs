@@ -1,5 +1,6 @@
-//! `predicted_ttft`: the endpoint with the lowest predicted time to first token plus the decode stall it causes
-//! (see `predicted`), where a session moves only when that saves more than its recompute costs. Owns a session
+//! `predicted_ttft`: the endpoint where the request costs everyone least: its own predicted time to first token
+//! and decode, and the delay it adds to the streams decoding there and the session turns arriving there (see
+//! `predicted`), where a session moves only when that saves more than its recompute costs. Owns a session
 //! table (with `sessions`) and a prefix index (what each endpoint holds of a prompt, across sessions).
 //!
 //! Until every eligible endpoint's prefill throughput is learned, it places as `load_aware` does.
@@ -9,12 +10,13 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use super::arrivals::Arrivals;
 use super::ladder::{Bound, Ladder};
 use super::policy::{
     Evictions, PlaceRequest, Placement, PlacementPolicy, Prediction, SessionHooks, Snapshot, Ticket,
 };
 use super::predicted::{
-    all_learned, cost, should_move, tokens_ahead, total_cost, Cost, TIE_SECONDS,
+    all_decode_learned, all_learned, should_move, tokens_ahead, Cost, Pricing, TIE_SECONDS,
 };
 use super::prefix::PrefixIndex;
 use super::sessions::{lineage_of, SessionCommit, SessionRequest, SessionSlot, SESSION_REASONS};
@@ -30,6 +32,8 @@ pub struct PredictedTtft {
     bytes_per_token: f64,
     /// `sessions.move_margin` (an f64's bits): a reload changes it in place.
     move_margin: AtomicU64,
+    /// How often turns of the sessions bound to each endpoint arrive (the turns a prefill there delays).
+    arrivals: Mutex<Arrivals>,
 }
 
 impl PredictedTtft {
@@ -44,6 +48,7 @@ impl PredictedTtft {
             index: Mutex::new(PrefixIndex::new(prefix, bytes_per_token)),
             bytes_per_token,
             move_margin: AtomicU64::new(move_margin(sessions).to_bits()),
+            arrivals: Mutex::new(Arrivals::default()),
         }
     }
 
@@ -74,6 +79,10 @@ struct Pick {
     /// Bytes of the body the chosen endpoint must compute.
     uncached_bytes: u64,
     cost: Option<Cost>,
+    /// No endpoint's predicted time to first token fits the request's budget: the least of them.
+    over_budget: Option<f64>,
+    /// Not even idle.
+    beyond_budget: bool,
 }
 
 impl PlacementPolicy for PredictedTtft {
@@ -142,7 +151,29 @@ impl PlacementPolicy for PredictedTtft {
                 .iter()
                 .map(|&b| req.tokens_of(b, self.bytes_per_token))
                 .collect();
-            self.by_cost(&cands[..n], &uncached, &uncached_bytes, bound, &sreq, rng)?
+            let arrivals: Vec<f64> = {
+                let a = self.arrivals.lock();
+                ids[..n].iter().map(|&id| a.rate(id, snap.now)).collect()
+            };
+            let output_tokens = match req.output_tokens {
+                Some(t) if all_decode_learned(&cands[..n]) => t,
+                _ => 0.0,
+            };
+            let pricing = Pricing {
+                uncached: &uncached,
+                arrivals: &arrivals,
+                output_tokens,
+            };
+            let budget = req.ttft_budget.filter(|b| b.is_finite() && *b >= 0.0);
+            self.by_cost(
+                &cands[..n],
+                &pricing,
+                &uncached_bytes,
+                bound,
+                &sreq,
+                budget,
+                rng,
+            )?
         } else {
             return self.as_load_aware(req, snap, sreq, hashes, rng);
         };
@@ -166,6 +197,8 @@ impl PlacementPolicy for PredictedTtft {
                 predicted: Some(Prediction {
                     ttft: pick.cost.map(|c| c.ttft),
                     tokens_ahead: tokens_ahead(&cands[pick.index]),
+                    over_budget: pick.over_budget,
+                    beyond_budget: pick.beyond_budget,
                 }),
             },
         })
@@ -174,6 +207,8 @@ impl PlacementPolicy for PredictedTtft {
     fn served(&self, endpoint: u64, ticket: &Ticket, now: Instant) {
         if let Some(commit) = &ticket.session {
             self.sessions.commit(commit, now);
+            // The session's next turns go where it is bound (a spilled turn's binding stays).
+            self.arrivals.lock().tick(commit.endpoint(), now);
         }
         if !ticket.hashes.is_empty() {
             self.index.lock().insert(endpoint, &ticket.hashes, now);
@@ -183,6 +218,7 @@ impl PlacementPolicy for PredictedTtft {
     fn endpoint_removed(&self, endpoint: u64) {
         self.index.lock().remove_endpoint(endpoint);
         self.sessions.endpoint_removed(endpoint);
+        self.arrivals.lock().remove(endpoint);
     }
 
     fn sessions(&self) -> Option<&dyn SessionHooks> {
@@ -213,16 +249,48 @@ impl PredictedTtft {
     /// The cost-based decision (every eligible endpoint's throughput is learned): the session ladder ranked by
     /// predicted cost, where a turn spills off a bound endpoint at its limit and otherwise moves only when that
     /// saves more than the move margin.
+    #[allow(clippy::too_many_arguments)]
     fn by_cost(
         &self,
         cands: &[super::Candidate],
-        uncached: &[u64],
+        pricing: &Pricing,
         uncached_bytes: &[u64],
         bound: Bound,
         sreq: &Option<SessionRequest>,
+        budget: Option<f64>,
         rng: &mut fastrand::Rng,
     ) -> Option<Pick> {
-        let ladder = Ladder::new(cands, TIE_SECONDS, total_cost(uncached));
+        // With a TTFT budget, only endpoints whose predicted time to first token fits it are ranked, if any does.
+        let fits = |i: usize, c: &super::Candidate| {
+            budget.is_none_or(|b| pricing.cost(i, c).is_some_and(|k| k.ttft <= b))
+        };
+        let any_fits = cands
+            .iter()
+            .enumerate()
+            .any(|(i, c)| c.eligible && fits(i, c));
+        let least = |ttft: fn(&Cost) -> f64| {
+            cands
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.eligible)
+                .filter_map(|(i, c)| pricing.cost(i, c).map(|k| ttft(&k)))
+                .min_by(f64::total_cmp)
+        };
+        let (over_budget, beyond_budget) = match budget {
+            Some(b) if !any_fits => (
+                least(|k| k.ttft),
+                least(|k| k.ttft - k.queued_ahead).is_some_and(|idle| idle > b),
+            ),
+            _ => (None, false),
+        };
+        let total = pricing.total();
+        let ranked = |i: usize, c: &super::Candidate| {
+            if any_fits && !fits(i, c) {
+                return None;
+            }
+            total(i, c)
+        };
+        let ladder = Ladder::new(cands, TIE_SECONDS, ranked);
         let sessions = self.sessions.is_on();
         let (index, reason) = match sreq.as_ref().filter(|_| sessions) {
             None => {
@@ -239,9 +307,14 @@ impl PredictedTtft {
                         return Some((t, Reason::Spill));
                     }
                 }
-                let stay = cost(&cands[b], uncached[b])?;
+                if any_fits && !fits(b, &cands[b]) {
+                    // The bound endpoint cannot serve this turn within its budget: one turn elsewhere, the
+                    // binding kept.
+                    return Some((l.cheapest(rng, |i, _| i != b)?, Reason::Spill));
+                }
+                let stay = pricing.cost(b, &cands[b])?;
                 let best = l.cheapest(rng, |i, c| i == b || !c.kv_full())?;
-                let saves = cost(&cands[best], uncached[best])?;
+                let saves = pricing.cost(best, &cands[best])?;
                 (best != b && should_move(stay, saves, self.move_margin()))
                     .then_some((best, Reason::Migrate))
             })?,
@@ -250,7 +323,9 @@ impl PredictedTtft {
             index,
             reason,
             uncached_bytes: uncached_bytes[index],
-            cost: cost(&cands[index], uncached[index]),
+            cost: pricing.cost(index, &cands[index]),
+            over_budget,
+            beyond_budget,
         })
     }
 
@@ -270,6 +345,8 @@ impl PredictedTtft {
             predicted: Some(Prediction {
                 ttft: None,
                 tokens_ahead: tokens_ahead(&snap.cands[index]),
+                over_budget: None,
+                beyond_budget: false,
             }),
         };
         match (self.sessions.table(), sreq) {

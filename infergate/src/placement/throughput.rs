@@ -9,8 +9,7 @@
 //! origin, or, when another endpoint of the pool has a line of its own, to that line's shape scaled to this
 //! endpoint's samples (`fleet_lines`). Pure: the caller feeds samples and reads the fit.
 
-/// Weight of a new sample in the running sums (about the last 1/WEIGHT samples count).
-const WEIGHT: f64 = 0.05;
+use super::line::{median_by, EwLine, Line};
 
 /// Samples must spread at least this much (coefficient of variation of their token counts) before an
 /// intercept is fitted; below it the line goes through the origin.
@@ -22,18 +21,9 @@ const MIN_SPREAD: f64 = 0.25;
 /// extrapolated to a 100k-token prompt then sends it to the twin that happened to fit the flatter slope.
 const MAX_SLOPE_ERROR: f64 = 0.25;
 
-/// Running exponentially weighted sums of one endpoint's samples.
+/// Running exponentially weighted sums of one endpoint's (tokens, seconds) samples.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct ThroughputFit {
-    w: f64,
-    x: f64,
-    y: f64,
-    xx: f64,
-    xy: f64,
-    yy: f64,
-    /// Sum of the squared weights: `w² / ww` is the effective number of samples.
-    ww: f64,
-}
+pub struct ThroughputFit(EwLine);
 
 /// What the fit says: seconds before any prefill progresses, and tokens per second after that.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,23 +40,34 @@ impl Fitted {
             tokens_per_second,
         }
     }
+
+    /// Seconds for `tokens` tokens.
+    pub fn seconds(&self, tokens: f64) -> f64 {
+        self.overhead_seconds + tokens / self.tokens_per_second
+    }
+
+    fn of(l: Line) -> Fitted {
+        Fitted {
+            overhead_seconds: l.intercept,
+            tokens_per_second: 1.0 / l.slope,
+        }
+    }
+
+    fn line(self) -> Line {
+        Line {
+            intercept: self.overhead_seconds,
+            slope: 1.0 / self.tokens_per_second,
+        }
+    }
 }
 
 impl ThroughputFit {
     /// One sample: `tokens` (estimated prefill tokens that had to be computed before this request's first
     /// byte) took `seconds`. Samples that are not finite and positive are ignored.
     pub fn observe(&mut self, tokens: f64, seconds: f64) {
-        if !(tokens.is_finite() && seconds.is_finite() && tokens > 0.0 && seconds > 0.0) {
-            return;
+        if tokens > 0.0 {
+            self.0.observe(tokens, seconds);
         }
-        let keep = 1.0 - WEIGHT;
-        self.w = self.w * keep + WEIGHT;
-        self.x = self.x * keep + WEIGHT * tokens;
-        self.y = self.y * keep + WEIGHT * seconds;
-        self.xx = self.xx * keep + WEIGHT * tokens * tokens;
-        self.xy = self.xy * keep + WEIGHT * tokens * seconds;
-        self.yy = self.yy * keep + WEIGHT * seconds * seconds;
-        self.ww = self.ww * keep * keep + WEIGHT * WEIGHT;
     }
 
     /// The fitted line; None before any sample.
@@ -76,61 +77,19 @@ impl ThroughputFit {
 
     /// The line with an intercept, when the samples spread enough and pin its slope down; None otherwise.
     fn own_line(&self) -> Option<Fitted> {
-        if self.w <= 0.0 || self.x <= 0.0 || self.xx <= 0.0 {
-            return None;
-        }
-        let (mx, my) = (self.x / self.w, self.y / self.w);
-        let var = (self.xx / self.w - mx * mx).max(0.0);
-        if var.sqrt() < MIN_SPREAD * mx {
-            return None;
-        }
-        let cov = self.xy / self.w - mx * my;
-        let slope = cov / var;
-        let overhead = my - slope * mx;
-        (slope > 0.0
-            && overhead >= 0.0
-            && self.slope_error(var, cov, my) <= MAX_SLOPE_ERROR * slope)
-            .then_some(Fitted {
-                overhead_seconds: overhead,
-                tokens_per_second: 1.0 / slope,
-            })
+        self.0
+            .with_intercept(MIN_SPREAD, MAX_SLOPE_ERROR)
+            .map(Fitted::of)
     }
 
     /// The least-squares line through the origin; None before any sample.
     fn through_origin(&self) -> Option<Fitted> {
-        let slope = self.xy / self.xx;
-        (self.xx > 0.0 && slope > 0.0 && slope.is_finite()).then_some(Fitted {
-            overhead_seconds: 0.0,
-            tokens_per_second: 1.0 / slope,
-        })
+        self.0.through_origin().map(Fitted::of)
     }
 
-    /// `shape` scaled by the factor `k` that fits this endpoint's samples best (`y ≈ k × shape(x)`, least squares):
-    /// the shape's overhead-to-slope proportion, this endpoint's level. None before any sample.
+    /// `shape` scaled to this endpoint's samples; None before any sample.
     fn scaled(&self, shape: Fitted) -> Option<Fitted> {
-        let (o, b) = (shape.overhead_seconds, 1.0 / shape.tokens_per_second);
-        let gy = o * self.y + b * self.xy;
-        let gg = o * o * self.w + 2.0 * o * b * self.x + b * b * self.xx;
-        let k = gy / gg;
-        (self.w > 0.0 && k.is_finite() && k > 0.0).then_some(Fitted {
-            overhead_seconds: k * o,
-            tokens_per_second: shape.tokens_per_second / k,
-        })
-    }
-
-    /// Standard error of the fitted slope (infinite with fewer than three effective samples).
-    fn slope_error(&self, var_x: f64, cov: f64, mean_y: f64) -> f64 {
-        let n = if self.ww > 0.0 {
-            self.w * self.w / self.ww
-        } else {
-            0.0
-        };
-        if n <= 2.0 {
-            return f64::INFINITY;
-        }
-        let var_y = (self.yy / self.w - mean_y * mean_y).max(0.0);
-        let residual = (var_y - cov * cov / var_x).max(0.0) * n / (n - 2.0);
-        (residual / (n * var_x)).sqrt()
+        self.0.scaled(shape.line()).map(Fitted::of)
     }
 }
 
@@ -144,9 +103,8 @@ impl ThroughputFit {
 /// the shape; an engine that is slower on short prompts is still read slower, in proportion.
 pub fn fleet_lines(fits: &[ThroughputFit]) -> Vec<Option<Fitted>> {
     let own: Vec<Option<Fitted>> = fits.iter().map(ThroughputFit::own_line).collect();
-    let mut learned: Vec<Fitted> = own.iter().flatten().copied().collect();
-    learned.sort_by(|a, b| a.tokens_per_second.total_cmp(&b.tokens_per_second));
-    let shape = learned.get(learned.len() / 2).copied();
+    let learned: Vec<Line> = own.iter().flatten().map(|f| f.line()).collect();
+    let shape = median_by(learned, |l| -l.slope).map(Fitted::of);
     fits.iter()
         .zip(own)
         .map(|(f, line)| {

@@ -8,7 +8,7 @@ use arc_swap::ArcSwap;
 use pingora_load_balancing::health_check::HttpHealthCheck;
 use pingora_load_balancing::Backend;
 
-use super::{HealthTracker, PrefillSpeed};
+use super::{DecodeSpeed, Drift, HealthTracker, PrefillSpeed};
 use crate::config::{EndpointConfig, EngineTls, HealthCheckConfig};
 use crate::engine_stats::StatsCell;
 use crate::kv_events::KvIndex;
@@ -90,6 +90,10 @@ pub struct Endpoint {
     pub removed: AtomicBool,
     /// Observed prefill speed, for releasing non-streaming requests' tokens at their estimated prefill end.
     pub prefill_speed: PrefillSpeed,
+    /// Observed decode speed (seconds per output token over the sequences running), for `predicted_ttft`.
+    pub decode_speed: DecodeSpeed,
+    /// How its recent speeds compare with its learned lines, and whether it is a speed outlier.
+    pub drift: Drift,
     /// The metrics callback every hold on this endpoint shares (built once, on first use).
     pub release_hook: std::sync::OnceLock<crate::ledger::ReleaseHook>,
 }
@@ -121,6 +125,8 @@ impl Endpoint {
             stats: StatsCell::default(),
             removed: AtomicBool::new(false),
             prefill_speed: PrefillSpeed::default(),
+            decode_speed: DecodeSpeed::default(),
+            drift: Drift::default(),
             release_hook: std::sync::OnceLock::new(),
         }
     }

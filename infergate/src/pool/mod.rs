@@ -1,18 +1,23 @@
 //! Pools and their endpoints: membership (pingora-load-balancing discovery), health checks, API keys, endpoint
 //! identity and labels. A pool turns its live endpoints into placement candidates.
 
+mod drift;
 mod endpoint;
 mod health;
+mod learn;
 mod membership;
 mod recent;
 mod speed;
+mod speed_series;
 #[cfg(test)]
 mod tests;
 
+pub use drift::{Correction, Drift};
 pub use endpoint::{Endpoint, Target};
 pub use health::{Health, HealthGate, HealthTracker};
+pub use learn::{DecodeSample, PrefillSample};
 pub use recent::RecentPlacements;
-pub use speed::PrefillSpeed;
+pub use speed::{AnswerLength, DecodeSpeed, PrefillSpeed};
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +34,8 @@ use prometheus::{IntCounterVec, Opts};
 
 use crate::metrics::{EndpointSample, LiveSource, Metrics, PoolSample, EVICTION_CAUSES};
 use crate::outlier::Ejection;
+use crate::placement::decode::DecodeFit;
+use crate::placement::line::Line;
 use crate::placement::throughput::{Fitted, ThroughputFit};
 use crate::placement::Candidate;
 use crate::placement::{factory, policy::PlacementPolicy};
@@ -52,6 +59,8 @@ pub struct Pool {
     discovered_models: RwLock<Vec<String>>,
     /// The latest placements and the reasons of the last minute, for the status page.
     pub recent: RecentPlacements,
+    /// The typical answer length of the pool's streams (the cost model's expected decode).
+    pub answers: AnswerLength,
     /// Held from a placement's snapshot of the candidates until its hold is in the ledger, so that requests
     /// placed at the same moment on different worker threads see each other (a burst splits as planned).
     pub placing: Mutex<()>,
@@ -79,6 +88,7 @@ impl Pool {
             policy: factory::build(cfg),
             discovered_models: RwLock::new(Vec::new()),
             recent: RecentPlacements::default(),
+            answers: AnswerLength::default(),
             placing: Mutex::new(()),
         });
         pool.set_endpoints(&cfg.endpoints, None);
@@ -181,6 +191,11 @@ impl Pool {
         removed
     }
 
+    /// Each current endpoint's decode line, as placement reads it before its drift correction.
+    pub fn decode_lines_now(&self) -> Vec<Option<Line>> {
+        decode_lines(&self.endpoints())
+    }
+
     /// The placement reasons this pool's policy can give.
     pub fn reasons(&self) -> &'static [crate::placement::Reason] {
         self.policy.reasons()
@@ -202,15 +217,18 @@ impl Pool {
     ) -> Vec<Candidate> {
         let max_in_flight = self.cfg().max_in_flight_per_endpoint;
         let lines = ttft_lines(endpoints);
+        let decode_lines = decode_lines(endpoints);
         let gate = self.health_gate(endpoints);
         let views: Vec<crate::outlier::View> =
             endpoints.iter().map(|e| e.outlier.view(now)).collect();
         let mut cands: Vec<Candidate> = endpoints
             .iter()
             .zip(lines)
+            .zip(decode_lines)
             .zip(&views)
-            .map(|((e, line), v)| {
+            .map(|(((e, line), decode), v)| {
                 let (peer_requests, peer_prefill_tokens) = e.peers.get();
+                let k = e.drift.correction(now);
                 let (debt_requests, debt_tokens) = v.debt;
                 Candidate {
                     eligible: gate.admits(e) && !excluded.contains(&e.id),
@@ -220,10 +238,19 @@ impl Pool {
                     peer_prefill_tokens,
                     engine: e.stats.fresh(now),
                     max_in_flight,
-                    prefill_speed: line,
+                    prefill_speed: line.map(|l| Fitted {
+                        overhead_seconds: l.overhead_seconds * k.prefill,
+                        tokens_per_second: l.tokens_per_second / k.prefill,
+                    }),
                     kv_held_tokens: None,
                     debt_requests,
                     debt_tokens,
+                    prefilling: e.load.prefilling(),
+                    decode: decode.map(|l| Line {
+                        intercept: l.intercept * k.decode,
+                        slope: l.slope * k.decode,
+                    }),
+                    speed_weight: e.drift.weight(),
                 }
             })
             .collect();
@@ -406,6 +433,7 @@ impl Pools {
         let kv: std::sync::Weak<dyn crate::kv_events::KvSource> =
             Arc::downgrade(&(pools.clone() as Arc<dyn crate::kv_events::KvSource>));
         metrics.register(Box::new(crate::kv_events::KvCollector::new(kv)));
+        metrics.register(Box::new(speed_series::SpeedCollector::new(&pools)));
         pools
     }
 
@@ -448,12 +476,18 @@ impl Pools {
 }
 
 /// The queue-inclusive lines of one pool's endpoints, as placement reads them (`throughput::fleet_lines`).
-fn ttft_lines(endpoints: &[Arc<Endpoint>]) -> Vec<Option<Fitted>> {
+pub(super) fn ttft_lines(endpoints: &[Arc<Endpoint>]) -> Vec<Option<Fitted>> {
     let fits: Vec<ThroughputFit> = endpoints
         .iter()
         .map(|e| e.prefill_speed.throughput_fit())
         .collect();
     crate::placement::throughput::fleet_lines(&fits)
+}
+
+/// The decode lines of one pool's endpoints, as placement reads them (`decode::fleet_decode_lines`).
+pub(super) fn decode_lines(endpoints: &[Arc<Endpoint>]) -> Vec<Option<Line>> {
+    let fits: Vec<DecodeFit> = endpoints.iter().map(|e| e.decode_speed.fit()).collect();
+    crate::placement::decode::fleet_decode_lines(&fits)
 }
 
 impl LiveSource for Pools {

@@ -1,9 +1,10 @@
-//! An endpoint's learned prefill speed.
+//! An endpoint's learned prefill and decode speeds, and a pool's typical answer length.
 
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use crate::placement::decode::DecodeFit;
 use crate::placement::throughput::{Fitted, ThroughputFit};
 
 /// An endpoint's prefill speed, learned from streaming requests as two lines of time to first byte over
@@ -64,5 +65,48 @@ impl PrefillSpeed {
         let f = self.own.lock().fitted()?;
         let secs = f.overhead_seconds + tokens as f64 / f.tokens_per_second;
         Duration::try_from_secs_f64(secs).ok()
+    }
+}
+
+/// An endpoint's decode speed, learned from streams that ended well (`placement::decode`).
+#[derive(Debug, Default)]
+pub struct DecodeSpeed(Mutex<DecodeFit>);
+
+impl DecodeSpeed {
+    /// One stream: `running` sequences on average beside it (itself included), `seconds_per_token` between its
+    /// chunks.
+    pub fn observe(&self, running: f64, seconds_per_token: f64) {
+        self.0.lock().observe(running, seconds_per_token);
+    }
+
+    /// The running sums.
+    pub fn fit(&self) -> DecodeFit {
+        *self.0.lock()
+    }
+}
+
+/// A pool's typical answer length in output chunks (about tokens), from streams that ended well: the answer a
+/// request is expected to give when its `max_tokens` allows more (agents ask for 32k and answer a few hundred).
+#[derive(Debug, Default)]
+pub struct AnswerLength(Mutex<Option<f64>>);
+
+impl AnswerLength {
+    /// Weight of a new answer in the running mean.
+    const WEIGHT: f64 = 0.05;
+
+    pub fn observe(&self, tokens: u64) {
+        let mut m = self.0.lock();
+        let t = tokens as f64;
+        *m = Some(m.map_or(t, |v| v + Self::WEIGHT * (t - v)));
+    }
+
+    /// The typical answer, capped by `max_tokens`; `max_tokens` alone before any answer; None without either.
+    pub fn expected(&self, max_tokens: Option<u64>) -> Option<f64> {
+        let typical = *self.0.lock();
+        match (typical, max_tokens) {
+            (Some(t), Some(m)) => Some(t.min(m as f64)),
+            (Some(t), None) => Some(t),
+            (None, m) => m.map(|m| m as f64),
+        }
     }
 }

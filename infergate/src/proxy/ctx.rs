@@ -55,6 +55,8 @@ pub struct Ctx {
     pub(super) prefill: Option<super::prefill_leg::PrefillDone>,
     /// A prefill engine's own error answer (status, body), passed to the client as the engine gave it.
     pub(super) relay: Option<(u16, bytes::Bytes)>,
+    /// The request's TTFT budget, in a pool with `ttft_budget` (a generate request that has one).
+    pub(super) budget: Option<super::budget::Budget>,
     /// The client key and its concurrency slot (given back when the context drops).
     pub(super) admission: crate::admission::Pass,
     /// Timing and client facts for the access log; its `start` also times `infergate_request_duration_seconds`.
@@ -86,6 +88,8 @@ pub(super) struct Attempt {
     pub(super) failed: bool,
     /// What the first output taught, applied when the request ends without the engine failing it.
     pub(super) learned: Option<Learned>,
+    /// A successful stream's chunks from its first output on: its decode speed, learned if it ends well.
+    pub(super) timing: super::stream_timing::StreamTiming,
 }
 
 /// A successful stream's prefill as measured at its first output: learned only once the request has ended well

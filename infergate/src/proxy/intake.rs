@@ -95,7 +95,9 @@ impl Router {
         // The session key before anything is charged to the client's key: a key too long is refused first.
         let limit = self.current().max_session_key_bytes;
         let key = find_session_key(&pool, &session.req_header().headers, &ctx.scan)
-            .map(|(k, header)| crate::framing::check_session_key(k, limit, header).map(|()| k.to_vec()))
+            .map(|(k, header)| {
+                crate::framing::check_session_key(k, limit, header).map(|()| k.to_vec())
+            })
             .transpose();
         match key {
             Ok(key) => ctx.session_key = key,
@@ -111,6 +113,9 @@ impl Router {
         }
         // After the key's limits: a refused request makes no engine look for a stored response.
         self.pin_continued_response(ctx, &pool).await;
+        if !self.read_budget(session, ctx, &pool).await? {
+            return Ok(true);
+        }
         if let (Some(cluster), Some(key)) = (&self.cluster, &ctx.session_key) {
             // Another replica may have served this session: its binding, before placement (bounded wait).
             cluster.lookup_binding(&pool, key).await;

@@ -54,16 +54,18 @@ mod access;
 mod admit;
 mod answers;
 mod body;
+mod budget;
 mod ctx;
 mod failure;
 mod first_output;
 mod intake;
 mod output;
-mod receipt;
 mod prefill_leg;
+mod receipt;
 mod router;
 mod spans;
 mod stored;
+mod stream_timing;
 mod upstream;
 
 use std::ops::Deref;
@@ -101,6 +103,8 @@ pub struct Router {
     stored_responses: crate::stored_responses::StoredResponses,
     /// `infergate_router_responses_total{code}`: the answers the router writes itself (`answers`).
     answered: prometheus::IntCounterVec,
+    /// `infergate_ttft_budget_total{pool, key, outcome}` (`budget`).
+    budgets: prometheus::IntCounterVec,
     access_log: Option<crate::access_log::AccessLog>,
     /// The prefill legs of disaggregated pools: their HTTP client and series.
     disagg: prefill_leg::Disagg,
@@ -120,6 +124,7 @@ impl Router {
         let stored_responses = crate::stored_responses::StoredResponses::new(&state.metrics);
         let answered = answers::counter(&state.metrics);
         let disagg = prefill_leg::Disagg::new(&state);
+        let budgets = budget::counter(&state.metrics);
         Router {
             disagg,
             state,
@@ -127,6 +132,7 @@ impl Router {
             exposure,
             stored_responses,
             answered,
+            budgets,
             access_log: None,
         }
     }

@@ -1,6 +1,7 @@
-//! The answer's body as it streams: the first byte, a stored response's id, the first output and what it teaches.
+//! The answer's body as it streams: the first byte, a stored response's id, the first output and what it teaches,
+//! the chunks after it (decode timing).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pingora_error::Result;
@@ -39,13 +40,18 @@ impl Router {
         }
         // An error body has no preamble: its first byte ends the hold. A background answer precedes the work.
         let work_follows = success && ctx.attempt.background_until.is_some();
-        if !ctx.attempt.first_output_seen
-            && !work_follows
-            && (!success || ctx.attempt.preamble.output_in(chunk))
-        {
+        if ctx.attempt.first_output_seen {
+            if let (true, Some(ep)) = (success && ctx.is_stream(), &ctx.endpoint) {
+                ctx.attempt.timing.chunk(Instant::now(), ep.load.requests());
+            }
+        } else if !work_follows && (!success || ctx.attempt.preamble.output_in(chunk)) {
             ctx.attempt.first_output_seen = true;
             if success {
-                ctx.attempt.first_output_at = Some(std::time::Instant::now());
+                let now = Instant::now();
+                ctx.attempt.first_output_at = Some(now);
+                if ctx.is_stream() {
+                    ctx.attempt.timing.first_output(now);
+                }
             }
             if let (Some(_), Some(pool), Some(t0), true) = (
                 &ctx.prefill,

@@ -249,6 +249,7 @@ impl Router {
                         set.record_success(&ep, now);
                         let prediction = placement.ticket.prediction();
                         self.learn(
+                            &set,
                             &ep,
                             Learned {
                                 tokens: hold.estimate(),
@@ -344,7 +345,9 @@ impl Router {
             tried,
             session_key: key,
         };
-        let (ep, placement) = self.place(set, ctx, leg, now)?;
+        let placed = self.place(set, ctx, leg, now)?;
+        self.note_kv_dispatch(&placed, now);
+        let (ep, placement) = (placed.ep, placed.placement);
         self.count_placement(set, &ep, &placement, now);
         let tokens = if set.policy.counts_tokens() {
             self.placed_tokens(set, &placement)

@@ -10,12 +10,13 @@ use pingora_http::RequestHeader;
 use pingora_proxy::Session;
 
 use super::body::{self, BodyError, BodyLimits};
+use super::ctx::Learned;
 use super::{Ctx, Router, UPSTREAM_IDLE_TIMEOUT};
 use crate::errors::ApiError;
 use crate::ledger::{ReleaseCause, ReleaseHook};
 use crate::placement::policy::{PlaceRequest, Placement, Snapshot};
 use crate::placement::{self, Reason};
-use crate::pool::{Endpoint, Pool};
+use crate::pool::{Endpoint, Pool, PrefillSample};
 use crate::request::CallKind;
 
 /// Whom a placement is for: the request's own attempt, or its prefill leg (prefill_leg), each with the endpoints it
@@ -34,6 +35,14 @@ impl<'a> Leg<'a> {
             session_key: ctx.session_key.as_deref(),
         }
     }
+}
+
+/// A placement and where it goes.
+pub(super) struct Placed {
+    pub(super) ep: Arc<Endpoint>,
+    pub(super) placement: Placement,
+    /// Tokens the endpoint's KV index said it holds of a generate request.
+    pub(super) kv_held: Option<u64>,
 }
 
 impl Router {
@@ -91,14 +100,15 @@ impl Router {
             .clone()
     }
 
-    /// Choose an endpoint of `pool` for this attempt of `leg`. None when no eligible endpoint exists.
+    /// Choose an endpoint of `pool` for this attempt of `leg` (no side effects: `note_kv_dispatch` once it is
+    /// dispatched). None when no eligible endpoint exists.
     pub(super) fn place(
         &self,
         pool: &Pool,
         ctx: &Ctx,
         leg: Leg<'_>,
         now: Instant,
-    ) -> Option<(Arc<Endpoint>, Placement)> {
+    ) -> Option<Placed> {
         let endpoints = pool.endpoints();
         let req = PlaceRequest {
             session_key: leg.session_key,
@@ -107,6 +117,8 @@ impl Router {
             conversation_at: ctx.scan.conversation_at,
             body_bytes: ctx.prompt_bytes(&pool.cfg().prefill),
             tokens: ctx.prompt_tokens.as_ref().map(|t| t.count),
+            output_tokens: pool.answers.expected(ctx.scan.max_tokens),
+            ttft_budget: ctx.budget.map(|b| b.seconds()),
         };
         if let Some(pin) = &ctx.pinned {
             // Only this endpoint has the stored response: there or nowhere (the caller answers 503).
@@ -116,12 +128,16 @@ impl Router {
                 return None;
             }
             let placement = Placement::whole(i, Reason::StoredResponse, &req);
-            return Some((ep.clone(), placement));
+            return Some(Placed {
+                ep: ep.clone(),
+                placement,
+                kv_held: None,
+            });
         }
         let mut cands = pool.candidates(&endpoints, leg.tried, now);
         if ctx.prefill.is_some() {
             // A decode leg: an engine whose KV cache is full would preempt to take the pulled prompt.
-            placement::decode::spare_full_kv(&mut cands);
+            placement::decode_leg::spare_full_kv(&mut cands);
         }
         if let Some(tokens) = &ctx.prompt_tokens {
             pool.fill_kv_held(&endpoints, &mut cands, &tokens.ids, now);
@@ -151,19 +167,28 @@ impl Router {
             Placement::whole(i, Reason::LeastRequest, &req)
         };
         let ep = endpoints.get(placement.index)?.clone();
-        if ctx.kind == CallKind::Generate {
-            // Its engine will publish what it stores: the KV index's silence clock starts.
-            ep.kv.note_dispatch(now);
-            if let Some(held) = cands.get(placement.index).and_then(|c| c.kv_held_tokens) {
-                ep.kv
-                    .counters
-                    .predicted_cached_tokens
-                    .fetch_add(held, std::sync::atomic::Ordering::Relaxed);
-                placement.estimate_tokens =
-                    placement::uncached_by_kv(placement.estimate_tokens, req.tokens, held);
-            }
+        let held = cands.get(placement.index).and_then(|c| c.kv_held_tokens);
+        if let (CallKind::Generate, Some(held)) = (ctx.kind, held) {
+            placement.estimate_tokens =
+                placement::uncached_by_kv(placement.estimate_tokens, req.tokens, held);
         }
-        Some((ep, placement))
+        Some(Placed {
+            ep,
+            placement,
+            kv_held: held.filter(|_| ctx.kind == CallKind::Generate),
+        })
+    }
+
+    /// A generate placement is being dispatched to `p.ep`: its engine will publish what it stores (the KV index's
+    /// silence clock starts) and what the index said it holds is counted.
+    pub(super) fn note_kv_dispatch(&self, p: &Placed, now: Instant) {
+        p.ep.kv.note_dispatch(now);
+        if let Some(held) = p.kv_held {
+            p.ep.kv
+                .counters
+                .predicted_cached_tokens
+                .fetch_add(held, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// The same endpoint again for a fresh-connection retry, if it can still take work.
@@ -322,8 +347,9 @@ impl Router {
         );
     }
 
-    /// Apply what the attempt taught once the request has ended: a success clears the endpoint's failures, and a
-    /// stream's prefill speed is learned unless the engine failed it.
+    /// Apply what the attempt taught once the request has ended: a success clears the endpoint's failures, a
+    /// stream's prefill speed is learned unless the engine failed it, and its decode speed and answer length when
+    /// it ended well.
     pub(super) fn settle(&self, ctx: &mut Ctx, e: Option<&pingora_error::Error>) {
         let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) else {
             return;
@@ -335,21 +361,46 @@ impl Router {
         if e.is_none() && answered {
             pool.record_success(ep, Instant::now());
         }
-        if let Some(l) = ctx.attempt.learned.take() {
-            self.learn(ep, l);
+        let now = Instant::now();
+        let decode = if e.is_none()
+            && ctx
+                .attempt
+                .upstream_status
+                .is_some_and(|s| (200..300).contains(&s))
+        {
+            let peers = ep.peers.get().0;
+            let elsewhere = peers + ep.stats.fresh(now).map_or(0, |l| l.foreign_beyond(peers));
+            ctx.attempt.timing.sample(elsewhere)
+        } else {
+            None
+        };
+        let prefill = ctx
+            .attempt
+            .learned
+            .take()
+            .map(|l| self.prefill_sample(ep, l));
+        if prefill.is_some() || decode.is_some() {
+            pool.learn_stream(ep, prefill, decode, now);
         }
     }
 
-    /// What a prefill that ended well teaches its endpoint: its speed, and for predicted_ttft the prefill that was
-    /// ahead plus this one's over the wait (the throughput it predicts with), and how far off its prediction was.
-    pub(super) fn learn(&self, ep: &Endpoint, l: super::ctx::Learned) {
-        ep.prefill_speed.observe(l.tokens, l.ttft);
-        if let Some((predicted, ahead)) = l.prediction {
-            ep.prefill_speed
-                .observe_throughput(ahead.saturating_add(l.tokens), l.ttft);
-            if let Some(p) = predicted {
-                self.metrics.observe_ttft_prediction(ep.series(), p, l.ttft);
-            }
+    /// What a prefill that ended well teaches `ep` of `pool` (a prefill leg's, which has no decode to time).
+    pub(super) fn learn(&self, pool: &Pool, ep: &Endpoint, l: Learned) {
+        let sample = self.prefill_sample(ep, l);
+        pool.learn_stream(ep, Some(sample), None, Instant::now());
+    }
+
+    /// A prefill's sample: its tokens and time to first token, and for predicted_ttft the prefill that was ahead
+    /// (ahead plus this one's over the wait is the throughput it predicts with); how far off its prediction was is
+    /// observed here.
+    fn prefill_sample(&self, ep: &Endpoint, l: Learned) -> PrefillSample {
+        if let Some((Some(p), _)) = l.prediction {
+            self.metrics.observe_ttft_prediction(ep.series(), p, l.ttft);
+        }
+        PrefillSample {
+            tokens: l.tokens,
+            ahead: l.prediction.map(|(_, ahead)| ahead),
+            ttft: l.ttft,
         }
     }
 

@@ -1,5 +1,6 @@
 //! One forwarding attempt: the queue and the placement, the request the engine gets, and the head of its answer.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use pingora_core::upstreams::peer::HttpPeer;
@@ -15,6 +16,7 @@ use super::Ctx;
 use super::{first_output, Router};
 use crate::forwarded;
 use crate::ledger::ReleaseCause;
+use crate::pool::Pool;
 use crate::request::CallKind;
 
 impl Router {
@@ -40,25 +42,37 @@ impl Router {
             preamble: first_output::Preamble::new(preamble),
             ..Attempt::default()
         };
-        // Held until this attempt's hold exists (end of this function).
-        let _turn = self.wait_turn(session, &pool, ctx).await?;
-        if let (Some(cluster), CallKind::Generate) = (&self.cluster, ctx.kind) {
-            // What the other replicas dispatched since their last publish (bounded wait).
-            cluster.refresh_peer_load(&pool).await;
+        loop {
+            // Held until this attempt's hold exists.
+            let _turn = self.wait_turn(session, &pool, ctx).await?;
+            if let (Some(cluster), CallKind::Generate) = (&self.cluster, ctx.kind) {
+                // What the other replicas dispatched since their last publish (bounded wait).
+                cluster.refresh_peer_load(&pool).await;
+            }
+            if let Some(peer) = self.place_and_hold(&pool, ctx)? {
+                return Ok(peer);
+            }
+            // No endpoint's predicted time to first token fits the request's budget yet: wait at the router.
+            drop(_turn);
+            self.budget_nap(session).await?;
         }
+    }
+
+    /// Place this attempt and take its hold; Ok(None) when the request is to wait for its TTFT budget.
+    fn place_and_hold(&self, pool: &Arc<Pool>, ctx: &mut Ctx) -> Result<Option<Box<HttpPeer>>> {
         // From the snapshot to the hold (no await in between): concurrent placements see each other's holds.
         let _placing = pool.placing.lock();
         let now = Instant::now();
 
         let fresh = ctx.fresh_retry.take();
-        let same = fresh.and_then(|id| self.same_endpoint(&pool, id));
+        let same = fresh.and_then(|id| self.same_endpoint(pool, id));
         let (ep, fresh) = match (same, ctx.placement.take()) {
             (Some(ep), Some(placement)) => {
                 ctx.placement = Some(placement);
                 (ep, true)
             }
             (_, previous) => {
-                let Some((ep, placement)) = self.place(&pool, ctx, Leg::of(ctx), now) else {
+                let Some(placed) = self.place(pool, ctx, Leg::of(ctx), now) else {
                     // The last attempt's placement stays for the access log.
                     ctx.placement = previous;
                     let e = if let Some(pin) = &ctx.pinned {
@@ -75,12 +89,18 @@ impl Router {
                         "no endpoint available",
                     );
                 };
-                let generating = ctx.kind == CallKind::Generate;
-                if generating {
-                    self.count_placement(&pool, &ep, &placement, now);
+                if !self.within_budget(pool, ctx, &placed.placement, now)? {
+                    ctx.placement = previous;
+                    return Ok(None);
                 }
-                ctx.placement = Some(placement);
-                (ep, false)
+                let generating = ctx.kind == CallKind::Generate;
+                let (ep, placement) = (&placed.ep, &placed.placement);
+                if generating {
+                    self.note_kv_dispatch(&placed, now);
+                    self.count_placement(pool, ep, placement, now);
+                }
+                ctx.placement = Some(placed.placement);
+                (placed.ep, false)
             }
         };
 
@@ -88,7 +108,7 @@ impl Router {
         let counts_tokens =
             ctx.kind == CallKind::Generate && pool.policy.counts_tokens() && ctx.prefill.is_none();
         let tokens = match &ctx.placement {
-            Some(p) if counts_tokens => self.placed_tokens(&pool, p),
+            Some(p) if counts_tokens => self.placed_tokens(pool, p),
             _ => 0,
         };
         let reserving = self.cluster.as_ref().map(|c| c.reserving());
@@ -98,7 +118,7 @@ impl Router {
         if let Some(r) = reserving {
             r.reserve(&ep, tokens);
         }
-        self.wake_queue_on_finish(&pool, &mut hold);
+        self.wake_queue_on_finish(pool, &mut hold);
         if tokens > 0 && !ctx.is_stream() {
             let estimate = ep.prefill_speed.estimate(tokens);
             let after = non_streaming_release(estimate, &self.current().timeouts);
@@ -114,7 +134,7 @@ impl Router {
         let peer = self.peer(&ep, fresh);
         ctx.endpoint = Some(ep);
         self.watch_headers(ctx, now);
-        Ok(Box::new(peer))
+        Ok(Some(Box::new(peer)))
     }
 
     pub(super) async fn edit_upstream_request(

@@ -72,6 +72,9 @@ pub struct BodyScan {
     /// Top-level `"prompt_cache_key"` (OpenAI's routing hint: requests with one key share a prompt cache; agents
     /// set it to their session or thread id).
     pub prompt_cache_key: Option<String>,
+    /// Top-level `max_tokens` (`max_completion_tokens`, Responses `max_output_tokens`): the longest answer the
+    /// request allows, if it says.
+    pub max_tokens: Option<u64>,
     /// The scan reached the end of a complete top-level object.
     pub complete: bool,
 }
@@ -114,6 +117,7 @@ enum Role {
     Stream,
     Store,
     Background,
+    MaxTokens,
     PreviousResponseId,
     PromptCacheKey,
     /// A string here is prompt text; an array holds more prompt parts.
@@ -207,6 +211,10 @@ impl<'a> Scanner<'a> {
                     _ => None,
                 };
                 match role {
+                    Role::MaxTokens => {
+                        let n = std::str::from_utf8(&self.b[start..self.i]).ok();
+                        self.out.max_tokens = n.and_then(|n| n.parse().ok());
+                    }
                     Role::Stream => self.out.stream = flag,
                     Role::Store => self.out.store = flag,
                     Role::Background => self.out.background = flag,
@@ -244,6 +252,9 @@ impl<'a> Scanner<'a> {
                 (Role::Root, b"stream") => Role::Stream,
                 (Role::Root, b"store") => Role::Store,
                 (Role::Root, b"background") => Role::Background,
+                (Role::Root, b"max_tokens" | b"max_completion_tokens" | b"max_output_tokens") => {
+                    Role::MaxTokens
+                }
                 (Role::Root, b"previous_response_id") => Role::PreviousResponseId,
                 (Role::Root, b"prompt_cache_key") => Role::PromptCacheKey,
                 (Role::Root, b"messages") => Role::Messages,

@@ -125,6 +125,22 @@ fn reads_the_stored_response_a_turn_continues() {
 }
 
 #[test]
+fn reads_the_answer_length_a_request_allows() {
+    let max = |b: &[u8]| scan(b, 100).max_tokens;
+    assert_eq!(
+        max(br#"{"messages":[],"max_tokens":160,"stream":true}"#),
+        Some(160)
+    );
+    assert_eq!(max(br#"{"max_completion_tokens": 32000}"#), Some(32000));
+    assert_eq!(max(br#"{"input":"hi","max_output_tokens":5}"#), Some(5));
+    // Nested, absent, not a whole number, or cut by the prefix end: unknown.
+    assert_eq!(max(br#"{"tool":{"max_tokens":9}}"#), None);
+    assert_eq!(max(br#"{"max_tokens":null}"#), None);
+    assert_eq!(max(br#"{"max_tokens":1.5}"#), None);
+    assert_eq!(max(br#"{"max_tokens":12"#), None);
+}
+
+#[test]
 fn reads_the_prompt_cache_key_wherever_it_sits_at_the_top() {
     let last = scan(
         br#"{"messages":[{"role":"user","content":"hi","prompt_cache_key":"nested"}],

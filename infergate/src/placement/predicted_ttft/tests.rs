@@ -52,6 +52,8 @@ struct Fx {
     p: PredictedTtft,
     rng: fastrand::Rng,
     now: Instant,
+    /// The requests' TTFT budget, seconds.
+    budget: Option<f64>,
 }
 
 impl Fx {
@@ -60,6 +62,7 @@ impl Fx {
             p: policy(),
             rng: fastrand::Rng::with_seed(7),
             now: Instant::now(),
+            budget: None,
         }
     }
 
@@ -71,6 +74,8 @@ impl Fx {
             conversation_at: 0,
             body_bytes: text.len() as u64,
             tokens: None,
+            output_tokens: None,
+            ttft_budget: self.budget,
         };
         let snap = Snapshot {
             cands,
@@ -220,9 +225,10 @@ fn a_shared_prefix_draws_new_sessions_unless_the_queue_outweighs_it() {
     let p = fx.place(Some("second"), &with("u1"), &[cand(1, 0), cand(1, 0)]);
     assert_eq!((p.index, p.reason), (warm, Reason::NewSession));
     assert_eq!(p.estimate_bytes, 4_000);
-    // 30k tokens queued on the warm endpoint: the cold one is sooner.
+    // 40k tokens queued on the warm endpoint (2 s): the cold one costs less, its 17k tokens (0.85 s) and the
+    // stall of the stream decoding there (0.85 s) included. (30k, 1.5 s, would not: 1.55 s against 1.7 s.)
     let mut cands = [cand(1, 0), cand(1, 0)];
-    cands[warm] = cand(1, 30_000);
+    cands[warm] = cand(1, 40_000);
     let p = fx.place(Some("third"), &with("u2"), &cands);
     assert_eq!((p.index, p.reason), (1 - warm, Reason::NewSession));
     assert_eq!(p.estimate_bytes, 68_000);
@@ -293,4 +299,43 @@ fn exact_held_tokens_from_kv_events_win_over_the_prefix_index_and_none_falls_bac
     let mut mixed = even;
     mixed[other].kv_held_tokens = Some(0);
     assert_eq!(fx.place(None, &text, &mixed).index, guess);
+}
+
+#[test]
+fn a_ttft_budget_narrows_the_choice_and_says_when_nothing_fits() {
+    let mut fx = Fx::new();
+    // A session of 10.8k tokens (43.2k bytes at 4 bytes per token) bound to one endpoint; its next turn adds 1k.
+    let text = prompt("b", 43_200);
+    let home = fx.serve(Some("b"), &text, &[cand(0, 0), cand(0, 0)]).index;
+    let grown = prompt("b", 47_200);
+    // Home: 11k tokens queued (0.55 s) and the 1k of growth: 0.6 s to the first token, 0.05 s of stall to the
+    // stream decoding there. Elsewhere: all 11.8k tokens, 0.59 s. Moving saves too little: it stays.
+    let mut cands = [cand(0, 0), cand(0, 0)];
+    cands[home] = cand(1, 11_000);
+    let p = fx.place(Some("b"), &grown, &cands);
+    assert_eq!((p.index, p.reason), (home, Reason::Sticky));
+    // A budget of 0.595 s: home cannot make it, the other endpoint can: one turn there, the binding kept.
+    fx.budget = Some(0.595);
+    let p = fx.place(Some("b"), &grown, &cands);
+    assert_eq!((p.index, p.reason), (1 - home, Reason::Spill));
+    let predicted = p.ticket.predicted.unwrap();
+    assert_eq!(predicted.over_budget, None);
+    assert!(predicted.ttft.unwrap() <= 0.595);
+    // 0.2 s: nowhere. The placement is made as without a budget and says by how much it misses.
+    fx.budget = Some(0.2);
+    let p = fx.place(Some("b"), &grown, &cands);
+    assert_eq!((p.index, p.reason), (home, Reason::Sticky));
+    let predicted = p.ticket.predicted.unwrap();
+    assert!(
+        (predicted.over_budget.unwrap() - 0.59).abs() < 1e-9,
+        "{predicted:?}"
+    );
+    assert!(
+        !predicted.beyond_budget,
+        "home's 0.05 s of growth would fit once its queue drained"
+    );
+    // 0.01 s: not even idle (the growth alone takes 0.05 s): waiting cannot help.
+    fx.budget = Some(0.01);
+    let p = fx.place(Some("b"), &grown, &cands);
+    assert!(p.ticket.predicted.unwrap().beyond_budget);
 }

@@ -1,0 +1,261 @@
+//! Speed drift and speed outliers: how an endpoint's recent prefill and decode times compare with what its learned
+//! lines predict, the correction placement applies while the lines catch up, and whether it is far below its own
+//! recent history or the pool's (a speed outlier: less new work, a log line on entering and leaving, a metric,
+//! the status page). Weights, never an on/off switch; time is passed in.
+//!
+//! The learned lines (`placement::throughput`, `placement::decode`) weigh about the last twenty samples, so a GPU
+//! that throttles to a third keeps drawing work at its old speed for twenty requests. Each sample is also compared
+//! with the line's prediction before the line learns from it; a fast average of the log of observed over
+//! predicted (about the last four samples) is the drift. Placement multiplies the endpoint's predicted times by
+//! the drift beyond a dead band (noise stays out), so the slowdown is priced within a few requests; as the lines
+//! learn the new speed, the drift returns to 1 and the lines carry it. Without samples the drift fades (an
+//! endpoint that draws no work is tried again), and a faster-than-predicted endpoint is corrected upwards the same
+//! way, so nothing latches.
+
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+/// Weight of a new sample in the drift (about the last four samples count).
+const FAST: f64 = 0.3;
+
+/// Drift within this factor of 1 is noise: placement applies only what lies beyond it.
+const DEAD_BAND: f64 = 1.25;
+
+/// Without samples, the drift fades toward 1 with this time constant (seconds).
+const FADE_SECONDS: f64 = 30.0;
+
+/// An endpoint whose speed is below this share of its own recent speed or of the pool's median is a speed
+/// outlier...
+pub const SLOW_ENTER: f64 = 0.4;
+
+/// ...until it is back above this share of both.
+pub const SLOW_LEAVE: f64 = 0.5;
+
+/// A single sample moves the drift by at most this factor (a stream stalled by a long prefill beside it).
+const MAX_STEP: f64 = 10.0;
+
+#[derive(Debug, Default)]
+struct State {
+    /// Fast averages of ln(observed / predicted): prefill, decode.
+    prefill: f64,
+    decode: f64,
+    /// When the last sample came.
+    last: Option<Instant>,
+    /// A speed outlier now, and its speed relative to its own history or the pool's (the lower).
+    slow: bool,
+    relative: Option<f64>,
+}
+
+/// One endpoint's drift and outlier state.
+#[derive(Debug, Default)]
+pub struct Drift(Mutex<State>);
+
+/// What placement applies to one endpoint's learned lines: its predicted prefill and decode times are multiplied
+/// by these (1: as learned).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Correction {
+    pub prefill: f64,
+    pub decode: f64,
+}
+
+impl Default for Correction {
+    fn default() -> Self {
+        Correction {
+            prefill: 1.0,
+            decode: 1.0,
+        }
+    }
+}
+
+/// A change of an endpoint's outlier state, to log.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Turn {
+    Entered(f64),
+    Left(f64),
+}
+
+fn fold(avg: &mut f64, observed: f64, predicted: f64) {
+    if !(observed > 0.0 && predicted > 0.0 && observed.is_finite() && predicted.is_finite()) {
+        return;
+    }
+    let x = (observed / predicted)
+        .ln()
+        .clamp(-MAX_STEP.ln(), MAX_STEP.ln());
+    *avg += FAST * (x - *avg);
+}
+
+/// The drift's log faded by the time since the last sample.
+fn faded(log: f64, last: Option<Instant>, now: Instant) -> f64 {
+    let age = last.map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+    log * (-age / FADE_SECONDS).exp()
+}
+
+/// `log` with the dead band taken off, as a factor.
+fn beyond_band(log: f64) -> f64 {
+    let band = DEAD_BAND.ln();
+    (log.signum() * (log.abs() - band).max(0.0)).exp()
+}
+
+impl Drift {
+    /// A stream's time to first output against what the endpoint's prefill line predicted for it.
+    pub fn observe_prefill(&self, observed: f64, predicted: f64, now: Instant) {
+        let mut s = self.0.lock();
+        s.prefill = faded(s.prefill, s.last, now);
+        s.decode = faded(s.decode, s.last, now);
+        fold(&mut s.prefill, observed, predicted);
+        s.last = Some(now);
+    }
+
+    /// A stream's time per output token against what the endpoint's decode line predicted for it.
+    pub fn observe_decode(&self, observed: f64, predicted: f64, now: Instant) {
+        let mut s = self.0.lock();
+        s.prefill = faded(s.prefill, s.last, now);
+        s.decode = faded(s.decode, s.last, now);
+        fold(&mut s.decode, observed, predicted);
+        s.last = Some(now);
+    }
+
+    /// The correction placement applies now.
+    pub fn correction(&self, now: Instant) -> Correction {
+        let s = self.0.lock();
+        Correction {
+            prefill: beyond_band(faded(s.prefill, s.last, now)),
+            decode: beyond_band(faded(s.decode, s.last, now)),
+        }
+    }
+
+    /// Its speed lately against its learned lines (1: as usual; 0.33: three times slower), the lower of prefill
+    /// and decode.
+    pub fn lately(&self, now: Instant) -> f64 {
+        let s = self.0.lock();
+        let worst = faded(s.prefill, s.last, now).max(faded(s.decode, s.last, now));
+        (-worst).exp()
+    }
+
+    /// Whether it is a speed outlier, and its relative speed (None until judged).
+    pub fn state(&self) -> (bool, Option<f64>) {
+        let s = self.0.lock();
+        (s.slow, s.relative)
+    }
+
+    /// Judge it at `relative` speed (the lower of its speed against its own recent history and against the
+    /// pool's median): it enters below [`SLOW_ENTER`] and leaves above [`SLOW_LEAVE`]. Returns the change.
+    pub fn judge(&self, relative: f64) -> Option<Turn> {
+        let mut s = self.0.lock();
+        if !relative.is_finite() {
+            return None;
+        }
+        s.relative = Some(relative);
+        match (s.slow, relative) {
+            (false, r) if r < SLOW_ENTER => {
+                s.slow = true;
+                Some(Turn::Entered(r))
+            }
+            (true, r) if r > SLOW_LEAVE => {
+                s.slow = false;
+                Some(Turn::Left(r))
+            }
+            _ => None,
+        }
+    }
+
+    /// The weight `load_aware` gives its load: Some(relative speed) while it is a speed outlier.
+    pub fn weight(&self) -> Option<f64> {
+        let s = self.0.lock();
+        s.slow.then(|| s.relative.unwrap_or(1.0).clamp(0.05, 1.0))
+    }
+}
+
+/// Each endpoint's speed relative to the pool: the median of `times` over its own (`times[i]`: what the same work
+/// takes on endpoint i as its lines predict, corrected; None: not learned). 1 for an endpoint without a time.
+pub fn against_pool(times: &[Option<f64>]) -> Vec<f64> {
+    let mut known: Vec<f64> = times
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .collect();
+    known.sort_by(f64::total_cmp);
+    // The faster of the two middle ones: with two engines, the slow one is judged against the other.
+    let median = known.get((known.len().saturating_sub(1)) / 2).copied();
+    times
+        .iter()
+        .map(|t| match (t, median) {
+            (Some(t), Some(m)) if t.is_finite() && *t > 0.0 => (m / t).min(1.0),
+            _ => 1.0,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_slowdown_is_corrected_within_a_few_samples_and_fades_without_them() {
+        let d = Drift::default();
+        let t0 = Instant::now();
+        // As predicted, with noise inside the band: no correction.
+        for i in 0..20 {
+            let jitter = if i % 2 == 0 { 1.15 } else { 0.87 };
+            d.observe_decode(0.02 * jitter, 0.02, t0);
+        }
+        assert_eq!(d.correction(t0), Correction::default());
+        // Three times slower than the line says: after four samples, most of it is priced.
+        for _ in 0..4 {
+            d.observe_decode(0.06, 0.02, t0);
+        }
+        let c = d.correction(t0);
+        assert!(
+            c.decode > 1.5 && c.decode < 3.0 && c.prefill == 1.0,
+            "{c:?}"
+        );
+        assert!(d.lately(t0) < 0.45, "{}", d.lately(t0));
+        // The line has learned the new speed: the samples match it again and the drift returns to 1.
+        for _ in 0..12 {
+            d.observe_decode(0.06, 0.06, t0);
+        }
+        assert_eq!(d.correction(t0), Correction::default());
+        // Faster than predicted is corrected the same way, and a minute without samples fades it.
+        for _ in 0..6 {
+            d.observe_prefill(0.1, 0.5, t0);
+        }
+        assert!(d.correction(t0).prefill < 0.4);
+        assert!(d.correction(t0 + Duration::from_secs(60)).prefill > 0.8);
+    }
+
+    #[test]
+    fn entering_and_leaving_with_a_gap_between() {
+        let d = Drift::default();
+        assert_eq!(d.state(), (false, None));
+        assert_eq!(d.judge(0.45), None);
+        assert_eq!(d.judge(0.33), Some(Turn::Entered(0.33)));
+        assert_eq!(d.weight(), Some(0.33));
+        assert_eq!(
+            d.judge(0.45),
+            None,
+            "between the thresholds: still an outlier"
+        );
+        assert_eq!(d.judge(0.9), Some(Turn::Left(0.9)));
+        assert_eq!(d.weight(), None);
+        assert_eq!(d.judge(f64::NAN), None);
+    }
+
+    #[test]
+    fn the_pool_median_is_the_reference() {
+        // Twins and one three times slower; an unlearned one is not judged.
+        let r = against_pool(&[Some(1.0), Some(1.0), Some(3.0), None]);
+        assert_eq!(r[..2], [1.0, 1.0]);
+        assert!((r[2] - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(r[3], 1.0);
+        // Two engines: the slow one against the fast one.
+        assert_eq!(against_pool(&[Some(2.0), Some(1.0)]), vec![0.5, 1.0]);
+        // Half the fleet at half speed: judged against the faster half.
+        assert_eq!(
+            against_pool(&[Some(1.0), Some(2.0), Some(1.0), Some(2.0)]),
+            vec![1.0, 0.5, 1.0, 0.5]
+        );
+    }
+}

@@ -1,0 +1,120 @@
+//! What a finished stream teaches its pool: the endpoint's prefill and decode speeds, the pool's typical answer
+//! length, the drift of its speed from what was predicted, and whether that makes it a speed outlier (judged
+//! against its own recent history and the pool's median, logged on entering and leaving).
+
+use std::time::{Duration, Instant};
+
+use super::drift::{against_pool, Turn};
+use super::{decode_lines, ttft_lines, Endpoint, Pool};
+
+/// Prefill work the pool's endpoints are compared on (tokens).
+const REF_PREFILL_TOKENS: f64 = 8_192.0;
+
+/// Batch size the pool's decode speeds are compared at (sequences).
+const REF_RUNNING: f64 = 8.0;
+
+/// A stream's first output, measured.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillSample {
+    /// The request's own estimated prefill tokens.
+    pub tokens: u64,
+    /// Prefill tokens ahead of it at dispatch, when the policy counted them (`predicted_ttft`).
+    pub ahead: Option<u64>,
+    pub ttft: Duration,
+}
+
+/// A stream's decode, measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeSample {
+    /// Sequences running beside it on average, itself included.
+    pub running: f64,
+    pub seconds_per_token: f64,
+    /// Its answer length in chunks.
+    pub chunks: u64,
+}
+
+impl Pool {
+    /// Learn from a stream that ended without the engine failing it (`decode` only when it ended well).
+    pub fn learn_stream(
+        &self,
+        ep: &Endpoint,
+        prefill: Option<PrefillSample>,
+        decode: Option<DecodeSample>,
+        now: Instant,
+    ) {
+        if let Some(p) = prefill {
+            let ttft = p.ttft.as_secs_f64();
+            // Against the endpoint's own line before it learns from this sample.
+            let predicted = match p.ahead {
+                Some(ahead) => ep
+                    .prefill_speed
+                    .throughput()
+                    .map(|f| f.seconds(ahead.saturating_add(p.tokens) as f64)),
+                None => ep.prefill_speed.estimate(p.tokens).map(|d| d.as_secs_f64()),
+            };
+            if let Some(predicted) = predicted {
+                ep.drift.observe_prefill(ttft, predicted, now);
+            }
+            ep.prefill_speed.observe(p.tokens, p.ttft);
+            if let Some(ahead) = p.ahead {
+                ep.prefill_speed
+                    .observe_throughput(ahead.saturating_add(p.tokens), p.ttft);
+            }
+        }
+        if let Some(d) = decode {
+            if let Some(line) = ep.decode_speed.fit().line() {
+                ep.drift
+                    .observe_decode(d.seconds_per_token, line.at(d.running), now);
+            }
+            ep.decode_speed.observe(d.running, d.seconds_per_token);
+            self.answers.observe(d.chunks);
+        }
+        self.judge_speeds(now);
+    }
+
+    /// Judge every endpoint's speed against its own recent history and the pool's median; log who entered or
+    /// left the speed outliers.
+    fn judge_speeds(&self, now: Instant) {
+        let endpoints = self.endpoints();
+        let corrections: Vec<_> = endpoints.iter().map(|e| e.drift.correction(now)).collect();
+        let prefill: Vec<Option<f64>> = ttft_lines(&endpoints)
+            .iter()
+            .zip(endpoints.iter())
+            .zip(&corrections)
+            .map(|((line, e), c)| {
+                let own = || {
+                    e.prefill_speed
+                        .estimate(REF_PREFILL_TOKENS as u64)
+                        .map(|d| d.as_secs_f64())
+                };
+                line.map(|l| l.seconds(REF_PREFILL_TOKENS))
+                    .or_else(own)
+                    .map(|t| t * c.prefill)
+            })
+            .collect();
+        let decode: Vec<Option<f64>> = decode_lines(&endpoints)
+            .iter()
+            .zip(&corrections)
+            .map(|(line, c)| line.map(|l| l.at(REF_RUNNING) * c.decode))
+            .collect();
+        let (p, d) = (against_pool(&prefill), against_pool(&decode));
+        for (i, e) in endpoints.iter().enumerate() {
+            let relative = e.drift.lately(now).min(p[i]).min(d[i]);
+            match e.drift.judge(relative) {
+                Some(Turn::Entered(r)) => log::warn!(
+                    "pool {} endpoint {}: speed outlier, at {:.0}% of its recent speed or the pool's; it gets less new work until it recovers",
+                    self.name,
+                    e.label,
+                    r * 100.0
+                ),
+                Some(Turn::Left(r)) => log::info!(
+                    "pool {} endpoint {}: no longer a speed outlier ({:.0}% of its recent speed or the pool's)",
+                    self.name,
+                    e.label,
+                    r * 100.0
+                ),
+                None => {}
+            }
+        }
+    }
+}
