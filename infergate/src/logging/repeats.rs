@@ -48,6 +48,18 @@ struct Kind {
 }
 
 impl Kind {
+    /// A window that starts now with `line` written.
+    fn new(now: Instant, level: Level, target: &str, line: &str) -> Kind {
+        Kind {
+            started: now,
+            written: 1,
+            dropped: 0,
+            level,
+            target: target.to_string(),
+            sample: line.to_string(),
+        }
+    }
+
     fn summary(&self, now: Instant) -> Option<Summary> {
         (self.dropped > 0).then(|| Summary {
             level: self.level,
@@ -99,14 +111,7 @@ impl Repeats {
                 return (Verdict::Drop, None);
             }
             let summary = k.summary(now);
-            *k = Kind {
-                started: now,
-                written: 1,
-                dropped: 0,
-                level,
-                target: target.to_string(),
-                sample: line.to_string(),
-            };
+            *k = Kind::new(now, level, target, line);
             return (Verdict::Write, summary);
         }
         let mut summaries = None;
@@ -117,17 +122,7 @@ impl Repeats {
                 return (Verdict::Write, summaries.and_then(|s| s.into_iter().next()));
             }
         }
-        kinds.insert(
-            key,
-            Kind {
-                started: now,
-                written: 1,
-                dropped: 0,
-                level,
-                target: target.to_string(),
-                sample: line.to_string(),
-            },
-        );
+        kinds.insert(key, Kind::new(now, level, target, line));
         (Verdict::Write, summaries.and_then(|s| s.into_iter().next()))
     }
 
