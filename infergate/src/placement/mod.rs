@@ -133,8 +133,8 @@ impl Candidate {
             .map_or(0, |e| e.foreign_beyond(self.peer_requests))
     }
 
-    /// The load_aware score: requests × 16384 + prefill tokens in flight, over the speed weight of a speed
-    /// outlier. Lower is better.
+    /// The load_aware score: requests × 16384 + prefill tokens in flight; a speed outlier's as its time to serve
+    /// one more (`speed_weight`). Lower is better.
     pub fn score(&self) -> u64 {
         let load = self
             .request_load()
@@ -142,8 +142,11 @@ impl Candidate {
             .saturating_add(self.live_prefill_tokens());
         match self.speed_weight {
             Some(w) if w > 0.0 && w < 1.0 => {
-                // Even an idle outlier weighs one request: its slowness is the reason, not its load.
-                let load = load.max(REQUEST_WEIGHT_TOKENS) as f64 / w;
+                // At relative speed w a new request is served in (load + itself) / w of the time it takes where the
+                // same load runs at full speed: weighed so, an idle outlier at 40% counts as 1.5 requests. It still
+                // takes some work at low concurrency, and that work is what shows it recovered.
+                let one = REQUEST_WEIGHT_TOKENS as f64;
+                let load = (load as f64 + one) / w - one;
                 load.min(u64::MAX as f64) as u64
             }
             _ => load,
@@ -360,6 +363,25 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(load_aware(&cands, &mut rng), Some(1));
         }
+    }
+
+    #[test]
+    fn a_speed_outlier_is_weighed_by_its_time_to_serve_one_more() {
+        let outlier = |requests| Candidate {
+            speed_weight: Some(0.4),
+            ..cand(requests, 0)
+        };
+        // Idle at 40%: one request's time over 0.4 = 2.5 requests' time, 1.5 more than an idle peer.
+        assert_eq!(outlier(0).score(), REQUEST_WEIGHT_TOKENS * 3 / 2);
+        let mut rng = fastrand::Rng::with_seed(3);
+        for _ in 0..50 {
+            assert_eq!(load_aware(&[outlier(0), cand(1, 0)], &mut rng), Some(1));
+            assert_eq!(load_aware(&[outlier(0), cand(2, 0)], &mut rng), Some(0));
+        }
+        // Busy, the same rule: with 2 in flight at 40% a third is served after 7.5 requests' time (6.5 more).
+        assert_eq!(outlier(2).score(), REQUEST_WEIGHT_TOKENS * 13 / 2);
+        // Not an outlier: the plain score.
+        assert_eq!(cand(2, 100).score(), 2 * REQUEST_WEIGHT_TOKENS + 100);
     }
 
     #[test]

@@ -93,12 +93,9 @@ async fn a_hung_engine_draws_no_traffic_from_impatient_clients() {
             .await;
             served += usize::from(status == 200);
         }
-        // Before a stream proves the hang (500 ms without headers sets it aside at once), the non-streamed calls
-        // whose clients gave up are all it has to go on: each leaves a debt that makes the engine look busier, and
-        // ties break at random. A few may reach it; every later one must not.
         let to_hung = generate_requests(&eng[0]);
         assert!(
-            to_hung <= 4,
+            to_hung <= 3,
             "{policy}: the hung engine received {to_hung} of 30 requests"
         );
         assert!(served >= 27, "{policy}: {served} of 30 served");

@@ -98,13 +98,11 @@ async fn an_engine_that_slows_to_a_third_gets_less_work_until_it_recovers() {
     // It gets less new work (weighted, not cut off).
     let slow = rounds(&url, &eng, 8, 3).await;
     assert!(slow[1] < slow[0], "{slow:?}");
-    // Back at speed: its streams are faster than its lines now say, and it leaves. An idle outlier weighs one
-    // request over its weight (about 2.5 here), so rounds of four streams reach it: the samples that show it
-    // recovered. (At lower concurrency its drift fades over FADE_SECONDS instead.)
+    // Back at speed: its streams are faster than its lines now say, and it leaves.
     eng[1].control.set_speed(1.0);
     let mut left = false;
     for _ in 0..40 {
-        rounds(&url, &eng, 1, 4).await;
+        rounds(&url, &eng, 1, 3).await;
         if outlier(&router.metrics_text().await, &eng[1]) == Some(0.0) {
             left = true;
             break;
