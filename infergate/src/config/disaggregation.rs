@@ -195,6 +195,11 @@ mod tests {
             &["required key is missing"],
         );
         assert_err(
+            &format!("{pool}      connector: nixl\n      prefill: {{endpoints: [\"https://127.0.0.1:1\"]}}\n"),
+            "pools[0].disaggregation.prefill.endpoints",
+            &["plain HTTP only", "`https://127.0.0.1:1` is https://"],
+        );
+        assert_err(
             &format!("{pool}      connector: nixl\n      prefill: {{}}\n"),
             "pools[0].disaggregation.prefill.endpoints",
             &["at least one endpoint is required"],
