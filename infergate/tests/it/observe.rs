@@ -585,6 +585,7 @@ async fn dashboard_and_alert_rules_use_only_exported_metrics_and_pass_promtool()
         "InfergateJanitorReleases",
         "InfergateQueueWaitHigh",
         "InfergateTracingSpansLost",
+        "InfergateEndpointSpeedOutlier",
     ] {
         assert!(alerts.contains(wanted), "missing alert {wanted}");
     }
