@@ -10,7 +10,8 @@
 #   --only RE    only the routers matching RE (infergate, vllm-router, smg)
 # Knobs (environment), defaults as scripts/bench.sh: TIME_SCALE (0.2), SESSIONS_PER_ENGINE (40, per decode
 # engine), RATE_PER_ENGINE (0.5), OUTPUT_TOKENS (16-160), SEED (7), AGENT_MAX_SECONDS (120), ENGINE_STATS_INTERVAL
-# (200ms), SHARED_PREFIX_TOKENS (16000), PREFILL (2), DECODE (2), KV_TRANSFER_TOKENS_PER_SEC (200000).
+# (200ms), SHARED_PREFIX_TOKENS (16000), PREFILL (2), DECODE (2), KV_TRANSFER_TOKENS_PER_SEC (200000),
+# PREFILL_POLICY (predicted_ttft: infergate's prefill set).
 #
 # Every process it starts gets its own process group and is stopped after each run and on exit; only 127.0.0.1
 # and free ports are used.
@@ -37,6 +38,7 @@ SESSIONS_PER_ENGINE=${SESSIONS_PER_ENGINE:-40}
 RATE_PER_ENGINE=${RATE_PER_ENGINE:-0.5}
 OUTPUT_TOKENS=${OUTPUT_TOKENS:-16-160}
 SEED=${SEED:-7}
+PREFILL_POLICY=${PREFILL_POLICY:-predicted_ttft}
 AGENT_MAX_SECONDS=${AGENT_MAX_SECONDS:-120}
 ENGINE_STATS_INTERVAL=${ENGINE_STATS_INTERVAL:-200ms}
 SHARED_PREFIX_TOKENS=${SHARED_PREFIX_TOKENS:-16000}
@@ -97,7 +99,7 @@ start_router() {
         echo "    disaggregation:"
         echo "      connector: nixl"
         echo "      prefill:"
-        echo "        policy: predicted_ttft"
+        echo "        policy: $PREFILL_POLICY"
         echo "        sessions: { header: x-session-id }"
         echo "        endpoints: [$(for u in "${pre[@]}"; do printf '"%s", ' "$u"; done | sed 's/, $//')]"
         echo "        health_check: { path: /health, interval: 1s, timeout: 1s, healthy_after: 1, unhealthy_after: 3 }"
@@ -167,9 +169,9 @@ done
 ELAPSED=$(( $(date +%s) - START_EPOCH ))
 
 python3 - "$OUT" "$MD" "$ELAPSED" "$PREFILL" "$DECODE" "$TIME_SCALE" "$SESSIONS_PER_ENGINE" "$RATE_PER_ENGINE" \
-  "$OUTPUT_TOKENS" "$SEED" "$KV_TRANSFER_TOKENS_PER_SEC" "$(git rev-parse --short HEAD)" <<'PY'
+  "$OUTPUT_TOKENS" "$SEED" "$KV_TRANSFER_TOKENS_PER_SEC" "$(git rev-parse --short HEAD)" "$PREFILL_POLICY" <<'PY'
 import glob, json, os, sys
-out, md, elapsed, npre, ndec, ts, spe, rpe, otok, seed, kvtps, commit = sys.argv[1:]
+out, md, elapsed, npre, ndec, ts, spe, rpe, otok, seed, kvtps, commit, prefill_policy = sys.argv[1:]
 def hist(run, name):
     """(count, sum) of a router histogram over every label set."""
     c = s = 0.0
@@ -196,7 +198,7 @@ lines = ["## Disaggregated prefill and decode", "",
     f"of the main table (seed {seed}, {int(spe) * int(ndec)} sessions at {float(rpe) * int(ndec):g} per simulated "
     f"second, `max_tokens` {otok}, `--time-scale {ts}`) on {npre} prefill and {ndec} decode engine-sim engines "
     f"speaking NixlConnector's kv_transfer_params (`--kv-transfer`, {float(kvtps):g} tokens/s of KV transfer). "
-    "infergate: prefill set predicted_ttft with sessions, decode pool load_aware with sessions, engine stats every "
+    f"infergate: prefill set {prefill_policy} with sessions, decode pool load_aware with sessions, engine stats every "
     "200 ms. Per-leg times are infergate's own series (`infergate_disagg_prefill_seconds`, "
     "`infergate_disagg_kv_transfer_seconds`: a streamed decode leg's dispatch to its first token).", "",
     "| scenario | router | requests | errors | TTFT p95 ms | slowest-5% decode tok/s | prefill leg mean ms | KV transfer + first token mean ms | prompt tokens computed by prefill / by decode engines |",
