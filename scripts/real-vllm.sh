@@ -77,16 +77,31 @@ wait_healthy() {
 }
 
 export INFERGATE_VLLM_MODEL_DIR=$VLLM_MODEL INFERGATE_VLLM_PYTHON=$VLLM_PYTHON INFERGATE_VLLM_MODEL=tiny
-passed=0
+passed=0 STAGE=()
+# failed OUT RC: repeats what a failed suite said and what the engines logged as errors, last, where a truncated
+# CI log still shows it; exits RC.
+failed() {
+  log "FAILED (exit $2); the failures again:"
+  grep -A12 "panicked at" "$1" | head -60 || true
+  local name
+  for name in "${STAGE[@]}"; do
+    log "the last errors and KV-transfer lines in $name.log:"
+    grep -E "ERROR|Error|NIXL|UCX|ucx|KV Transfer" "$LOGS/$name.log" \
+      | grep -vE "GET /|is available|Initializ|instantiated|UCX_RCACHE" | tail -12 | cut -c1-400 || true
+  done
+  log "FAILED (exit $2)"
+  exit "$2"
+}
 # suite FILTER [ARGS...]: the real-engine tests under real_vllm::FILTER; counts the passed into $passed.
 suite() {
   local out=$LOGS/suite-${1:-all}.log rc n
   set +e
-  timeout "$SUITE_TIMEOUT" cargo test -p infergate --test it "real_vllm::$1" -- --ignored --test-threads=1 --nocapture \
-    "${@:2}" 2>&1 | tee "$out"
+  # No backtraces: a CI log keeps its head and tail, and a backtrace would push the panic's message out of both.
+  RUST_BACKTRACE=0 timeout "$SUITE_TIMEOUT" cargo test -p infergate --test it "real_vllm::$1" -- --ignored \
+    --test-threads=1 --nocapture "${@:2}" 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   set -e
-  if [ "$rc" -ne 0 ]; then log "FAILED (exit $rc)"; exit "$rc"; fi
+  if [ "$rc" -ne 0 ]; then failed "$out" "$rc"; fi
   n=$(grep -oE 'test result: ok\. [0-9]+ passed' "$out" | awk '{ s += $4 } END { print s + 0 }')
   passed=$((passed + n))
 }
@@ -94,6 +109,7 @@ suite() {
 if [ "$MAIN" = 1 ]; then
   names=(); for i in "${!urls[@]}"; do names+=("engine-$((i + 1))"); done
   wait_healthy "${names[@]}"
+  STAGE=("${names[@]}")
   export INFERGATE_VLLM_ENGINES=$(IFS=,; echo "${urls[*]}")
   export INFERGATE_VLLM_KV_EVENTS=$(IFS=,; echo "${kv[*]}")
   export INFERGATE_VLLM_KV_REPLAY=$(IFS=,; echo "${replay[*]}")
@@ -120,6 +136,7 @@ if [ "$PD" = 1 ]; then
     PIDS+=($!)
   done
   wait_healthy pd-prefill pd-decode
+  STAGE=(pd-prefill pd-decode)
   export INFERGATE_VLLM_PD_PREFILL=${urls[0]} INFERGATE_VLLM_PD_DECODE=${urls[1]}
   suite disagg
 fi

@@ -60,7 +60,8 @@ assert r.usage.completion_tokens == 6, r
 p = r.usage.prompt_tokens
 chunks = [ch for ch in c.chat.completions.create(model=m, messages=[{"role": "user", "content": "B " + text}],
           max_tokens=5, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})]
-assert sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content) >= 5, chunks
+# Dummy weights pick random tokens, and a lone byte-fallback token decodes to no text: count tokens by usage.
+assert any(ch.choices and ch.choices[0].finish_reason == "length" for ch in chunks), chunks
 assert chunks[-1].usage.completion_tokens == 5, chunks[-1]
 print("sdk ok", openai.__version__, "prompt", p)
 "#;
