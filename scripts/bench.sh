@@ -7,8 +7,8 @@
 #                          [--scenarios "agent shared-prefix mixed burst overhead"] [--only REGEX] [--md FILE]
 #                          [--matrix]
 #   fleets: N equal engines; N-unequal: the second half at UNEQUAL_SPEED (0.5) of the others' speed; N-slowing:
-#              the last engine drops to SLOW_SPEED (0.3) of its speed SLOW_AFTER (20) wall seconds after it first
-#              has work
+#              the last engine drops to SLOW_SPEED (0.3) of its speed SLOW_AFTER (20) simulated seconds (4 wall
+#              seconds at the default time scale, a fifth of an agent run) after it first has work
 #   --matrix     issue 26's matrix: agent, shared-prefix and mixed on fleets 2 4 4-unequal 2-slowing, seeds 7 8 9,
 #              infergate predicted_ttft with and without engine_stats beside vllm-router cache_aware and
 #              consistent_hash and smg cache_aware, one table per scenario and fleet (about 7 hours)
@@ -22,6 +22,7 @@
 # Knobs (environment): TIME_SCALE (0.2), SESSIONS_PER_ENGINE (40), RATE_PER_ENGINE (0.5 sessions per simulated
 # second), OUTPUT_TOKENS (16-160), SEED (7), REPEAT_SEEDS ("8 9": the headline configurations REPEAT_ONLY run
 # again with these seeds), AGENT_MAX_SECONDS (120), BURST_SEEDS ("1 2 3 4 5"),
+# INFERGATE_BIN (the router binary to measure, default the release build; for A/B runs of two builds),
 # OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), ENGINE_STATS_INTERVAL (200ms), SHARED_PREFIX_TOKENS (16000),
 # SCENARIO_TABLES (0; 1: one table per scenario and fleet with means over every seed run, ratios to the best peer
 # per metric and issue 26's targets, instead of the single-seed matrix).
@@ -245,8 +246,9 @@ start_sim() {
       done
       speed_args=(--speeds "$(IFS=,; echo "${speeds[*]}")") ;;
     slowing)
-      # engine-sim counts simulated seconds: the wall-clock delay over the time scale.
-      speed_args=(--speed-change "$((n - 1)):$(python3 -c "print($SLOW_AFTER / $ts)"):$SLOW_SPEED") ;;
+      # In simulated seconds, as engine-sim counts them: the slowdown comes at the same point of the traffic
+      # whatever the time scale.
+      speed_args=(--speed-change "$((n - 1)):$SLOW_AFTER:$SLOW_SPEED") ;;
     *) REASON="unknown fleet $1"; return 1 ;;
   esac
   for i in $(seq 1 "$n"); do
@@ -306,7 +308,7 @@ start_router() {
         [ -n "$fallback" ] && echo "    prefix: { fallback: $fallback }"
         true
       } >"$RUN_DIR/infergate.yaml"
-      start_bg "$RUN_DIR/router.log" "$BIN/infergate" -c "$RUN_DIR/infergate.yaml"
+      start_bg "$RUN_DIR/router.log" "${INFERGATE_BIN:-$BIN/infergate}" -c "$RUN_DIR/infergate.yaml"
       ;;
     vllm-router)
       [ -n "$VLLM_ROUTER" ] || { REASON="vllm-router is not installed"; return 1; }
