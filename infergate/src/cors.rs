@@ -68,16 +68,19 @@ pub fn apply(
     resp: &mut ResponseHeader,
 ) -> pingora_error::Result<()> {
     // Header edits are costly in Pingora's case-preserving map: only when the engine sent some.
-    if resp.headers.contains_key("access-control-allow-origin") {
+    if resp
+        .headers
+        .contains_key(http::header::ACCESS_CONTROL_ALLOW_ORIGIN)
+    {
         for name in [
-            "access-control-allow-origin",
-            "access-control-allow-credentials",
-            "access-control-allow-methods",
-            "access-control-allow-headers",
-            "access-control-expose-headers",
-            "access-control-max-age",
+            http::header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            http::header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            http::header::ACCESS_CONTROL_ALLOW_METHODS,
+            http::header::ACCESS_CONTROL_ALLOW_HEADERS,
+            http::header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            http::header::ACCESS_CONTROL_MAX_AGE,
         ] {
-            resp.remove_header(name);
+            resp.remove_header(&name);
         }
     }
     if let Some(allow) = allow_origin(cfg, req) {

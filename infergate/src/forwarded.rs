@@ -7,10 +7,14 @@
 
 use std::net::IpAddr;
 
+use http::HeaderName;
 use pingora_core::protocols::l4::socket::SocketAddr;
 use pingora_http::RequestHeader;
 
 use crate::config::Cidr;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// The three headers as they go upstream; `None` removes the header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,37 +35,47 @@ pub fn is_trusted(peer: Option<IpAddr>, trusted: &[Cidr]) -> bool {
     peer.is_some_and(|ip| trusted.iter().any(|c| c.contains(ip)))
 }
 
-/// An address as text; IPv4 by hand, since `Display` (the formatting machinery) costs more than the rest of this
-/// module on every request.
+/// Append an IPv4 address as text; by hand, since `Display` (the formatting machinery) costs more than the rest
+/// of this module on every request.
+fn push_ipv4(out: &mut String, a: std::net::Ipv4Addr) {
+    for (i, octet) in a.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if octet >= 100 {
+            out.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            out.push(char::from(b'0' + octet / 10 % 10));
+        }
+        out.push(char::from(b'0' + octet % 10));
+    }
+}
+
+/// An address as text.
 fn ip_text(ip: IpAddr) -> String {
     match ip {
         IpAddr::V4(a) => {
             let mut out = String::with_capacity(15);
-            for (i, octet) in a.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push('.');
-                }
-                if octet >= 100 {
-                    out.push(char::from(b'0' + octet / 100));
-                }
-                if octet >= 10 {
-                    out.push(char::from(b'0' + octet / 10 % 10));
-                }
-                out.push(char::from(b'0' + octet % 10));
-            }
+            push_ipv4(&mut out, a);
             out
         }
         IpAddr::V6(a) => a.to_string(),
     }
 }
 
-/// The `Forwarded` node for `peer`: an IPv4 address bare, an IPv6 one quoted in brackets (RFC 7239 §6), and
-/// `unknown` without an address.
-fn forwarded_node(peer: Option<IpAddr>) -> String {
+/// The `Forwarded` element for `peer`, `for=` and its node: an IPv4 address bare, an IPv6 one quoted in brackets
+/// (RFC 7239 §6), and `unknown` without an address.
+fn forwarded_for(peer: Option<IpAddr>) -> String {
     match peer {
-        Some(ip @ IpAddr::V4(_)) => ip_text(ip),
-        Some(IpAddr::V6(a)) => format!("\"[{a}]\""),
-        None => "unknown".to_string(),
+        Some(IpAddr::V4(a)) => {
+            let mut out = String::with_capacity(19);
+            out.push_str("for=");
+            push_ipv4(&mut out, a);
+            out
+        }
+        Some(IpAddr::V6(a)) => format!("for=\"[{a}]\""),
+        None => "for=unknown".to_string(),
     }
 }
 
@@ -92,7 +106,7 @@ pub fn compute(
     x_real_ip: Option<&[u8]>,
 ) -> ForwardHeaders {
     let client = peer.map(ip_text);
-    let node = format!("for={}", forwarded_node(peer));
+    let node = forwarded_for(peer);
     let keep_real_ip =
         is_trusted(peer, trusted) && x_real_ip.is_some_and(|v| !v.trim_ascii().is_empty());
     ForwardHeaders {
@@ -113,34 +127,35 @@ pub fn apply(
     trusted: &[Cidr],
 ) -> pingora_error::Result<()> {
     let h = {
-        let all = |name: &str| -> Vec<&[u8]> {
+        // Looked up by `HeaderName`: a `&str` name is parsed again at every lookup.
+        let all = |name: &HeaderName| -> Vec<&[u8]> {
             req.headers
                 .get_all(name)
                 .iter()
                 .map(|v| v.as_bytes())
                 .collect()
         };
-        let real_ip = req.headers.get("x-real-ip").map(|v| v.as_bytes());
+        let real_ip = req.headers.get(&X_REAL_IP).map(|v| v.as_bytes());
         compute(
             peer,
             trusted,
-            &all("x-forwarded-for"),
-            &all("forwarded"),
+            &all(&X_FORWARDED_FOR),
+            &all(&http::header::FORWARDED),
             real_ip,
         )
     };
     match h.x_forwarded_for {
         Some(v) => req.insert_header("x-forwarded-for", v)?,
-        None if req.headers.contains_key("x-forwarded-for") => {
-            req.remove_header("x-forwarded-for");
+        None if req.headers.contains_key(&X_FORWARDED_FOR) => {
+            req.remove_header(&X_FORWARDED_FOR);
         }
         None => {}
     }
     req.insert_header("forwarded", h.forwarded)?;
     match h.x_real_ip {
         Some(v) => req.insert_header("x-real-ip", v)?,
-        None if req.headers.contains_key("x-real-ip") => {
-            req.remove_header("x-real-ip");
+        None if req.headers.contains_key(&X_REAL_IP) => {
+            req.remove_header(&X_REAL_IP);
         }
         None => {}
     }

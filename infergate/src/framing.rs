@@ -8,6 +8,7 @@
 //! switch: a request asking to upgrade (`Upgrade: websocket`) is a 400, except `h2c`, which a server may ignore
 //! and curl sends with `--http2` on plain http (the header is then dropped on the way to the engine).
 
+use http::HeaderName;
 use pingora_http::RequestHeader;
 
 use crate::errors::ApiError;
@@ -64,19 +65,28 @@ fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 /// Headers that describe one connection, never the request (RFC 9110 §7.6.1, and the obsolete ones proxies still
 /// meet): they are not forwarded to the engine, nor is any header a `Connection` header names.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
-    "http2-settings",
-    "proxy-authorization",
+static HOP_BY_HOP: [HeaderName; 8] = [
+    http::header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::UPGRADE,
+    HeaderName::from_static("http2-settings"),
+    http::header::PROXY_AUTHORIZATION,
 ];
 
+/// Remove every header whose name `drop` picks from a request: one pass over the names the request carries, not
+/// one lookup per candidate name (a lookup by a `&str` parses the name first; most requests carry none of them).
+pub fn remove_matching(req: &mut RequestHeader, drop: impl Fn(&HeaderName) -> bool) {
+    let found: Vec<HeaderName> = req.headers.keys().filter(|k| drop(k)).cloned().collect();
+    for name in &found {
+        req.remove_header(name);
+    }
+}
+
 /// Remove the hop-by-hop headers (and those `Connection` names) from a request about to be forwarded. Costs one
-/// lookup per name when none is present, the common case.
+/// pass over the request's header names when none is present, the common case.
 pub fn strip_hop_by_hop(req: &mut RequestHeader) {
     let named: Vec<String> = req
         .headers
@@ -86,16 +96,12 @@ pub fn strip_hop_by_hop(req: &mut RequestHeader) {
         .filter_map(|t| std::str::from_utf8(t).ok())
         .map(str::to_ascii_lowercase)
         .collect();
-    for name in HOP_BY_HOP
-        .iter()
-        .copied()
-        .chain(named.iter().map(String::as_str))
-    {
-        // Transfer-Encoding is the caller's: the held body is re-framed with one Content-Length.
-        if name != "transfer-encoding" && req.headers.contains_key(name) {
-            req.remove_header(name);
-        }
-    }
+    remove_matching(req, |name| {
+        HOP_BY_HOP.contains(name)
+            // Transfer-Encoding is the caller's: the held body is re-framed with one Content-Length.
+            || (name != http::header::TRANSFER_ENCODING
+                && named.iter().any(|n| n.as_str() == name.as_str()))
+    });
 }
 
 /// The session header value is too long: 431 (a header field too large), or for a body's `prompt_cache_key`, 400.

@@ -5,15 +5,15 @@
 //! access log, cluster, stored responses); the live gauges are read at scrape time (`live`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 
 use std::time::{Duration, Instant};
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::placement::Reason;
@@ -75,9 +75,29 @@ pub struct EndpointSeries<'a> {
     pub pool: &'a str,
     pub endpoint: &'a str,
     pub removed: &'a AtomicBool,
+    /// The endpoint's most written series, looked up on first use (see [`EndpointHandles`]).
+    pub handles: &'a OnceLock<EndpointHandles>,
 }
 
+/// One endpoint's series written by every request, looked up once: `with_label_values` hashes the labels at each
+/// call. Looked up inside [`Metrics::unless_removed`] only, so a departed endpoint's deleted series are never
+/// created again; kept by the endpoint, and used only with the registry they came from.
+#[derive(Debug)]
+pub struct EndpointHandles {
+    /// The [`Metrics`] they belong to.
+    metrics: u64,
+    /// `infergate_requests_total{code="200"}`.
+    ok: IntCounter,
+    request_duration: Histogram,
+    time_to_first_byte: Histogram,
+}
+
+/// Tells one [`Metrics`] from another (tests build several), for [`EndpointHandles`].
+static NEXT_METRICS_ID: AtomicU64 = AtomicU64::new(1);
+
 pub struct Metrics {
+    /// From [`NEXT_METRICS_ID`]: which registry an endpoint's [`EndpointHandles`] belong to.
+    id: u64,
     registry: Registry,
     /// Held shared while a series of one endpoint is written (after checking the endpoint is still a member)
     /// and exclusively while a departed endpoint's series are deleted: a write that passed the check cannot
@@ -195,6 +215,7 @@ impl Metrics {
             .register(Box::new(last_reload.clone()))
             .expect("unique metric name");
         Arc::new(Metrics {
+            id: NEXT_METRICS_ID.fetch_add(1, Ordering::Relaxed),
             endpoint_series: parking_lot::RwLock::new(()),
             prefill_tokens_estimated_total: counter(
                 &registry,
@@ -365,12 +386,32 @@ impl Metrics {
         }
     }
 
+    /// `ep`'s [`EndpointHandles`], looked up on first use; None if they belong to another registry. Only inside
+    /// [`Metrics::unless_removed`]: the lookup creates the series.
+    fn handles<'a>(&self, ep: &EndpointSeries<'a>) -> Option<&'a EndpointHandles> {
+        let l = [ep.pool, ep.endpoint];
+        let h = ep.handles.get_or_init(|| EndpointHandles {
+            metrics: self.id,
+            ok: self
+                .requests_total
+                .with_label_values(&[ep.pool, ep.endpoint, "200"]),
+            request_duration: self.request_duration.with_label_values(&l),
+            time_to_first_byte: self.time_to_first_byte.with_label_values(&l),
+        });
+        (h.metrics == self.id).then_some(h)
+    }
+
     /// Time to first byte of a successful answer from `ep` (not for a departed endpoint: its series are gone).
     pub fn observe_ttfb(&self, ep: EndpointSeries, elapsed: Duration) {
         self.unless_removed(ep.removed, || {
-            self.time_to_first_byte
-                .with_label_values(&[ep.pool, ep.endpoint])
-                .observe(elapsed.as_secs_f64());
+            let seconds = elapsed.as_secs_f64();
+            match self.handles(&ep) {
+                Some(h) => h.time_to_first_byte.observe(seconds),
+                None => self
+                    .time_to_first_byte
+                    .with_label_values(&[ep.pool, ep.endpoint])
+                    .observe(seconds),
+            }
         });
     }
 
@@ -389,12 +430,22 @@ impl Metrics {
     /// Not for a departed endpoint: a stream that outlived its endpoint must not bring the deleted series back.
     pub fn request_done(&self, ep: EndpointSeries, code: u16, started: Instant) {
         self.unless_removed(ep.removed, || {
-            self.requests_total
-                .with_label_values(&[ep.pool, ep.endpoint, code.to_string().as_str()])
-                .inc();
-            self.request_duration
-                .with_label_values(&[ep.pool, ep.endpoint])
-                .observe(started.elapsed().as_secs_f64());
+            let h = self.handles(&ep);
+            match h {
+                Some(h) if code == 200 => h.ok.inc(),
+                _ => self
+                    .requests_total
+                    .with_label_values(&[ep.pool, ep.endpoint, code.to_string().as_str()])
+                    .inc(),
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            match h {
+                Some(h) => h.request_duration.observe(seconds),
+                None => self
+                    .request_duration
+                    .with_label_values(&[ep.pool, ep.endpoint])
+                    .observe(seconds),
+            }
         });
     }
 
@@ -483,5 +534,39 @@ mod tests {
         assert!(!text.contains("10.0.0.1:8000"), "{text}");
         // Once removed, nothing is written.
         metrics.unless_removed(&removed, || panic!("written after removal"));
+    }
+
+    #[test]
+    fn cached_handles_write_the_labelled_series_and_only_for_their_registry() {
+        let (a, b) = (Metrics::new(), Metrics::new());
+        let removed = AtomicBool::new(false);
+        let handles = OnceLock::new();
+        let ep = EndpointSeries {
+            pool: "p",
+            endpoint: "10.0.0.1:8000",
+            removed: &removed,
+            handles: &handles,
+        };
+        a.request_done(ep, 200, Instant::now());
+        a.request_done(ep, 503, Instant::now());
+        a.observe_ttfb(ep, Duration::from_millis(5));
+        // The handles are a's: b writes its own series.
+        b.request_done(ep, 200, Instant::now());
+        let l = ["p", "10.0.0.1:8000"];
+        let count = |m: &Metrics, code: &str| {
+            m.requests_total
+                .with_label_values(&["p", "10.0.0.1:8000", code])
+                .get()
+        };
+        assert_eq!((count(&a, "200"), count(&a, "503")), (1, 1));
+        assert_eq!((count(&b, "200"), count(&b, "503")), (1, 0));
+        let durations = |m: &Metrics| m.request_duration.with_label_values(&l).get_sample_count();
+        assert_eq!((durations(&a), durations(&b)), (2, 1));
+        assert_eq!(
+            a.time_to_first_byte
+                .with_label_values(&l)
+                .get_sample_count(),
+            1
+        );
     }
 }

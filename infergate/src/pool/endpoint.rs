@@ -96,6 +96,8 @@ pub struct Endpoint {
     pub drift: Drift,
     /// The metrics callback every hold on this endpoint shares (built once, on first use).
     pub release_hook: std::sync::OnceLock<crate::ledger::ReleaseHook>,
+    /// Its series every request writes (looked up once, `metrics`).
+    series_handles: std::sync::OnceLock<crate::metrics::EndpointHandles>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -128,6 +130,7 @@ impl Endpoint {
             decode_speed: DecodeSpeed::default(),
             drift: Drift::default(),
             release_hook: std::sync::OnceLock::new(),
+            series_handles: std::sync::OnceLock::new(),
         }
     }
 
@@ -137,6 +140,7 @@ impl Endpoint {
             pool: &self.pool,
             endpoint: &self.label,
             removed: &self.removed,
+            handles: &self.series_handles,
         }
     }
 

@@ -19,7 +19,7 @@ pub const PREFILL_ENDPOINT_HEADER: &str = "x-infergate-prefill-endpoint";
 
 /// Set the request's id on a response: the value `request_id::assign` left in the request header.
 pub(super) fn echo_request_id(session: &Session, resp: &mut ResponseHeader) -> Result<()> {
-    if let Some(id) = session.req_header().headers.get(request_id::HEADER) {
+    if let Some(id) = session.req_header().headers.get(&request_id::NAME) {
         resp.insert_header(request_id::HEADER, id.clone())?;
     }
     Ok(())
@@ -79,7 +79,7 @@ impl Router {
         );
         let id = req
             .headers
-            .get(request_id::HEADER)
+            .get(&request_id::NAME)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-");
         let downstream = session.as_downstream();

@@ -146,13 +146,15 @@ impl Router {
 
 #[async_trait]
 impl ProxyHttp for Router {
-    type CTX = Ctx;
+    /// Boxed: Pingora keeps the context inside the request's future, which is moved (copied) whole into its box,
+    /// and the context by value appears there more than once; boxed it is one pointer.
+    type CTX = Box<Ctx>;
 
-    fn new_ctx(&self) -> Ctx {
-        Ctx::default()
+    fn new_ctx(&self) -> Box<Ctx> {
+        Box::default()
     }
 
-    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Box<Ctx>) -> Result<()> {
         // The header is in: its deadline is off, a kept-alive connection may idle timeouts.client_idle, and a
         // write to a client that stopped reading gives up after timeouts.client_write.
         let t = &self.current().timeouts;
@@ -167,11 +169,15 @@ impl ProxyHttp for Router {
         Ok(())
     }
 
-    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Box<Ctx>) -> Result<bool> {
         self.take_request(session, ctx).await
     }
 
-    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        session: &mut Session,
+        ctx: &mut Box<Ctx>,
+    ) -> Result<Box<HttpPeer>> {
         self.choose_peer(session, ctx).await
     }
 
@@ -179,7 +185,7 @@ impl ProxyHttp for Router {
         &self,
         session: &mut Session,
         req: &mut RequestHeader,
-        ctx: &mut Ctx,
+        ctx: &mut Box<Ctx>,
     ) -> Result<()> {
         self.edit_upstream_request(session, req, ctx).await
     }
@@ -189,7 +195,7 @@ impl ProxyHttp for Router {
         _session: &mut Session,
         body: &mut Option<Bytes>,
         _end_of_stream: bool,
-        ctx: &mut Ctx,
+        ctx: &mut Box<Ctx>,
     ) -> Result<()> {
         if let Some(held) = &ctx.body {
             // Read whole in request_filter: Pingora asks once per attempt (vendor/pingora-proxy.patch).
@@ -203,7 +209,7 @@ impl ProxyHttp for Router {
         &self,
         _session: &mut Session,
         resp: &mut ResponseHeader,
-        ctx: &mut Ctx,
+        ctx: &mut Box<Ctx>,
     ) -> Result<()> {
         self.on_upstream_head(resp, ctx).await
     }
@@ -212,7 +218,7 @@ impl ProxyHttp for Router {
         &self,
         session: &mut Session,
         resp: &mut ResponseHeader,
-        ctx: &mut Ctx,
+        ctx: &mut Box<Ctx>,
     ) -> Result<()> {
         // A request in flight when a drain starts: its client reconnects instead of reusing this connection.
         crate::lifecycle::close_if_draining(session);
@@ -225,7 +231,7 @@ impl ProxyHttp for Router {
         _session: &mut Session,
         body: &mut Option<Bytes>,
         _end_of_stream: bool,
-        ctx: &mut Ctx,
+        ctx: &mut Box<Ctx>,
     ) -> Result<Option<Duration>> {
         self.on_body_chunk(body, ctx)
     }
@@ -234,7 +240,7 @@ impl ProxyHttp for Router {
         &self,
         _session: &mut Session,
         _peer: &HttpPeer,
-        ctx: &mut Ctx,
+        ctx: &mut Box<Ctx>,
         e: Box<Error>,
     ) -> Box<Error> {
         self.connect_failed(ctx, e)
@@ -245,17 +251,22 @@ impl ProxyHttp for Router {
         _peer: &HttpPeer,
         session: &mut Session,
         e: Box<Error>,
-        ctx: &mut Ctx,
+        ctx: &mut Box<Ctx>,
         client_reused: bool,
     ) -> Box<Error> {
         self.proxy_error(session, e, ctx, client_reused)
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut Box<Ctx>,
+    ) -> FailToProxy {
         self.answer_failure(session, e, ctx).await
     }
 
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Box<Ctx>) {
         let code = match (ctx.answered, e) {
             (Some(code), _) => code,
             // Stream broken or client gone: the status line may say 200, but the request failed.
@@ -287,14 +298,14 @@ impl ProxyHttp for Router {
         }
     }
 
-    fn request_summary(&self, session: &Session, ctx: &Ctx) -> String {
+    fn request_summary(&self, session: &Session, ctx: &Box<Ctx>) -> String {
         exposure::request_summary(session.req_header(), ctx.target.as_ref())
     }
 
     fn persist_connection_context(
         &self,
         session: &Session,
-        _ctx: &Ctx,
+        _ctx: &Box<Ctx>,
     ) -> Option<Box<dyn std::any::Any + Send + Sync>> {
         // The connection will wait for another request: its header gets timeouts.request_header again.
         crate::clients::awaiting_next_request(session);

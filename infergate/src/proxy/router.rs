@@ -500,12 +500,6 @@ pub(super) fn non_streaming_release(
     estimated_prefill.unwrap_or(janitor_age.saturating_sub(janitor_age / 10))
 }
 
-pub(super) fn remove_if_present(req: &mut RequestHeader, name: &str) {
-    if req.headers.contains_key(name) {
-        req.remove_header(name);
-    }
-}
-
 /// The validated `Content-Length`: None for chunked bodies; several identical headers count as one.
 pub(super) fn content_length(req: &RequestHeader) -> std::result::Result<Option<u64>, ApiError> {
     let mut value = None;

@@ -11,13 +11,16 @@ use pingora_proxy::Session;
 use crate::errors::ApiError;
 
 use super::ctx::Attempt;
-use super::router::{non_streaming_release, remove_if_present, Leg};
+use super::router::{non_streaming_release, Leg};
 use super::Ctx;
 use super::{first_output, Router};
 use crate::forwarded;
 use crate::ledger::ReleaseCause;
 use crate::pool::Pool;
 use crate::request::CallKind;
+
+/// The client's Anthropic-style key header.
+static X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
 
 impl Router {
     pub(super) async fn choose_peer(
@@ -144,6 +147,7 @@ impl Router {
         ctx: &mut Ctx,
     ) -> Result<()> {
         // Header edits are costly in Pingora's case-preserving map: touch only what must change.
+        let mut client_authorization = false;
         if let Some(ep) = &ctx.endpoint {
             if req.headers.get(http::header::HOST).map(|h| h.as_bytes())
                 != Some(ep.label.as_bytes())
@@ -153,20 +157,24 @@ impl Router {
             match ep.api_key() {
                 Some(key) => req.insert_header("authorization", format!("Bearer {key}"))?,
                 // The client's key is for the router, never for the engine.
-                None => remove_if_present(req, "authorization"),
+                None => client_authorization = true,
             }
         }
-        // The client's Anthropic-style key is for the router too.
-        remove_if_present(req, "x-api-key");
-        // The router answered `Expect` itself and holds the whole body: send it with one exact length.
-        remove_if_present(req, "expect");
-        // The router reads the start of answers (the first output, a stored response's id): plain bytes, always.
-        remove_if_present(req, "accept-encoding");
+        let held_body = ctx.body.is_some();
+        // One pass over the client's header names: its Anthropic-style key is for the router too; the router
+        // answered `Expect` itself and holds the whole body (sent with one exact length, no Transfer-Encoding); it
+        // reads the start of answers (the first output, a stored response's id): plain bytes, always.
+        crate::framing::remove_matching(req, |name| {
+            (client_authorization && *name == http::header::AUTHORIZATION)
+                || *name == X_API_KEY
+                || *name == http::header::EXPECT
+                || *name == http::header::ACCEPT_ENCODING
+                || (held_body && *name == http::header::TRANSFER_ENCODING)
+        });
         // The client's connection is not the engine's: Connection, Upgrade (an ignored h2c offer), Keep-Alive, TE,
         // Proxy-Authorization and whatever Connection names stay here.
         crate::framing::strip_hop_by_hop(req);
         if let Some(b) = &ctx.body {
-            remove_if_present(req, "transfer-encoding");
             let len = b.bytes.len().to_string();
             let same = req
                 .headers
