@@ -16,6 +16,8 @@ pub enum OverBudget {
     Reject,
     /// Wait at the router until a prediction fits, up to `max_wait`; then 429.
     Wait,
+    /// Place it anyway, where it costs least: the budget is an objective placement ranks by, never a refusal.
+    Place,
 }
 
 impl OverBudget {
@@ -23,6 +25,7 @@ impl OverBudget {
         match self {
             OverBudget::Reject => "reject",
             OverBudget::Wait => "wait",
+            OverBudget::Place => "place",
         }
     }
 }
@@ -62,9 +65,10 @@ impl TtftBudgetConfig {
             Some(_) => match when_over.string()?.trim() {
                 "reject" => OverBudget::Reject,
                 "wait" => OverBudget::Wait,
+                "place" => OverBudget::Place,
                 other => {
                     return Err(when_over.err(format!(
-                        "unknown value `{other}`; expected one of reject, wait"
+                        "unknown value `{other}`; expected one of reject, wait, place"
                     )))
                 }
             },
@@ -116,6 +120,14 @@ mod tests {
                 max_wait: Duration::from_secs(3),
             })
         );
+        let c = parse(&pool_with(&format!(
+            "{PREDICTED}    ttft_budget: {{ default: 400ms, when_over: place }}\n"
+        )))
+        .unwrap();
+        assert_eq!(
+            c.pools[0].ttft_budget.map(|b| b.when_over),
+            Some(OverBudget::Place)
+        );
         assert_err(
             &pool_with("    ttft_budget: { default: 1s }\n"),
             "pools[0].ttft_budget",
@@ -126,7 +138,7 @@ mod tests {
                 "{PREDICTED}    ttft_budget: {{ when_over: queue }}\n"
             )),
             "pools[0].ttft_budget.when_over",
-            &["expected one of reject, wait"],
+            &["expected one of reject, wait, place"],
         );
         assert_err(
             &pool_with(&format!("{PREDICTED}    ttft_budget: {{ default: 0s }}\n")),

@@ -1,7 +1,8 @@
 //! TTFT budgets on the request path: the budget a request gets (the tightest of its pool's, its key's and its
 //! `x-infergate-ttft-budget-ms` header's, in a pool with `ttft_budget`), and what becomes of a request that no
-//! endpoint's predicted time to first token fits: 429 with `Retry-After` from the prediction, or a wait at the
-//! router (it joins no engine queue) until a prediction fits, bounded; counted per pool and key.
+//! endpoint's predicted time to first token fits: 429 with `Retry-After` from the prediction, a wait at the
+//! router (it joins no engine queue) until a prediction fits, bounded, or placement as without a budget; counted
+//! per pool and key.
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,8 @@ pub(super) enum Outcome {
     TimedOut,
     /// Placed before the pool's speeds were learned: nothing predicted, nothing enforced.
     Unpredicted,
+    /// Placed where it costs least although no endpoint's prediction fits (`when_over: place`).
+    Over,
 }
 
 impl Outcome {
@@ -41,6 +44,7 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::TimedOut => "timed_out",
             Outcome::Unpredicted => "unpredicted",
+            Outcome::Over => "over",
         }
     }
 }
@@ -50,7 +54,7 @@ pub(super) fn counter(metrics: &Metrics) -> IntCounterVec {
     metrics.add(IntCounterVec::new(
         Opts::new(
             "infergate_ttft_budget_total",
-            "Requests with a TTFT budget, by what became of them: met, waited (placed within it after waiting at the router), rejected (429 at once), timed_out (429 after the longest wait), unpredicted (placed before the pool's speeds were learned).",
+            "Requests with a TTFT budget, by what became of them: met, waited (placed within it after waiting at the router), rejected (429 at once), timed_out (429 after the longest wait), unpredicted (placed before the pool's speeds were learned), over (placed although no prediction fits, when_over: place).",
         ),
         &["pool", "key", "outcome"],
     ))
@@ -102,7 +106,10 @@ pub(super) fn budget_of(
 }
 
 /// What to do with a placement whose least predicted time to first token, `least` seconds, misses the budget.
+#[derive(Debug)]
 pub(super) enum Miss {
+    /// Go ahead (`when_over: place`).
+    Place,
     /// Wait and place again.
     Wait,
     /// Answer this 429.
@@ -117,6 +124,9 @@ impl Budget {
     /// `beyond`: not even an idle endpoint would fit it (its own prefill takes longer): refused at once, whatever
     /// `when_over` says, and without `Retry-After` (retrying will not help).
     pub(super) fn miss(&self, pool: &str, least: f64, beyond: bool, now: Instant) -> Miss {
+        if self.when_over == OverBudget::Place {
+            return Miss::Place;
+        }
         if beyond {
             return Miss::Refuse(
                 Outcome::Rejected,
@@ -138,7 +148,7 @@ impl Budget {
                 return Miss::Wait
             }
             OverBudget::Wait => Outcome::TimedOut,
-            OverBudget::Reject => Outcome::Rejected,
+            OverBudget::Reject | OverBudget::Place => Outcome::Rejected,
         };
         // The best endpoint's queue will have drained by about the excess.
         let retry = (least - self.seconds()).ceil().clamp(1.0, 3600.0) as u32;
@@ -215,6 +225,11 @@ impl super::Router {
             predicted.and_then(|p| Some((p.over_budget?, p.beyond_budget)))
         {
             match b.miss(&pool.name, least, beyond, now) {
+                Miss::Place => {
+                    ctx.budget = None;
+                    self.count_budget(&pool.name, ctx.admission.key(), Outcome::Over);
+                    return Ok(true);
+                }
                 Miss::Wait => {
                     b.waited = true;
                     return Ok(false);
@@ -327,6 +342,17 @@ mod tests {
                     ..
                 }
             )
+        ));
+        // `when_over: place`: an objective, never a refusal, even when the prefill alone misses it.
+        let place = TtftBudgetConfig {
+            when_over: OverBudget::Place,
+            ..cfg
+        };
+        let b = budget_of(&place, None, None, t0).unwrap();
+        assert!(matches!(b.miss("p", 2.5, true, t0), Miss::Place));
+        assert!(matches!(
+            b.miss("p", 9.0, false, t0 + Duration::from_secs(60)),
+            Miss::Place
         ));
         // No budget anywhere: none.
         let open = TtftBudgetConfig {

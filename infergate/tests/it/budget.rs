@@ -1,6 +1,7 @@
 //! TTFT budgets end to end with engine-sim: a request no endpoint is predicted to serve within its budget gets 429
 //! with Retry-After from the prediction (`when_over: reject`) or waits at the router until one is
-//! (`when_over: wait`); the header can only tighten the budget; outcomes are counted per pool and key.
+//! (`when_over: wait`), or is placed anyway (`when_over: place`); the header can only tighten the budget; outcomes
+//! are counted per pool and key.
 
 use std::time::{Duration, Instant};
 
@@ -137,5 +138,34 @@ async fn a_request_waits_at_the_router_until_a_prediction_fits() {
         .await;
     assert_eq!(budget_count(&m, "rejected"), 1.0, "{m}");
     assert_eq!(budget_count(&m, "timed_out"), 0.0, "{m}");
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_when_over_place_a_request_no_endpoint_fits_is_served_and_counted_over() {
+    let eng = engines(2, slow_prefill()).await;
+    let extra = "    ttft_budget: { default: 20s, when_over: place }\n";
+    let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), extra)).await;
+    router.all_healthy().await;
+    router.learn_both_throughputs().await;
+    // Idle engines: it fits and is met.
+    assert_eq!(
+        finish(send(&router.url(), 2_000, Some("2000")).await).await,
+        200
+    );
+    // Both engines busy with a 3 s prefill: 500 ms fits nowhere; it is placed anyway and served.
+    let long = occupy_both(&router).await;
+    let r = send(&router.url(), 2_000, Some("500")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(finish(r).await, 200);
+    for h in long {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+    let m = router
+        .metrics_when(|m| budget_count(m, "over") >= 1.0)
+        .await;
+    assert_eq!(budget_count(&m, "over"), 1.0, "{m}");
+    assert!(budget_count(&m, "met") >= 1.0, "{m}");
+    assert_eq!(budget_count(&m, "rejected"), 0.0, "{m}");
     router.wait_idle().await;
 }
