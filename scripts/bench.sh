@@ -23,6 +23,7 @@
 # second), OUTPUT_TOKENS (16-160), SEED (7), REPEAT_SEEDS ("8 9": the headline configurations REPEAT_ONLY run
 # again with these seeds), AGENT_MAX_SECONDS (120), BURST_SEEDS ("1 2 3 4 5"),
 # INFERGATE_BIN (the router binary to measure, default the release build; for A/B runs of two builds),
+# INFERGATE_POOL_EXTRA (one more line of infergate's pool, e.g. 'ttft_budget: { default: 400ms, when_over: place }'),
 # OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), ENGINE_STATS_INTERVAL (200ms), SHARED_PREFIX_TOKENS (16000),
 # SCENARIO_TABLES (0; 1: one table per scenario and fleet with means over every seed run, ratios to the best peer
 # per metric and issue 26's targets, instead of the single-seed matrix).
@@ -52,7 +53,7 @@ while [ $# -gt 0 ]; do
       SCENARIOS="agent shared-prefix mixed"; FLEETS="2 4 4-unequal 2-slowing"; REPEAT_SEEDS="8 9"
       REPEAT_ONLY='.*'; SCENARIO_TABLES=1
       ONLY='^(infergate (predicted_ttft|predicted_ttft/nostats)|vllm-router (cache_aware|consistent_hash)|smg cache_aware)$' ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -306,6 +307,7 @@ start_router() {
         [ "$stats" = 1 ] && echo "    engine_stats: { kind: vllm, path: /metrics, interval: $ENGINE_STATS_INTERVAL }"
         case "$pol" in load_aware|predicted_ttft) echo "    sessions: { header: x-session-id }" ;; esac
         [ -n "$fallback" ] && echo "    prefix: { fallback: $fallback }"
+        [ -n "${INFERGATE_POOL_EXTRA:-}" ] && echo "    $INFERGATE_POOL_EXTRA"
         true
       } >"$RUN_DIR/infergate.yaml"
       start_bg "$RUN_DIR/router.log" "${INFERGATE_BIN:-$BIN/infergate}" -c "$RUN_DIR/infergate.yaml"
