@@ -121,8 +121,8 @@ impl Budget {
         self.limit.as_secs_f64()
     }
 
-    /// `beyond`: not even an idle endpoint would fit it (its own prefill takes longer): refused at once, whatever
-    /// `when_over` says, and without `Retry-After` (retrying will not help).
+    /// `beyond`: not even an idle endpoint would fit it (its own prefill takes longer): refused at once unless
+    /// `when_over` is `place`, and without `Retry-After` (retrying will not help).
     pub(super) fn miss(&self, pool: &str, least: f64, beyond: bool, now: Instant) -> Miss {
         if self.when_over == OverBudget::Place {
             return Miss::Place;
