@@ -217,3 +217,57 @@ async fn predicted_ttft_learns_the_real_prefill_speed_and_measures_its_error() {
     assert!(predicted >= 2.0, "{predicted} predictions checked\n{m}");
     eprintln!("learned prefill speeds {speeds:?} tokens/s; {predicted} predictions, error sum {err_sum:.3} s");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs real vLLM engines: scripts/real-vllm.sh runs it"]
+async fn a_ttft_budget_no_engine_can_meet_is_refused_or_placed_as_configured() {
+    let f = fleet();
+    for (when_over, status, outcome) in [("reject", 429, "rejected"), ("place", 200, "over")] {
+        let extra = format!("    ttft_budget: {{ when_over: {when_over} }}\n");
+        let router = start_router(&fleet_yaml(&f, "predicted_ttft", &extra)).await;
+        router.all_healthy().await;
+        let url = router.url();
+        // Learn both engines' prefill speeds (nothing is predicted, nor enforced, before).
+        for tokens in [2_000, 4_000, 6_000] {
+            let (a, b) = tokio::join!(
+                post_chat(&url, chat(&f, user(&cold_text(tokens)), true, 2)),
+                post_chat(&url, chat(&f, user(&cold_text(tokens)), true, 2)),
+            );
+            assert_eq!((a, b), (200, 200));
+        }
+        router.wait_idle().await;
+        // 1 ms: no real prefill of 3,000 tokens fits it, on any engine, busy or idle.
+        let r = post_json(&client(), &url, CHAT)
+            .header("x-infergate-ttft-budget-ms", "1")
+            .body(chat(&f, user(&cold_text(3_000)), true, 2))
+            .send()
+            .await
+            .expect("response");
+        assert_eq!(r.status(), status, "when_over: {when_over}");
+        let body = r.text().await.unwrap_or_default();
+        if status == 429 {
+            assert!(body.contains("ttft_budget_exceeded"), "{body}");
+        } else {
+            assert!(body.contains("[DONE]"), "{body}");
+        }
+        let m = router
+            .metrics_when(|m| {
+                metric_sum(
+                    m,
+                    "infergate_ttft_budget_total",
+                    &[&format!("outcome=\"{outcome}\"")],
+                ) >= 1.0
+            })
+            .await;
+        assert_eq!(
+            metric_sum(
+                &m,
+                "infergate_ttft_budget_total",
+                &[&format!("outcome=\"{outcome}\"")]
+            ),
+            1.0,
+            "when_over: {when_over}\n{m}"
+        );
+        router.wait_idle().await;
+    }
+}
