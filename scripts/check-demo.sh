@@ -8,14 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --bins --quiet
-read -r -a PORTS <<<"$(python3 - <<'PY'
-import socket
-socks = [socket.socket() for _ in range(6)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)"
+FREE=$(scripts/free-ports.py 6)
+read -r -a PORTS <<<"$FREE"
 OUT=$(mktemp /tmp/infergate-check-demo.XXXXXX)
 trap 'rm -f "$OUT"' EXIT
 status=0

@@ -78,16 +78,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Ten free loopback ports, held together so they are distinct: six engines, the proxy and the metrics listener,
-# and the same two of the router over TLS.
-read -r E1 E2 E3 E4 E5 E6 PROXY METRICS PROXY_TLS METRICS_TLS < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(10)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))
-for s in socks:
-    s.close()')
+# Ten distinct free loopback ports (below the ephemeral range, scripts/free-ports.py): six engines, the proxy and the
+# metrics listener, and the same two of the router over TLS.
+FREE=$(scripts/free-ports.py 10)
+read -r E1 E2 E3 E4 E5 E6 PROXY METRICS PROXY_TLS METRICS_TLS <<<"$FREE"
 
 # Fast simulated time: a 1 MiB prompt prefills in ~0.1 s. Responses kept as vLLM keeps them with
 # VLLM_ENABLE_RESPONSES_API_STORE=1 (the SDK's stored-response calls need it).

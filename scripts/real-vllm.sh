@@ -22,7 +22,16 @@ log() { echo "== real-vllm: $*"; }
 eval "$(scripts/ensure-vllm.sh)"
 scripts/ensure-deps.sh
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Ports below the kernel's ephemeral range: one picked by binding port 0 can be handed to a health-check curl or to
+# vLLM's own get_open_port() before the engine binds it, and the engine core then dies at start.
+# TAKEN: every port handed out in this run, so that no two engines are given the same one before either binds it.
+TAKEN=()
+ports() {
+  local got
+  got=$(scripts/free-ports.py "$1" --not "${TAKEN[@]}") || exit 1
+  read -r -a PORTS <<<"$got"
+  TAKEN+=("${PORTS[@]}")
+}
 
 FILTER=${1:-}
 # The disaggregated test (real_vllm::disagg) runs last, on a pair of engines of its own speaking NixlConnector.
@@ -39,33 +48,59 @@ stop() {
 }
 trap stop EXIT
 
+# One compute thread and the model inside the engine-core process (real-vllm-cpu.md): the 3-process layout
+# busy-waits and costs ~1.8 cores.
+VLLM_ENV=(VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
+  VLLM_HOST_IP=127.0.0.1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1)
+
+# start_main I: starts main engine I (0-based) on fresh ports; sets urls[I], kv[I], replay[I], PIDS[I].
+start_main() {
+  local i=$1 port kvport replayport
+  ports 3
+  read -r port kvport replayport <<<"${PORTS[*]}"
+  urls[i]="http://127.0.0.1:$port" kv[i]="tcp://127.0.0.1:$kvport" replay[i]="tcp://127.0.0.1:$replayport"
+  log "starting engine $((i + 1)) on 127.0.0.1:$port (KV events on $kvport); log $LOGS/engine-$((i + 1)).log"
+  env "${VLLM_ENV[@]}" setsid "$VLLM_PYTHON" scripts/vllm/serve.py serve "$VLLM_MODEL" --load-format dummy \
+    --host 127.0.0.1 --port "$port" --served-model-name tiny --max-model-len 16384 --enforce-eager \
+    --kv-cache-memory-bytes 512M --max-num-seqs 8 --enable-prompt-tokens-details \
+    --kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$kvport\",\"topic\":\"kv\",\"replay_endpoint\":\"tcp://*:$replayport\"}" \
+    >"$LOGS/engine-$((i + 1)).log" 2>&1 &
+  PIDS[i]=$!
+}
+
 urls=() kv=() replay=()
-for i in $(seq "$((ENGINES * MAIN))"); do
-  port=$(free_port) kvport=$(free_port) replayport=$(free_port)
-  urls+=("http://127.0.0.1:$port") kv+=("tcp://127.0.0.1:$kvport") replay+=("tcp://127.0.0.1:$replayport")
-  log "starting engine $i on 127.0.0.1:$port (KV events on $kvport); log $LOGS/engine-$i.log"
-  # One compute thread and the model inside the engine-core process (real-vllm-cpu.md): the 3-process layout
-  # busy-waits and costs ~1.8 cores.
-  VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-  VLLM_HOST_IP=127.0.0.1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-    setsid "$VLLM_PYTHON" scripts/vllm/serve.py serve "$VLLM_MODEL" --load-format dummy \
-      --host 127.0.0.1 --port "$port" --served-model-name tiny --max-model-len 16384 --enforce-eager \
-      --kv-cache-memory-bytes 512M --max-num-seqs 8 --enable-prompt-tokens-details \
-      --kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$kvport\",\"topic\":\"kv\",\"replay_endpoint\":\"tcp://*:$replayport\"}" \
-      >"$LOGS/engine-$i.log" 2>&1 &
-  PIDS+=($!)
-done
+for i in $(seq 0 "$((ENGINES * MAIN - 1))"); do start_main "$i"; done
 
 log "cargo build --tests (while the engines start)"
 cargo test -p infergate --test it --no-run --quiet 2>&1 | grep -v '^ *Executable' || true
 
-# wait_healthy NAME...: every engine started (urls[i] logged to $LOGS/NAME[i].log) answers /health.
+# root_cause NAME: the error lines of an engine's log (the engine core's own traceback ends in them; the API
+# server's traceback after it only says that the core failed).
+root_cause() {
+  grep -E "Error|ERROR|Exception" "$LOGS/$1.log" | grep -vE "See root cause above|^ *raise " | tail -8 | cut -c1-400 \
+    || true
+}
+
+# wait_healthy START NAME...: every engine started (urls[i] logged to $LOGS/NAME[i].log) answers /health. An engine
+# that exits while starting is started once more by `START i` (fresh ports), its first log kept as NAME.failed.log
+# and its errors shown: the engine's start is not what these tests test, and one failed start should not hide them.
 wait_healthy() {
-  local start=$SECONDS names=("$@") i
+  local start=$SECONDS restart=$1 names=("${@:2}") i retried=()
   for i in "${!urls[@]}"; do
     until curl -sf "${urls[$i]}/health" >/dev/null; do
       if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
-        log "${names[$i]} exited; its log:"; tail -40 "$LOGS/${names[$i]}.log"; exit 1
+        if [ -z "${retried[i]:-}" ]; then
+          retried[i]=1
+          log "${names[$i]} exited while starting; its errors:"; root_cause "${names[$i]}"
+          mv "$LOGS/${names[$i]}.log" "$LOGS/${names[$i]}.failed.log"
+          kill -KILL -- "-${PIDS[$i]}" 2>/dev/null || true
+          log "starting ${names[$i]} once more (its first log: $LOGS/${names[$i]}.failed.log)"
+          "$restart" "$i"
+          start=$SECONDS
+          continue
+        fi
+        log "${names[$i]} exited; its log:"; tail -40 "$LOGS/${names[$i]}.log"
+        log "${names[$i]} exited twice while starting; its errors:"; root_cause "${names[$i]}"; exit 1
       fi
       if (( SECONDS - start > STARTUP_TIMEOUT )); then
         log "${names[$i]} not healthy after ${STARTUP_TIMEOUT}s; its log:"; tail -40 "$LOGS/${names[$i]}.log"; exit 1
@@ -108,7 +143,7 @@ suite() {
 
 if [ "$MAIN" = 1 ]; then
   names=(); for i in "${!urls[@]}"; do names+=("engine-$((i + 1))"); done
-  wait_healthy "${names[@]}"
+  wait_healthy start_main "${names[@]}"
   STAGE=("${names[@]}")
   export INFERGATE_VLLM_ENGINES=$(IFS=,; echo "${urls[*]}")
   export INFERGATE_VLLM_KV_EVENTS=$(IFS=,; echo "${kv[*]}")
@@ -120,22 +155,26 @@ fi
 if [ "$PD" = 1 ]; then
   # A prefill and a decode engine with vLLM's NixlConnector over CPU buffers (nixl from PyPI, beside the venv).
   eval "$(scripts/vllm/ensure-nixl.sh)"
-  urls=()
-  for role in prefill decode; do
-    port=$(free_port) side=$(free_port)
-    urls+=("http://127.0.0.1:$port")
+  # start_pd I: starts the prefill (I=0) or decode (I=1) engine on fresh ports; sets urls[I], PIDS[I].
+  start_pd() {
+    local i=$1 role port side
+    role=$([ "$i" = 0 ] && echo prefill || echo decode)
+    ports 2
+    read -r port side <<<"${PORTS[*]}"
+    urls[i]="http://127.0.0.1:$port"
     log "starting the $role engine on 127.0.0.1:$port (NixlConnector, side channel $side); log $LOGS/pd-$role.log"
-    PYTHONPATH=$VLLM_NIXL_PATH VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=$side \
-    VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-    VLLM_HOST_IP=127.0.0.1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-      setsid "$VLLM_PYTHON" scripts/vllm/serve.py serve "$VLLM_MODEL" --load-format dummy \
+    env PYTHONPATH="$VLLM_NIXL_PATH" VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT="$side" \
+      "${VLLM_ENV[@]}" setsid "$VLLM_PYTHON" scripts/vllm/serve.py serve "$VLLM_MODEL" --load-format dummy \
         --host 127.0.0.1 --port "$port" --served-model-name tiny --max-model-len 4096 --enforce-eager \
         --kv-cache-memory-bytes 256M --max-num-seqs 4 \
         --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}' \
         >"$LOGS/pd-$role.log" 2>&1 &
-    PIDS+=($!)
-  done
-  wait_healthy pd-prefill pd-decode
+    PIDS[i]=$!
+  }
+  urls=()
+  start_pd 0
+  start_pd 1
+  wait_healthy start_pd pd-prefill pd-decode
   STAGE=(pd-prefill pd-decode)
   export INFERGATE_VLLM_PD_PREFILL=${urls[0]} INFERGATE_VLLM_PD_DECODE=${urls[1]}
   suite disagg
