@@ -113,6 +113,8 @@ impl Disagg {
             for o in OUTCOMES {
                 legs_total.with_label_values(&[&p.name, o]);
             }
+            prefill_seconds.with_label_values(&[&p.name]);
+            kv_transfer_seconds.with_label_values(&[&p.name]);
         }
         Disagg {
             client,

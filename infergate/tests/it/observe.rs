@@ -233,9 +233,11 @@ async fn a_request_that_ends_after_its_endpoint_left_does_not_bring_its_series_b
 }
 
 /// A router whose pool has a wait queue and whose clients need keys (alice, bob) from a file in `dir`.
+/// `more` is appended to the pool's keys (or, indented as `pools:` items, adds pools).
 async fn router_with_keys_and_queue(
     engines: &[infergate_sim::EngineHandle],
     dir: &Path,
+    more: &str,
 ) -> (TestRouter, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
     let keys = dir.join("client-keys");
@@ -245,7 +247,7 @@ async fn router_with_keys_and_queue(
     )
     .unwrap();
     let extra = format!(
-        "{}{}    max_in_flight_per_endpoint: 8\n    queue: {{ max_length: 16, max_wait: 2s }}\n",
+        "{}{}    max_in_flight_per_endpoint: 8\n    queue: {{ max_length: 16, max_wait: 2s }}\n{more}",
         sessions_yaml(1000),
         ENGINE_STATS
     );
@@ -263,7 +265,7 @@ async fn router_with_keys_and_queue(
 async fn client_key_and_wait_queue_series_exist_from_start_and_the_page_shows_the_queue() {
     let engines = engines(2, SimConfig::default()).await;
     let dir = std::env::temp_dir().join(format!("infergate-observe-keys-{}", std::process::id()));
-    let (router, keys) = router_with_keys_and_queue(&engines, &dir).await;
+    let (router, keys) = router_with_keys_and_queue(&engines, &dir, "").await;
     let m = router.metrics_text().await;
     for key in ["alice", "bob"] {
         let k = format!("key=\"{key}\"");
@@ -487,14 +489,41 @@ fn panel_exprs(panels: &[serde_json::Value], out: &mut Vec<(String, String)>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_and_alert_rules_use_only_exported_metrics_and_pass_promtool() {
-    // Client keys and a wait queue, so that their series are exported too.
+    // Client keys, a wait queue, a pool with a TTFT budget (model `budgeted`) and a disaggregated pool (model `pd`,
+    // never asked), so that their series are exported too.
     let engines = engines(2, SimConfig::default()).await;
     let dir = std::env::temp_dir().join(format!("infergate-observe-dash-{}", std::process::id()));
-    let (router, _) = router_with_keys_and_queue(&engines, &dir).await;
+    let u = urls(&engines);
+    let pools = format!(
+        "  - name: budgeted\n    models: [budgeted]\n    policy: predicted_ttft\n    endpoints: [\"{0}\"]\n    \
+         ttft_budget: {{ default: 60s }}\n  - name: pd\n    models: [pd]\n    endpoints: [\"{0}\"]\n    \
+         disaggregation: {{ connector: nixl, prefill: {{ endpoints: [\"{1}\"] }} }}\n",
+        u[0], u[1]
+    );
+    let (router, _) = router_with_keys_and_queue(&engines, &dir, &pools).await;
+    // A budget's series exist once a request had one.
+    let resp = post_json(&client(), &router.url(), CHAT)
+        .bearer_auth("sk-alice-0123456789abcdef")
+        .body(chat_body(100, false, 2).replace("sim-model", "budgeted"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
     // Series that exist once engine stats are fresh (load placed elsewhere) are exported by then.
     let m = router
         .metrics_when(|m| m.contains("infergate_endpoint_foreign_requests{"))
         .await;
+    assert!(
+        m.contains("infergate_ttft_budget_total{"),
+        "a budget's series"
+    );
+    for pd in [
+        "infergate_disagg_prefill_legs_total{",
+        "infergate_disagg_prefill_seconds_bucket{",
+        "infergate_disagg_kv_transfer_seconds_bucket{",
+    ] {
+        assert!(m.contains(pd), "{pd} exists from start");
+    }
     let exported = exported_names(&m);
     drop(router);
     let _ = std::fs::remove_dir_all(dir);
