@@ -249,15 +249,26 @@ async fn state_is(r: &TestRouter, state: &str) -> bool {
         == 1.0
 }
 
-/// Wait until every router reports `state` (at most `limit`).
+/// Wait until every router reports `state` (at most `limit`); on failure, shows each router's cluster series
+/// (state, failed store operations by kind, publish and read counts and total seconds).
 async fn wait_state(routers: &[&TestRouter], state: &str, limit: Duration) {
     let start = Instant::now();
     for r in routers {
         while !state_is(r, state).await {
-            assert!(
-                start.elapsed() < limit,
-                "replica not `{state}` within {limit:?}"
-            );
+            if start.elapsed() >= limit {
+                let mut seen = String::new();
+                for (i, r) in routers.iter().enumerate() {
+                    seen.push_str(&format!("\nrouter {i}:\n"));
+                    for l in
+                        r.metrics_text().await.lines().filter(|l| {
+                            l.starts_with("infergate_cluster_") && !l.contains("_bucket{")
+                        })
+                    {
+                        seen.push_str(&format!("  {l}\n"));
+                    }
+                }
+                panic!("replica not `{state}` within {limit:?}; the cluster series:{seen}");
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
