@@ -3,7 +3,6 @@
 
 use redis::aio::ConnectionManager;
 
-use super::writer::Write;
 use super::Cluster;
 
 impl Cluster {
@@ -35,19 +34,20 @@ impl Cluster {
         Ok(replaced)
     }
 
-    /// A binding read met `key` holding another type: read as no binding, and the key deleted (queued) so that the
-    /// next write lands.
-    pub(super) fn foreign_binding(&self, key: &str) {
+    /// A binding read met `key` holding another type: read as none, and the key deleted before the request goes
+    /// on (awaited, at most `cluster.read_timeout`). Queued to the writer instead, the delete could land after the
+    /// binding this same turn writes once its engine answers (`store_binding`, straight on the connection) and
+    /// delete that.
+    pub(super) async fn foreign_binding(&self, conn: &mut ConnectionManager, key: &str) {
         log::warn!(
             "cluster: Redis key `{key}` holds another type than the cluster's binding; read as none, and replaced"
         );
-        if self
-            .writes
-            .try_send(Write::Del {
-                key: key.to_string(),
-            })
-            .is_err()
-        {
+        let deleted = tokio::time::timeout(
+            self.cfg.read_timeout,
+            redis::cmd("DEL").arg(key).query_async::<()>(conn),
+        )
+        .await;
+        if !matches!(deleted, Ok(Ok(()))) {
             self.metrics.error("write_binding");
         }
     }

@@ -77,7 +77,7 @@ impl Cluster {
         match got {
             Ok(Ok(found)) => Ok(found),
             Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
-                self.foreign_binding(key);
+                self.foreign_binding(conn, key).await;
                 Ok(None)
             }
             Ok(Err(e)) => {

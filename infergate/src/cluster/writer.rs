@@ -27,8 +27,6 @@ pub(super) enum Write {
         url: String,
         tokens: u64,
     },
-    /// `DEL key`: a key of the wrong type under the prefix.
-    Del { key: String },
 }
 
 impl Write {
@@ -36,7 +34,7 @@ impl Write {
     fn op(&self) -> &'static str {
         match self {
             Write::Reserve { .. } => "reserve",
-            Write::Set { .. } | Write::Del { .. } => "write_binding",
+            Write::Set { .. } => "write_binding",
         }
     }
 }
@@ -102,9 +100,6 @@ impl Cluster {
                         *reserved
                             .entry(wire::reservation_field(epoch, &url))
                             .or_default() += wire::pack(tokens);
-                    }
-                    Write::Del { key } => {
-                        pipe.cmd("DEL").arg(key).ignore();
                     }
                 }
             }

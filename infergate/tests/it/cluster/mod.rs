@@ -131,10 +131,10 @@ impl Redis {
     ) {
         let start = Instant::now();
         while !self.binding(r, session).await.is_some_and(|ep| f(&ep)) {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "timed out waiting for: {what}"
-            );
+            if start.elapsed() >= Duration::from_secs(5) {
+                let seen = cluster_series(&[r]).await;
+                panic!("timed out waiting for: {what}; the replica's cluster series:{seen}");
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -249,6 +249,24 @@ async fn state_is(r: &TestRouter, state: &str) -> bool {
         == 1.0
 }
 
+/// Each router's cluster series (state, failed store operations by kind, publish, read and write counts and
+/// seconds), for a failed wait to show.
+async fn cluster_series(routers: &[&TestRouter]) -> String {
+    let mut seen = String::new();
+    for (i, r) in routers.iter().enumerate() {
+        seen.push_str(&format!("\nrouter {i}:\n"));
+        for l in r
+            .metrics_text()
+            .await
+            .lines()
+            .filter(|l| l.starts_with("infergate_cluster_") && !l.contains("_bucket{"))
+        {
+            seen.push_str(&format!("  {l}\n"));
+        }
+    }
+    seen
+}
+
 /// Wait until every router reports `state` (at most `limit`); on failure, shows each router's cluster series
 /// (state, failed store operations by kind, publish and read counts and total seconds).
 async fn wait_state(routers: &[&TestRouter], state: &str, limit: Duration) {
@@ -256,17 +274,7 @@ async fn wait_state(routers: &[&TestRouter], state: &str, limit: Duration) {
     for r in routers {
         while !state_is(r, state).await {
             if start.elapsed() >= limit {
-                let mut seen = String::new();
-                for (i, r) in routers.iter().enumerate() {
-                    seen.push_str(&format!("\nrouter {i}:\n"));
-                    for l in
-                        r.metrics_text().await.lines().filter(|l| {
-                            l.starts_with("infergate_cluster_") && !l.contains("_bucket{")
-                        })
-                    {
-                        seen.push_str(&format!("  {l}\n"));
-                    }
-                }
+                let seen = cluster_series(routers).await;
                 panic!("replica not `{state}` within {limit:?}; the cluster series:{seen}");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
