@@ -24,6 +24,16 @@ fn budget_count(m: &str, outcome: &str) -> f64 {
     )
 }
 
+/// Two engines of slow prefill behind a healthy predicted_ttft pool whose `ttft_budget` is `budget` (a YAML flow
+/// mapping).
+async fn budget_pool(budget: &str) -> (Vec<infergate_sim::EngineHandle>, TestRouter) {
+    let eng = engines(2, slow_prefill()).await;
+    let extra = format!("    ttft_budget: {budget}\n");
+    let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), &extra)).await;
+    router.all_healthy().await;
+    (eng, router)
+}
+
 /// Start two long prefills (about 3 s each on `slow_prefill` engines), one per endpoint, and return once both
 /// hold their tokens.
 async fn occupy_both(router: &TestRouter) -> Vec<tokio::task::JoinHandle<u16>> {
@@ -47,10 +57,7 @@ async fn occupy_both(router: &TestRouter) -> Vec<tokio::task::JoinHandle<u16>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_no_endpoint_can_serve_in_time_is_refused_with_the_prediction() {
-    let eng = engines(2, slow_prefill()).await;
-    let extra = "    ttft_budget: { default: 20s, when_over: reject }\n";
-    let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), extra)).await;
-    router.all_healthy().await;
+    let (eng, router) = budget_pool("{ default: 20s, when_over: reject }").await;
     // Before the speeds are learned nothing is predicted and nothing enforced.
     assert_eq!(
         finish(send(&router.url(), 2_000, Some("1")).await).await,
@@ -104,10 +111,7 @@ async fn a_request_no_endpoint_can_serve_in_time_is_refused_with_the_prediction(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_waits_at_the_router_until_a_prediction_fits() {
-    let eng = engines(2, slow_prefill()).await;
-    let extra = "    ttft_budget: { when_over: wait, max_wait: 20s }\n";
-    let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), extra)).await;
-    router.all_healthy().await;
+    let (_eng, router) = budget_pool("{ when_over: wait, max_wait: 20s }").await;
     router.learn_both_throughputs().await;
     let long = occupy_both(&router).await;
     let t0 = Instant::now();
@@ -143,10 +147,7 @@ async fn a_request_waits_at_the_router_until_a_prediction_fits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_when_over_place_a_request_no_endpoint_fits_is_served_and_counted_over() {
-    let eng = engines(2, slow_prefill()).await;
-    let extra = "    ttft_budget: { default: 20s, when_over: place }\n";
-    let router = start_router(&pool_yaml("predicted_ttft", &urls(&eng), extra)).await;
-    router.all_healthy().await;
+    let (_eng, router) = budget_pool("{ default: 20s, when_over: place }").await;
     router.learn_both_throughputs().await;
     // Idle engines: it fits and is met.
     assert_eq!(
