@@ -18,6 +18,11 @@ const MIN_PEER_TTL: Duration = Duration::from_millis(500);
 /// The shortest wait between two connection attempts while the store is down.
 pub(super) const RECONNECT_EVERY: Duration = Duration::from_millis(500);
 
+/// Publishes in a row that may miss their deadline before the store is declared down: one stall of a busy host
+/// (or of Redis forking for a snapshot) is no outage, and declaring one drops the connection and the binding
+/// writes until the next tick reconnects. An error the store answers is an outage at once.
+const LATE_PUBLISHES_DOWN: u32 = 2;
+
 /// Replica names older than this are pruned from the replica set (their load keys expired long ago).
 const REPLICA_FORGET_MS: u64 = 600_000;
 
@@ -162,6 +167,7 @@ impl Cluster {
         let mut last_ok = Instant::now();
         let mut next_connect = Instant::now();
         let mut need_catch_up = false;
+        let mut late = 0u32;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -193,6 +199,7 @@ impl Cluster {
             match tokio::time::timeout(BACKGROUND_TIMEOUT, self.publish(&mut conn)).await {
                 Ok(Ok(())) => {
                     last_ok = Instant::now();
+                    late = 0;
                     if self.store_up() || need_catch_up {
                         need_catch_up = false;
                         match self.catch_up(&mut conn).await {
@@ -209,15 +216,33 @@ impl Cluster {
                         }
                     }
                 }
-                Ok(Err(e)) => {
+                Ok(Err(e)) if !e.is_timeout() => {
                     // Start over with a fresh connection next time (the manager's own retries are short).
+                    late = 0;
                     self.conn.store(None);
                     self.down(&connection::explain(&e), last_ok);
                     need_catch_up = true;
                 }
-                Err(_) => {
+                // Late: the connection's response timeout or ours (both BACKGROUND_TIMEOUT).
+                Ok(Err(_)) | Err(_) => {
+                    late += 1;
+                    if late < LATE_PUBLISHES_DOWN {
+                        // Counted, kept connected: the multiplexed connection drops the late reply when it comes.
+                        self.metrics.error("publish");
+                        self.forget_stale_peers(last_ok);
+                        log::info!(
+                            "cluster: a publish to Redis took over {BACKGROUND_TIMEOUT:?}; the store counts as \
+                             down if {} in a row do",
+                            LATE_PUBLISHES_DOWN
+                        );
+                        continue;
+                    }
+                    late = 0;
                     self.conn.store(None);
-                    self.down("publish timed out", last_ok);
+                    self.down(
+                        &format!("{LATE_PUBLISHES_DOWN} publishes in a row took over {BACKGROUND_TIMEOUT:?}"),
+                        last_ok,
+                    );
                     need_catch_up = true;
                 }
             }

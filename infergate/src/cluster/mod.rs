@@ -19,7 +19,9 @@
 //!   background writer when one is created, and read (bounded by `cluster.read_timeout`) when a request names an id this
 //!   replica has not seen.
 //! * **Garbage** (`garbage`): a key of the wrong type under the prefix is replaced, with a warning.
-//! * **Store down or slow**: nothing waits longer than `cluster.read_timeout` and nothing fails; `infergate_cluster_state` says `down`; the log says
+//! * **Store down or slow**: nothing waits longer than `cluster.read_timeout` and nothing fails. A connect or publish
+//!   the store refuses, or two publishes in a row over their deadline (one is a stall, not an outage: counted, and
+//!   logged at info), make `infergate_cluster_state` say `down`; the log says
 //!   why at the first failure (also when the store was never reached: a wrong password, an unreachable host), again
 //!   every minute while it stays down, and when it is back. On the way back up this replica's live bindings are
 //!   written where the store has none (`SET NX`: never over a newer binding another replica wrote meanwhile).

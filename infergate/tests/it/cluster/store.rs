@@ -271,8 +271,7 @@ async fn keys_of_the_wrong_type_under_the_prefix_are_replaced_and_junk_replica_n
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     eprintln!("20,100 junk names pruned in {:?}", start.elapsed());
-    // As everywhere else, 10 s: these replicas run inside the test binary beside other tests, and on a starved
-    // 2-core CI machine one publish can miss its 1 s deadline and reconnect.
-    wait_state(&[&a, &b], "connected", Duration::from_secs(10)).await;
+    // Pruning never took the store down (one late publish on a starved host would not either).
+    wait_state(&[&a, &b], "connected", Duration::from_secs(1)).await;
     assert_eq!(turn(&b, "typed", 1_500).await.0, 200);
 }
