@@ -10,6 +10,7 @@ pub const FLOORS: &[(&str, &[&str])] = &[
         &[
             "request",
             "request_id",
+            "header_case",
             "fnv",
             "ledger",
             "paths",

@@ -15,6 +15,7 @@ mod floors;
 pub mod fnv;
 pub mod forwarded;
 pub mod framing;
+pub mod header_case;
 pub mod housekeeping;
 pub mod kv_events;
 pub mod ledger;

@@ -159,6 +159,7 @@ impl ProxyHttp for Router {
         // write to a client that stopped reading gives up after timeouts.client_write.
         let t = &self.current().timeouts;
         crate::clients::header_received(session, t.client_idle, t.client_write);
+        crate::header_case::plain_request(session.req_header_mut());
         crate::request_id::assign(session.req_header_mut());
         // A client may send the next request before reading this response (RFC 9112 §9.3.2): serve them in
         // order instead of dropping the connection and the requests behind it.
@@ -211,6 +212,7 @@ impl ProxyHttp for Router {
         resp: &mut ResponseHeader,
         ctx: &mut Box<Ctx>,
     ) -> Result<()> {
+        crate::header_case::plain_response(resp);
         self.on_upstream_head(resp, ctx).await
     }
 
