@@ -1,6 +1,7 @@
 //! Engines that fail without failing their health check (issue 27): one that accepts requests and never answers,
 //! one that drops every stream after its first chunk, one that resets it. None of them may draw the traffic, a
-//! session bound to one moves, and a health panic over engines that never answer fails fast.
+//! session bound to one moves, and a health panic over engines that never answer fails fast. An engine that closes
+//! right after its headers leaves the client the status line and a cut body, never an empty close.
 
 use std::time::Duration;
 
@@ -289,5 +290,82 @@ async fn a_health_panic_over_engines_that_never_answer_fails_fast() {
         e.control.set_health_status(200);
     }
     while waiting.join_next().await.is_some() {}
+    router.wait_idle().await;
+}
+
+/// An engine whose health check passes and which answers every other request with a 200 head and the start of a
+/// chunked body in one write, then closes: it died right after its headers.
+async fn dying_after_headers_engine() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(n) if n > 0 => seen.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                if seen.starts_with(b"GET /health") {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                        .await;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    return;
+                }
+                // Let the body arrive, then the head (every other request with a piece of the body) and the close.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let head: &[u8] =
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+                let piece: &[u8] = if seen.windows(7).any(|w| w == b"piece-1") {
+                    b"10\r\n{\"id\":\"chatcmpl-"
+                } else {
+                    b""
+                };
+                let _ = s.write_all(&[head, piece].concat()).await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_dying_after_its_headers_leaves_the_client_the_status_line_not_an_empty_close() {
+    use tokio::io::AsyncWriteExt;
+    let url = dying_after_headers_engine().await;
+    let router = start_router(&pool_yaml("round_robin", &[url], "")).await;
+    router.all_healthy().await;
+    for i in 0..5 {
+        let body = chat_body(200, false, 2);
+        let mut s = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+        let head = format!(
+            "POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-test: piece-{}\r\n\
+             Content-Length: {}\r\n\r\n",
+            i % 2,
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(body.as_bytes()).await.unwrap();
+        // Everything until the router closes the connection.
+        let got = read_raw_until(&mut s, Duration::from_secs(10), |_| false).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.starts_with("HTTP/1.1 200"),
+            "request {i}: the client got {} bytes and no status line: {text:?}",
+            got.len()
+        );
+        assert!(
+            text.to_ascii_lowercase().contains("x-request-id:"),
+            "request {i}: no request id to report: {text:?}"
+        );
+        assert!(
+            !text.ends_with("0\r\n\r\n"),
+            "request {i}: the cut body must not look whole: {text:?}"
+        );
+    }
     router.wait_idle().await;
 }
