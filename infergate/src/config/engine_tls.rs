@@ -57,6 +57,15 @@ impl EngineTls {
             ca_sha256: String::new(),
         }
     }
+
+    /// Checked against `server_name` and the CA file at `ca_file` (not read here).
+    #[cfg(test)]
+    pub(crate) fn for_tests(server_name: &str, ca_file: &std::path::Path) -> EngineTls {
+        EngineTls {
+            ca_file: Some(ca_file.to_path_buf()),
+            ..EngineTls::for_host(server_name)
+        }
+    }
 }
 
 /// A pool's `tls` (`f`): absent = the defaults of [`EngineTls::for_host`]; otherwise `ca_file` and `server_name`

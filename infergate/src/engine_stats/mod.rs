@@ -1,13 +1,16 @@
 //! Engine stats of each endpoint (running / waiting / KV usage) and their state: fresh, stale, missing or down.
 //!
-//! Unknown is never reported as idle. The Prometheus text parser is in `parse`, the HTTP scrape loop in `scrape`;
-//! their public items are re-exported here.
+//! Unknown is never reported as idle. The Prometheus text parser is in `parse`, the HTTP scrape loop in `scrape`,
+//! the client of the router's own requests to an engine (plain or TLS) in `client`; their public items are
+//! re-exported here.
 
+mod client;
 #[cfg(test)]
 mod fixtures;
 mod parse;
 mod scrape;
 
+pub use client::{SideClient, SideError};
 pub use parse::{parse, required_names, ParseError};
 pub use scrape::{
     scrape_loop, scrape_once, shared_client, OutcomeSink, ScrapeTarget, MAX_METRICS_BYTES,

@@ -1,0 +1,556 @@
+//! The client of the router's own GETs to one engine (stats scrapes, model lists): plain HTTP, or TLS checked as
+//! the pool's `tls` says (its CA file or the system's CAs, its server name), as proxied requests are.
+
+use std::error::Error as StdError;
+use std::net::SocketAddr;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderValue, ACCEPT, AUTHORIZATION, HOST};
+use http_body_util::{BodyExt, Empty};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::ServerName;
+use rustls::RootCertStore;
+
+use crate::config::EngineTls;
+
+/// The system's CA certificates, read once (an https pool without `tls.ca_file`).
+static SYSTEM_ROOTS: LazyLock<Arc<RootCertStore>> = LazyLock::new(|| {
+    let mut store = RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    for e in &found.errors {
+        log::warn!("engine TLS: reading the system's CA certificates: {e}");
+    }
+    let (added, ignored) = store.add_parsable_certificates(found.certs);
+    if added == 0 {
+        log::warn!(
+            "engine TLS: no usable system CA certificate ({ignored} unusable); set the pool's `tls.ca_file`"
+        );
+    }
+    Arc::new(store)
+});
+
+/// Idle connections to an engine are kept this long (a scrape interval is seconds at most, usually).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+type TlsClient = hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+
+/// How the router's own requests reach one engine. Cheap to clone (pooled connections are shared).
+#[derive(Clone)]
+pub enum SideClient {
+    /// `http://` + the endpoint's label, over the process's shared plain client.
+    Plain {
+        client: reqwest::Client,
+        base: String,
+    },
+    /// Connects to the endpoint's address; the pool's server name is sent as SNI (none for an IP address) and
+    /// checked against the certificate. Not reqwest: its TLS features are process-wide (workspace Cargo.toml).
+    Tls(Arc<TlsSide>),
+}
+
+/// One `https://` engine's pooled client (hyper-util over hyper-rustls) and what its requests carry.
+pub struct TlsSide {
+    client: TlsClient,
+    /// "https://addr" (what is connected to).
+    origin: String,
+    /// The endpoint's label ("host:port" as configured), sent as Host like proxied requests.
+    host: HeaderValue,
+    /// "https://label", for logs.
+    shown: String,
+}
+
+impl std::fmt::Debug for SideClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SideClient({})", self.url(""))
+    }
+}
+
+/// Why a side request got no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SideError {
+    /// No whole answer within the request's timeout.
+    Timeout(Duration),
+    /// The body went past the caller's limit of this many bytes.
+    TooLarge(usize),
+    /// No connection (refused, unreachable, a name that does not resolve).
+    Connect(String),
+    /// The TLS handshake failed: the reason (a certificate from another CA or for another name, a plain-HTTP
+    /// engine, an alert the engine sent).
+    Tls(String),
+    /// Connected, then the request or its answer failed.
+    Failed(String),
+}
+
+impl std::fmt::Display for SideError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SideError::Timeout(t) => write!(f, "timed out after {t:?}"),
+            SideError::TooLarge(n) => write!(f, "body larger than {n} bytes"),
+            SideError::Connect(why) => write!(f, "connect failed: {why}"),
+            SideError::Tls(why) => write!(f, "TLS handshake failed: {why}"),
+            SideError::Failed(why) => write!(f, "request failed: {why}"),
+        }
+    }
+}
+
+impl SideClient {
+    /// The client for the endpoint `label` ("host:port") at `addr`, over TLS when `tls` is set. An error names
+    /// what is wrong (an unreadable CA file).
+    pub fn new(
+        label: &str,
+        addr: SocketAddr,
+        tls: Option<&EngineTls>,
+    ) -> Result<SideClient, String> {
+        let Some(tls) = tls else {
+            return Ok(SideClient::plain(label));
+        };
+        let roots = match &tls.ca_file {
+            Some(path) => Arc::new(crate::tls::read_ca(path)?),
+            None => SYSTEM_ROOTS.clone(),
+        };
+        // Its own provider: nothing depends on a process-wide default being installed.
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        // An IP address parses as one: checked against the certificate's IPs and not sent as SNI, as Pingora does.
+        let name = ServerName::try_from(tls.server_name.clone())
+            .map_err(|e| format!("server name `{}`: {e}", tls.server_name))?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(cfg)
+            .https_only()
+            .with_server_name_resolver(FixedServerNameResolver::new(name))
+            .enable_http1()
+            .wrap_connector(http);
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .build(https);
+        let host = HeaderValue::from_str(label).map_err(|e| format!("`{label}`: {e}"))?;
+        Ok(SideClient::Tls(Arc::new(TlsSide {
+            client,
+            origin: format!("https://{addr}"),
+            host,
+            shown: format!("https://{label}"),
+        })))
+    }
+
+    /// Plain HTTP to `label` ("host:port").
+    pub fn plain(label: &str) -> SideClient {
+        SideClient::Plain {
+            client: super::shared_client().clone(),
+            base: format!("http://{label}"),
+        }
+    }
+
+    /// The URL of `path` as logs show it (the endpoint as configured).
+    pub fn url(&self, path: &str) -> String {
+        match self {
+            SideClient::Plain { base, .. } => format!("{base}{path}"),
+            SideClient::Tls(t) => format!("{}{path}", t.shown),
+        }
+    }
+
+    /// GET `path` (`Accept: accept`, `Authorization: Bearer` if `bearer`): its status and whole body, within
+    /// `timeout` and at most `max_bytes`. The error names no URL (the caller logs the endpoint) and no header.
+    pub async fn get(
+        &self,
+        path: &str,
+        accept: &'static str,
+        bearer: Option<&str>,
+        timeout: Duration,
+        max_bytes: usize,
+    ) -> Result<(u16, Bytes), SideError> {
+        let answer = async {
+            match self {
+                SideClient::Plain { client, base } => {
+                    plain_get(client, &format!("{base}{path}"), accept, bearer, max_bytes).await
+                }
+                SideClient::Tls(t) => t.get(path, accept, bearer, max_bytes).await,
+            }
+        };
+        tokio::time::timeout(timeout, answer)
+            .await
+            .unwrap_or(Err(SideError::Timeout(timeout)))
+    }
+}
+
+async fn plain_get(
+    client: &reqwest::Client,
+    url: &str,
+    accept: &'static str,
+    bearer: Option<&str>,
+    max_bytes: usize,
+) -> Result<(u16, Bytes), SideError> {
+    let mut req = client.get(url).header(ACCEPT, accept);
+    if let Some(key) = bearer {
+        req = req.bearer_auth(key);
+    }
+    let mut resp = req.send().await.map_err(describe_reqwest)?;
+    let status = resp.status().as_u16();
+    let mut body = BytesMut::new();
+    while let Some(chunk) = resp.chunk().await.map_err(describe_reqwest)? {
+        if body.len() + chunk.len() > max_bytes {
+            return Err(SideError::TooLarge(max_bytes));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((status, body.freeze()))
+}
+
+impl TlsSide {
+    async fn get(
+        &self,
+        path: &str,
+        accept: &'static str,
+        bearer: Option<&str>,
+        max_bytes: usize,
+    ) -> Result<(u16, Bytes), SideError> {
+        let mut req = http::Request::get(format!("{}{path}", self.origin))
+            .header(HOST, self.host.clone())
+            .header(ACCEPT, accept);
+        if let Some(key) = bearer {
+            // The error never shows the key.
+            let mut v = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                SideError::Failed("the endpoint's api key is not a valid header value".into())
+            })?;
+            v.set_sensitive(true);
+            req = req.header(AUTHORIZATION, v);
+        }
+        let req = req
+            .body(Empty::new())
+            .map_err(|e| SideError::Failed(e.to_string()))?;
+        let resp = self.client.request(req).await.map_err(|e| {
+            if let Some(why) = tls_reason(&e) {
+                SideError::Tls(why)
+            } else if e.is_connect() {
+                SideError::Connect(sources(&e))
+            } else {
+                SideError::Failed(sources(&e))
+            }
+        })?;
+        let status = resp.status().as_u16();
+        let mut body = resp.into_body();
+        let mut got = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| SideError::Failed(chain(&e)))?;
+            if let Ok(data) = frame.into_data() {
+                if got.len() + data.len() > max_bytes {
+                    return Err(SideError::TooLarge(max_bytes));
+                }
+                got.extend_from_slice(&data);
+            }
+        }
+        Ok((status, got.freeze()))
+    }
+}
+
+/// A reqwest error without its URL (the caller logs the endpoint label) and never a header.
+fn describe_reqwest(e: reqwest::Error) -> SideError {
+    if e.is_connect() {
+        SideError::Connect(sources(&e))
+    } else {
+        SideError::Failed(sources(&e))
+    }
+}
+
+/// The rustls error somewhere in `e`'s chain, as text (io errors hide theirs behind `get_ref`, not `source`).
+fn tls_reason(e: &(dyn StdError + 'static)) -> Option<String> {
+    let mut cur = Some(e);
+    while let Some(x) = cur {
+        if let Some(r) = x.downcast_ref::<rustls::Error>() {
+            return Some(r.to_string());
+        }
+        if let Some(inner) = x
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            if let Some(r) = tls_reason(inner) {
+                return Some(r);
+            }
+        }
+        cur = x.source();
+    }
+    None
+}
+
+/// `e`'s sources, joined by ": " (the outermost, e.g. "client error (Connect)", says nothing more).
+fn sources(e: &(dyn StdError + 'static)) -> String {
+    e.source().map(chain).unwrap_or_else(|| e.to_string())
+}
+
+/// `e` and its sources, joined by ": ".
+fn chain(e: &(dyn StdError + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::mpsc;
+
+    struct Ca {
+        cert: rcgen::Certificate,
+        key: rcgen::KeyPair,
+    }
+
+    fn ca(name: &str) -> Ca {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, name.to_string());
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        Ca {
+            cert: p.self_signed(&key).unwrap(),
+            key,
+        }
+    }
+
+    fn write_ca(ca: &Ca, tag: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "infergate-side-{tag}-{}-{}.pem",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::write(&path, ca.cert.pem()).unwrap();
+        path
+    }
+
+    /// A TLS server with a certificate `ca` issued for `names`, answering every request with `status` and `body`;
+    /// each request head (and SNI) goes to the channel.
+    async fn serve_tls(
+        ca: &Ca,
+        names: &[&str],
+        status: &'static str,
+        body: String,
+    ) -> (
+        SocketAddr,
+        mpsc::UnboundedReceiver<(Option<String>, String)>,
+    ) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let p =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        let cert = p.signed_by(&key, &ca.cert, &ca.key).unwrap();
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, tx, body) = (acceptor.clone(), tx.clone(), body.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let sni = tls.get_ref().1.server_name().map(str::to_string);
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = tx.send((sni, String::from_utf8_lossy(&head).into_owned()));
+                    let resp = format!(
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = tls.write_all(resp.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        (addr, rx)
+    }
+
+    fn tls(server_name: &str, ca_file: &std::path::Path) -> EngineTls {
+        EngineTls::for_tests(server_name, ca_file)
+    }
+
+    const T: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn tls_gets_by_name_and_by_ip_with_the_key_checked_against_the_ca() {
+        let ca = ca("side CA");
+        let file = write_ca(&ca, "ok");
+        let (addr, mut heads) = serve_tls(
+            &ca,
+            &["engine.internal", "127.0.0.1"],
+            "200 OK",
+            "hi".into(),
+        )
+        .await;
+        let label = format!("engine.example:{}", addr.port());
+
+        let c = SideClient::new(&label, addr, Some(&tls("engine.internal", &file))).unwrap();
+        assert_eq!(c.url("/metrics"), format!("https://{label}/metrics"));
+        let (status, body) = c
+            .get("/metrics", "text/plain", Some("s3cret"), T, 1024)
+            .await
+            .unwrap();
+        assert_eq!((status, &body[..]), (200, &b"hi"[..]));
+        let (sni, head) = heads.recv().await.unwrap();
+        assert_eq!(sni.as_deref(), Some("engine.internal"));
+        let head = head.to_ascii_lowercase();
+        assert!(head.starts_with("get /metrics http/1.1\r\n"), "{head}");
+        assert!(head.contains("authorization: bearer s3cret\r\n"), "{head}");
+        assert!(head.contains(&format!("host: {label}\r\n")), "{head}");
+        assert!(!format!("{c:?}").contains("s3cret"));
+
+        // An IP address as the name: checked against the certificate's IPs, no SNI.
+        let c = SideClient::new(&label, addr, Some(&tls("127.0.0.1", &file))).unwrap();
+        assert_eq!(c.get("/", "*/*", None, T, 1024).await.unwrap().0, 200);
+        assert_eq!(heads.recv().await.unwrap().0, None);
+
+        // Too large a body.
+        assert_eq!(
+            c.get("/", "*/*", None, T, 1).await,
+            Err(SideError::TooLarge(1))
+        );
+        let _ = std::fs::remove_file(file);
+    }
+
+    #[tokio::test]
+    async fn tls_errors_name_the_reason_and_never_the_key() {
+        let (ca, other) = (ca("side CA"), ca("another CA"));
+        let (file, other_file) = (write_ca(&ca, "ca"), write_ca(&other, "other"));
+        let (addr, _heads) = serve_tls(&ca, &["engine.internal"], "200 OK", String::new()).await;
+        let label = format!("127.0.0.1:{}", addr.port());
+        let get = |tls: EngineTls| {
+            let c = SideClient::new(&label, addr, Some(&tls)).unwrap();
+            async move { c.get("/", "*/*", Some("k3y"), T, 1024).await }
+        };
+
+        let e = get(tls("engine.internal", &other_file)).await.unwrap_err();
+        assert!(
+            matches!(&e, SideError::Tls(why) if why.contains("UnknownIssuer")),
+            "{e}"
+        );
+        assert!(e.to_string().starts_with("TLS handshake failed: "), "{e}");
+        let e = get(tls("other.internal", &file)).await.unwrap_err();
+        assert!(
+            matches!(&e, SideError::Tls(why) if why.contains("not valid for name")),
+            "{e}"
+        );
+
+        // A plain-HTTP engine behind an https:// URL.
+        let (plain, _h) = plain_server().await;
+        let c = SideClient::new(&label, plain, Some(&tls("engine.internal", &file))).unwrap();
+        let e = c.get("/", "*/*", None, T, 1024).await.unwrap_err();
+        assert!(matches!(e, SideError::Tls(_)), "{e}");
+
+        // Nothing listening.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let gone = l.local_addr().unwrap();
+        drop(l);
+        let c = SideClient::new(&label, gone, Some(&tls("engine.internal", &file))).unwrap();
+        let e = c.get("/", "*/*", Some("k3y"), T, 1024).await.unwrap_err();
+        assert!(
+            matches!(&e, SideError::Connect(why) if why.to_lowercase().contains("refused")),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("k3y"), "{e}");
+
+        // Accepts, never answers.
+        let hold = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = SideClient::new(
+            &label,
+            hold.local_addr().unwrap(),
+            Some(&tls("engine.internal", &file)),
+        )
+        .unwrap();
+        let t = Duration::from_millis(200);
+        assert_eq!(
+            c.get("/", "*/*", None, t, 1024).await,
+            Err(SideError::Timeout(t))
+        );
+        drop(hold);
+        let _ = std::fs::remove_file(file);
+        let _ = std::fs::remove_file(other_file);
+    }
+
+    /// Answers every connection with a plain HTTP 200.
+    async fn plain_server() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        (addr, task)
+    }
+
+    /// Run in a process of its own by the test below (nothing else there installs a crypto provider).
+    #[test]
+    fn in_a_fresh_process_reqwest_and_tls_side_clients_build() {
+        if std::env::var_os("INFERGATE_FRESH_PROCESS").is_none() {
+            return;
+        }
+        assert!(rustls::crypto::CryptoProvider::get_default().is_none());
+        // With a reqwest rustls feature unified in, this panics: "No rustls crypto provider is configured".
+        let _ = reqwest::Client::builder().build();
+        let t = tls("engine.internal", std::path::Path::new("/nonexistent"));
+        let _ = SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t));
+        let mut t = t;
+        t.ca_file = None;
+        assert!(SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t)).is_ok());
+    }
+
+    #[test]
+    fn no_client_needs_a_process_wide_crypto_provider() {
+        let me = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(me)
+            .args(["--exact", "--test-threads=1", "--nocapture"])
+            .arg("engine_stats::client::tests::in_a_fresh_process_reqwest_and_tls_side_clients_build")
+            .env("INFERGATE_FRESH_PROCESS", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+    }
+
+    #[test]
+    fn an_unreadable_ca_file_is_an_error_naming_it() {
+        let t = tls(
+            "engine.internal",
+            std::path::Path::new("/nonexistent/ca.pem"),
+        );
+        let e = SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t)).unwrap_err();
+        assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+    }
+}
