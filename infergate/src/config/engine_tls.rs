@@ -124,21 +124,6 @@ pub(super) fn engine_tls(
     Ok(())
 }
 
-/// `engine_stats` (`f`) scrapes with a plain HTTP client: a pool with `https://` endpoints cannot have it yet.
-pub(super) fn no_https_scrapes(
-    f: &Field<'_>,
-    endpoints: &[EndpointConfig],
-) -> Result<(), ConfigError> {
-    match endpoints.iter().find(|e| e.tls.is_some()) {
-        Some(e) if !matches!(f.value(), None | Some(Value::Null)) => Err(f.err(format!(
-            "engine stats are scraped over plain HTTP only, and `{}` is https://; remove `engine_stats` from this \
-             pool (placement then uses the router's own counts)",
-            e.url
-        ))),
-        _ => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use crate::config::testing::*;
@@ -228,13 +213,16 @@ mod tests {
             "pools[0].tls.verify",
             &["unknown key"],
         );
-        assert_err(
-            &pool(
-                "\"https://127.0.0.1\"",
-                "    engine_stats: { interval: 1s }\n",
-            ),
-            "pools[0].engine_stats",
-            &["plain HTTP only", "https://127.0.0.1"],
-        );
+    }
+
+    #[test]
+    fn https_endpoints_may_have_engine_stats() {
+        let c = parse(&pool(
+            "\"https://127.0.0.1:8443\"",
+            "    engine_stats: { interval: 1s }\n",
+        ))
+        .unwrap();
+        assert!(c.pools[0].engine_stats.is_some());
+        assert!(c.pools[0].endpoints[0].tls.is_some());
     }
 }

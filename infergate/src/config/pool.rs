@@ -229,7 +229,6 @@ impl PoolConfig {
             None => None,
             Some(s) => Some(SessionsConfig::read(s, policy)?),
         };
-        super::engine_tls::no_https_scrapes(&engine_stats, &endpoints)?;
         let engine_stats = match engine_stats.optional_section()? {
             None => None,
             Some(e) => Some(EngineStatsConfig::read(e)?),

@@ -3,7 +3,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use super::{parse, required_names, ParseError, ScrapeOutcome, StatsState};
+use super::{parse, required_names, ParseError, ScrapeOutcome, SideClient, SideError, StatsState};
 use crate::config::{EngineKind, EngineStatsConfig};
 
 /// Where scrape outcomes go (typically `move |o| endpoint.stats.record_outcome(Instant::now(), &o)`).
@@ -15,8 +15,8 @@ pub struct ScrapeTarget {
     pub pool: String,
     /// The endpoint label ("host:port"), for logs.
     pub endpoint: String,
-    /// Full URL: "http://host:port" + the configured path.
-    pub url: String,
+    /// Plain, or TLS as the pool's `tls` says; it GETs `cfg.path`.
+    pub client: SideClient,
     /// Sent as `Authorization: Bearer …`; never logged.
     pub api_key: Option<String>,
     pub cfg: EngineStatsConfig,
@@ -30,10 +30,17 @@ impl std::fmt::Debug for ScrapeTarget {
         f.debug_struct("ScrapeTarget")
             .field("pool", &self.pool)
             .field("endpoint", &self.endpoint)
-            .field("url", &self.url)
+            .field("url", &self.url())
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("cfg", &self.cfg)
             .finish()
+    }
+}
+
+impl ScrapeTarget {
+    /// What is scraped, as logs show it.
+    pub fn url(&self) -> String {
+        self.client.url(&self.cfg.path)
     }
 }
 
@@ -51,74 +58,39 @@ pub fn shared_client() -> &'static reqwest::Client {
     })
 }
 
-/// Scrape once: GET the URL (bearer key if any, whole-request timeout) and parse the body.
+/// Scrape once: GET `path` (bearer key if any, whole-request timeout) and parse the body.
 pub async fn scrape_once(
-    client: &reqwest::Client,
-    url: &str,
+    client: &SideClient,
+    path: &str,
     api_key: Option<&str>,
     timeout: Duration,
     kind: EngineKind,
     prefix: &str,
 ) -> ScrapeOutcome {
-    let mut req = client
-        .get(url)
-        .timeout(timeout)
-        .header("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1");
-    if let Some(key) = api_key {
-        req = req.bearer_auth(key);
-    }
-    let mut resp = match req.send().await {
-        Ok(r) => r,
-        Err(e) => return ScrapeOutcome::Down(describe(&e, timeout)),
-    };
-    let status = resp.status();
-    if !status.is_success() {
-        let hint = if matches!(status.as_u16(), 401 | 403) {
-            " (check the endpoint's api key)"
-        } else {
-            ""
-        };
-        return ScrapeOutcome::Down(format!("HTTP {}{hint}", status.as_u16()));
-    }
-    let mut body = Vec::new();
-    loop {
-        match resp.chunk().await {
-            Ok(Some(chunk)) => {
-                if body.len() + chunk.len() > MAX_METRICS_BYTES {
-                    return ScrapeOutcome::Down(format!(
-                        "metrics body larger than {MAX_METRICS_BYTES} bytes"
-                    ));
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok(None) => break,
-            Err(e) => return ScrapeOutcome::Down(describe(&e, timeout)),
+    const ACCEPT: &str = "text/plain;version=0.0.4;q=1,*/*;q=0.1";
+    let body = match client
+        .get(path, ACCEPT, api_key, timeout, MAX_METRICS_BYTES)
+        .await
+    {
+        Ok((status, body)) if (200..300).contains(&status) => body,
+        Ok((status, _)) => {
+            let hint = if matches!(status, 401 | 403) {
+                " (check the endpoint's api key)"
+            } else {
+                ""
+            };
+            return ScrapeOutcome::Down(format!("HTTP {status}{hint}"));
         }
-    }
+        Err(SideError::TooLarge(n)) => {
+            return ScrapeOutcome::Down(format!("metrics body larger than {n} bytes"))
+        }
+        Err(e) => return ScrapeOutcome::Down(e.to_string()),
+    };
     match parse(&String::from_utf8_lossy(&body), kind, prefix) {
         Ok(load) => ScrapeOutcome::Good(load),
         Err(ParseError::Missing { close }) => ScrapeOutcome::Missing { close },
         Err(e @ ParseError::Garbage(_)) => ScrapeOutcome::Down(e.to_string()),
     }
-}
-
-/// A short error description without the URL (the caller logs the endpoint label) and never a header.
-fn describe(e: &reqwest::Error, timeout: Duration) -> String {
-    if e.is_timeout() {
-        return format!("timed out after {timeout:?}");
-    }
-    let mut msg = if e.is_connect() {
-        "connect failed".to_string()
-    } else {
-        "request failed".to_string()
-    };
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    msg
 }
 
 /// What the log gate says about a new outcome.
@@ -160,7 +132,7 @@ impl LogGate {
 /// naming the wanted and the similarly named metrics it found, and again only after it recovered and broke again.
 pub async fn scrape_loop(target: ScrapeTarget, mut stop: tokio::sync::watch::Receiver<bool>) {
     let interval = target.cfg.interval.max(Duration::from_millis(10));
-    let client = shared_client();
+    let client = &target.client;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut gate = LogGate::default();
@@ -175,7 +147,7 @@ pub async fn scrape_loop(target: ScrapeTarget, mut stop: tokio::sync::watch::Rec
         (target.on_send)();
         let scrape = scrape_once(
             client,
-            &target.url,
+            &target.cfg.path,
             target.api_key.as_deref(),
             interval,
             target.cfg.kind,
@@ -205,13 +177,13 @@ fn log_note(t: &ScrapeTarget, note: LogNote, outcome: &ScrapeOutcome) {
             log::warn!(
                 "{who}: engine stats missing from {}: wanted {wanted} (kind {}, metric_prefix \"{}\"); found {found}. \
                  Placement uses infergate's own in-flight counts for this endpoint until they appear",
-                t.url,
+                t.url(),
                 t.cfg.kind.as_str(),
                 t.cfg.metric_prefix,
             );
         }
         (LogNote::Down, ScrapeOutcome::Down(why)) => {
-            log::warn!("{who}: engine stats scrape of {} failed: {why}", t.url);
+            log::warn!("{who}: engine stats scrape of {} failed: {why}", t.url());
         }
         (LogNote::Recovered, _) => log::info!("{who}: engine stats available again"),
         _ => {}
@@ -262,7 +234,7 @@ mod tests {
     async fn serve(
         status: &'static str,
         body: String,
-    ) -> (String, mpsc::UnboundedReceiver<String>) {
+    ) -> (SideClient, mpsc::UnboundedReceiver<String>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -293,11 +265,11 @@ mod tests {
                 });
             }
         });
-        (format!("http://{addr}/metrics"), rx)
+        (SideClient::plain(&addr.to_string()), rx)
     }
 
     fn target(
-        url: String,
+        client: SideClient,
         key: Option<&str>,
         prefix: &str,
     ) -> (ScrapeTarget, mpsc::UnboundedReceiver<ScrapeOutcome>) {
@@ -305,7 +277,7 @@ mod tests {
         let t = ScrapeTarget {
             pool: "p".into(),
             endpoint: "e:1".into(),
-            url,
+            client,
             api_key: key.map(str::to_string),
             cfg: EngineStatsConfig {
                 kind: EngineKind::Vllm,
@@ -330,8 +302,8 @@ mod tests {
 
     #[tokio::test]
     async fn scrape_loop_reads_a_live_endpoint_with_the_key_and_stops() {
-        let (url, mut heads) = serve("200 OK", VLLM_V1.to_string()).await;
-        let (t, mut outcomes) = target(url, Some("s3cret"), "vllm:");
+        let (client, mut heads) = serve("200 OK", VLLM_V1.to_string()).await;
+        let (t, mut outcomes) = target(client, Some("s3cret"), "vllm:");
         assert!(!format!("{t:?}").contains("s3cret"));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(scrape_loop(t, stop_rx));
@@ -353,33 +325,45 @@ mod tests {
 
     #[tokio::test]
     async fn scrape_reports_missing_down_and_http_errors() {
-        let client = shared_client();
         let t = Duration::from_secs(2);
-        let (url, _h) = serve("200 OK", VLLM_V1.replace("vllm:", "vllm_")).await;
-        match scrape_once(client, &url, None, t, EngineKind::Vllm, "vllm:").await {
+        let m = "/metrics";
+        let (c, _h) = serve("200 OK", VLLM_V1.replace("vllm:", "vllm_")).await;
+        match scrape_once(&c, m, None, t, EngineKind::Vllm, "vllm:").await {
             ScrapeOutcome::Missing { close } => {
                 assert!(close.contains(&"vllm_num_requests_running".to_string()))
             }
             other => panic!("{other:?}"),
         }
-        let (url, _h) = serve("401 Unauthorized", String::new()).await;
-        match scrape_once(client, &url, Some("k3y"), t, EngineKind::Vllm, "vllm:").await {
+        let (c, _h) = serve("401 Unauthorized", String::new()).await;
+        match scrape_once(&c, m, Some("k3y"), t, EngineKind::Vllm, "vllm:").await {
             ScrapeOutcome::Down(why) => {
                 assert!(why.contains("401") && !why.contains("k3y"), "{why}")
             }
             other => panic!("{other:?}"),
         }
-        let (url, _h) = serve("200 OK", "<html>oops</html>".into()).await;
+        let (c, _h) = serve("200 OK", "<html>oops</html>".into()).await;
         assert!(matches!(
-            scrape_once(client, &url, None, t, EngineKind::Vllm, "vllm:").await,
+            scrape_once(&c, m, None, t, EngineKind::Vllm, "vllm:").await,
             ScrapeOutcome::Down(_)
         ));
+        let (c, _h) = serve("200 OK", "x".repeat(MAX_METRICS_BYTES + 1)).await;
+        match scrape_once(&c, m, None, t, EngineKind::Vllm, "vllm:").await {
+            ScrapeOutcome::Down(why) => {
+                assert!(why.starts_with("metrics body larger than"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
         // Nothing listening.
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/metrics", l.local_addr().unwrap());
+        let c = SideClient::plain(&l.local_addr().unwrap().to_string());
         drop(l);
-        match scrape_once(client, &url, Some("k3y"), t, EngineKind::Vllm, "vllm:").await {
-            ScrapeOutcome::Down(why) => assert!(!why.contains("k3y"), "{why}"),
+        match scrape_once(&c, m, Some("k3y"), t, EngineKind::Vllm, "vllm:").await {
+            ScrapeOutcome::Down(why) => {
+                assert!(
+                    why.starts_with("connect failed: ") && !why.contains("k3y"),
+                    "{why}"
+                )
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -388,7 +372,7 @@ mod tests {
     async fn scrape_times_out_after_the_interval() {
         // Accepts and never answers.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+        let c = SideClient::plain(&listener.local_addr().unwrap().to_string());
         let hold = tokio::spawn(async move {
             let mut socks = Vec::new();
             while let Ok((s, _)) = listener.accept().await {
@@ -397,8 +381,8 @@ mod tests {
         });
         let start = std::time::Instant::now();
         let o = scrape_once(
-            shared_client(),
-            &url,
+            &c,
+            "/metrics",
             None,
             Duration::from_millis(200),
             EngineKind::Vllm,
@@ -415,8 +399,8 @@ mod tests {
 
     #[tokio::test]
     async fn dropped_stop_sender_ends_the_loop() {
-        let (url, _h) = serve("200 OK", VLLM_V0.to_string()).await;
-        let (t, mut outcomes) = target(url, None, "vllm:");
+        let (client, _h) = serve("200 OK", VLLM_V0.to_string()).await;
+        let (t, mut outcomes) = target(client, None, "vllm:");
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(scrape_loop(t, stop_rx));
         assert!(matches!(next(&mut outcomes).await, ScrapeOutcome::Good(_)));

@@ -66,9 +66,7 @@ impl BackgroundService for HealthChecks {
                     models_due = models_due.saturating_sub(1);
                     if models_due == 0 && pool.serves_any_model() {
                         models_due = MODELS_REFRESH_CHECKS;
-                        let client = crate::engine_stats::shared_client();
-                        pool.refresh_models(client, pool.cfg().health_check.timeout)
-                            .await;
+                        pool.refresh_models(pool.cfg().health_check.timeout).await;
                     }
                 }
             });

@@ -68,13 +68,27 @@ async fn run_pool_scrapes(
             let (tx, rx) = tokio::sync::watch::channel(false);
             let current = ep.target();
             let api_key = current.api_key.clone();
+            let side =
+                crate::engine_stats::SideClient::new(&ep.label, current.addr, current.tls.as_ref());
             loops.insert(ep.id, (tx, current));
+            let side = match side {
+                Ok(s) => s,
+                Err(e) => {
+                    // Tried again when its target changes (a reload); placement reads its stats as down.
+                    log::warn!(
+                        "pool {} endpoint {}: engine stats cannot be scraped: {e}",
+                        pool.name,
+                        ep.label
+                    );
+                    continue;
+                }
+            };
             let sink_ep = ep.clone();
             let sent_ep = ep.clone();
             let target = crate::engine_stats::ScrapeTarget {
                 pool: pool.name.to_string(),
                 endpoint: ep.label.clone(),
-                url: format!("http://{}{}", ep.label, cfg.path),
+                client: side,
                 api_key,
                 cfg: cfg.clone(),
                 cell: Arc::new(move |mut outcome| {

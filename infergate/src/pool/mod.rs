@@ -30,6 +30,7 @@ use pingora_load_balancing::selection::RoundRobin;
 use pingora_load_balancing::{Backend, Backends, LoadBalancer};
 
 use crate::config::{Config, EndpointConfig, PoolConfig};
+use crate::engine_stats::SideClient;
 use prometheus::{IntCounterVec, Opts};
 
 use crate::metrics::{EndpointSample, LiveSource, Metrics, PoolSample, EVICTION_CAUSES};
@@ -346,44 +347,53 @@ impl Pool {
         self.cfg().models.iter().any(|m| m == "*")
     }
 
-    /// Ask one healthy endpoint of a `"*"` pool which models it serves, for the router's `GET /v1/models` (a plain
-    /// HTTP one: the client speaks no TLS).
-    pub async fn refresh_models(&self, client: &reqwest::Client, timeout: Duration) {
+    /// Ask one healthy endpoint of a `"*"` pool which models it serves, for the router's `GET /v1/models` (over TLS
+    /// for an `https://` one, checked as requests are).
+    pub async fn refresh_models(&self, timeout: Duration) {
         let Some(ep) = self
             .endpoints()
             .iter()
-            .find(|e| e.health.is_healthy() && e.target().tls.is_none())
+            .find(|e| e.health.is_healthy())
             .cloned()
         else {
             return;
         };
-        let mut req = client
-            .get(format!("http://{}/v1/models", ep.label))
-            .timeout(timeout);
-        if let Some(key) = &ep.api_key() {
-            req = req.bearer_auth(key);
-        }
-        let names = async {
-            let v: serde_json::Value = req
-                .send()
+        let target = ep.target();
+        let read = async {
+            let side = SideClient::new(&ep.label, target.addr, target.tls.as_ref())?;
+            let key = target.api_key.as_deref();
+            let accept = "application/json";
+            match side
+                .get("/v1/models", accept, key, timeout, MAX_MODELS_BYTES)
                 .await
-                .ok()?
-                .error_for_status()
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            let names: Vec<String> = v["data"]
-                .as_array()?
-                .iter()
-                .filter_map(|m| m["id"].as_str().map(str::to_owned))
-                .collect();
-            Some(names)
+            {
+                Ok((status, body)) if (200..300).contains(&status) => model_ids(&body),
+                Ok((status, _)) => Err(format!("HTTP {status}")),
+                Err(e) => Err(e.to_string()),
+            }
         };
-        if let Some(names) = names.await {
-            *self.discovered_models.write() = names;
+        match read.await {
+            Ok(names) => *self.discovered_models.write() = names,
+            Err(why) => log::debug!(
+                "pool {} endpoint {}: model list not read: {why}",
+                self.name,
+                ep.label
+            ),
         }
     }
+}
+
+/// Largest `GET /v1/models` answer read (model ids, KiBs even with many LoRA adapters).
+const MAX_MODELS_BYTES: usize = 4 << 20;
+
+/// The model ids of a `GET /v1/models` answer.
+fn model_ids(body: &[u8]) -> Result<Vec<String>, String> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let data = v["data"].as_array().ok_or("no `data` list")?;
+    Ok(data
+        .iter()
+        .filter_map(|m| m["id"].as_str().map(str::to_owned))
+        .collect())
 }
 
 /// Every pool of the router.
@@ -465,11 +475,7 @@ impl Pools {
             }
             p.lb.backends().run_health_check(true).await;
             if p.serves_any_model() {
-                p.refresh_models(
-                    crate::engine_stats::shared_client(),
-                    p.cfg().health_check.timeout,
-                )
-                .await;
+                p.refresh_models(p.cfg().health_check.timeout).await;
             }
         }
     }

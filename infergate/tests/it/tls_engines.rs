@@ -79,6 +79,28 @@ impl Terminator {
     fn served(&self) -> usize {
         self.names.lock().len()
     }
+
+    /// Every handshake from the `from`-th on sent `sni`.
+    fn assert_sni_since(&self, from: usize, sni: Option<&str>) {
+        let names = self.names.lock();
+        assert!(
+            names[from..].iter().all(|n| n.as_deref() == sni),
+            "SNI, want {sni:?}: {names:?}"
+        );
+    }
+}
+
+/// An engine behind a terminator whose certificate `ca` issued for `engine.internal` and 127.0.0.1, and its
+/// `https://` URL.
+async fn engine_behind_tls(ca: &TestCa) -> (infergate_sim::EngineHandle, Terminator, String) {
+    let engine = engine(SimConfig::default()).await;
+    let term = Terminator::start(
+        &ca.issue("engine", &["engine.internal", "127.0.0.1"]),
+        engine_addr(&engine.url()),
+    )
+    .await;
+    let url = format!("https://127.0.0.1:{}", term.addr.port());
+    (engine, term, url)
 }
 
 fn engine_addr(url: &str) -> SocketAddr {
@@ -95,13 +117,7 @@ async fn https_engines_are_checked_against_the_pool_ca_and_server_name() {
     let dir = tls_dir("engines");
     let ca = TestCa::new("engine CA");
     let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
-    let engine = engine(SimConfig::default()).await;
-    let term = Terminator::start(
-        &ca.issue("engine", &["engine.internal", "127.0.0.1"]),
-        engine_addr(&engine.url()),
-    )
-    .await;
-    let url = format!("https://127.0.0.1:{}", term.addr.port());
+    let (engine, term, url) = engine_behind_tls(&ca).await;
 
     // By name: SNI sent, certificate checked against the pool's CA.
     let tls = format!(
@@ -113,14 +129,7 @@ async fn https_engines_are_checked_against_the_pool_ca_and_server_name() {
     assert_eq!(post_chat(&r.url(), chat_body(2_000, true, 4)).await, 200);
     assert_eq!(post_chat(&r.url(), chat_body(2_000, false, 4)).await, 200);
     assert!(generate_requests(&engine) >= 2);
-    assert!(
-        term.names
-            .lock()
-            .iter()
-            .all(|n| n.as_deref() == Some("engine.internal")),
-        "SNI: {:?}",
-        term.names.lock()
-    );
+    term.assert_sni_since(0, Some("engine.internal"));
     drop(r);
 
     // By the URL's IP address: checked against the certificate's IP addresses, no SNI.
@@ -129,7 +138,7 @@ async fn https_engines_are_checked_against_the_pool_ca_and_server_name() {
     let r = router(&url, &tls).await;
     r.ready().await;
     assert_eq!(post_chat(&r.url(), chat_body(2_000, true, 4)).await, 200);
-    assert!(term.names.lock()[before..].iter().all(Option::is_none));
+    term.assert_sni_since(before, None);
     drop(r);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -180,5 +189,67 @@ async fn an_engine_certificate_from_another_ca_or_for_another_name_is_refused() 
         assert_eq!(term.served(), 0, "{what}: a handshake completed");
         assert_eq!(generate_requests(&engine), 0, "{what}: reached the engine");
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_stats_and_the_model_list_of_https_engines_are_read_over_tls_checked_as_requests_are(
+) {
+    let dir = tls_dir("engines-stats");
+    let (ca, other) = (TestCa::new("engine CA"), TestCa::new("another CA"));
+    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
+    let other_file = write(&dir, "other-ca.pem", &other.pem());
+    let (_engine, term, url) = engine_behind_tls(&ca).await;
+    let fresh = |m: &str| {
+        metric_value(m, "infergate_engine_stats_state", &["state=\"fresh\""]) == Some(1.0)
+    };
+
+    // The pool's CA and server name: the scrapes are fresh, the model list is the engine's, all by that name.
+    let tls = format!(
+        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n{ENGINE_STATS}",
+        ca_file.display()
+    );
+    let r = router(&url, &tls).await;
+    r.ready().await;
+    let m = r.metrics_when(fresh).await;
+    assert!(fresh(&m), "engine stats over TLS are fresh");
+    assert_eq!(
+        get_json(&r.url(), "/v1/models").await["data"][0]["id"],
+        "sim-model"
+    );
+    term.assert_sni_since(0, Some("engine.internal"));
+    drop(r);
+
+    // By the URL's IP address (no server name): checked against the certificate's IP addresses, no SNI.
+    let before = term.served();
+    let tls = format!(
+        "    tls: {{ ca_file: \"{}\" }}\n{ENGINE_STATS}",
+        ca_file.display()
+    );
+    let r = router(&url, &tls).await;
+    r.ready().await;
+    assert!(fresh(&r.metrics_when(fresh).await), "by IP address");
+    term.assert_sni_since(before, None);
+    drop(r);
+
+    // A certificate the pool's CA did not issue: no scrape gets through, so the stats are never fresh.
+    let failed = term.failed.load(Ordering::Relaxed);
+    let tls = format!(
+        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n{ENGINE_STATS}",
+        other_file.display()
+    );
+    let r = router(&url, &tls).await;
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let m = r.metrics_text().await;
+    assert!(!fresh(&m), "a refused certificate gives no stats");
+    assert_eq!(
+        metric_value(&m, "infergate_engine_stats_state", &["state=\"down\""]),
+        Some(1.0)
+    );
+    assert!(
+        term.failed.load(Ordering::Relaxed) > failed,
+        "handshakes refused"
+    );
+    drop(r);
     let _ = std::fs::remove_dir_all(dir);
 }
