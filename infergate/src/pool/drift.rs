@@ -32,6 +32,15 @@ pub const SLOW_ENTER: f64 = 0.4;
 /// ...until it is back above this share of both.
 pub const SLOW_LEAVE: f64 = 0.5;
 
+/// Judgements in a row on the other side of a threshold before the state changes: a speed from a handful of short
+/// streams is noisy (scheduling jitter is a large share of a 5 ms prefill), and an endpoint entering and leaving
+/// many times a second weighs nothing reliably and floods the log.
+pub const TURN_AFTER: u32 = 3;
+
+/// Weight of a new judgement in the judged speed (an average of its log over about the last three): one stream
+/// stalled beside a long prefill is not a slow engine.
+const JUDGE_SMOOTHING: f64 = 0.3;
+
 /// A single sample moves the drift by at most this factor (a stream stalled by a long prefill beside it).
 const MAX_STEP: f64 = 10.0;
 
@@ -45,6 +54,8 @@ struct State {
     /// A speed outlier now, and its speed relative to its own history or the pool's (the lower).
     slow: bool,
     relative: Option<f64>,
+    /// Judgements in a row past the threshold that would change `slow`.
+    streak: u32,
 }
 
 /// One endpoint's drift and outlier state.
@@ -140,24 +151,36 @@ impl Drift {
     }
 
     /// Judge it at `relative` speed (the lower of its speed against its own recent history and against the
-    /// pool's median): it enters below [`SLOW_ENTER`] and leaves above [`SLOW_LEAVE`]. Returns the change.
+    /// pool's median): it enters after [`TURN_AFTER`] judgements in a row below [`SLOW_ENTER`] and leaves after as
+    /// many above [`SLOW_LEAVE`]. Returns the change.
     pub fn judge(&self, relative: f64) -> Option<Turn> {
         let mut s = self.0.lock();
         if !relative.is_finite() {
             return None;
         }
+        // Averaged in log space, each judgement clamped to a factor of MAX_STEP.
+        let x = relative.clamp(1.0 / MAX_STEP, MAX_STEP).ln();
+        let relative = match s.relative {
+            Some(prev) => (prev.ln() + JUDGE_SMOOTHING * (x - prev.ln())).exp(),
+            None => x.exp(),
+        };
         s.relative = Some(relative);
-        match (s.slow, relative) {
-            (false, r) if r < SLOW_ENTER => {
-                s.slow = true;
-                Some(Turn::Entered(r))
-            }
-            (true, r) if r > SLOW_LEAVE => {
-                s.slow = false;
-                Some(Turn::Left(r))
-            }
-            _ => None,
+        let past = if s.slow {
+            relative > SLOW_LEAVE
+        } else {
+            relative < SLOW_ENTER
+        };
+        s.streak = if past { s.streak + 1 } else { 0 };
+        if s.streak < TURN_AFTER {
+            return None;
         }
+        s.streak = 0;
+        s.slow = !s.slow;
+        Some(if s.slow {
+            Turn::Entered(relative)
+        } else {
+            Turn::Left(relative)
+        })
     }
 
     /// The weight `load_aware` gives its load: Some(relative speed) while it is a speed outlier.
@@ -226,21 +249,45 @@ mod tests {
         assert!(d.correction(t0 + Duration::from_secs(60)).prefill > 0.8);
     }
 
+    /// `relative` judged `n` times; the last judgement's change.
+    fn judged(d: &Drift, relative: f64, n: u32) -> Option<Turn> {
+        (0..n).map(|_| d.judge(relative)).last().flatten()
+    }
+
     #[test]
     fn entering_and_leaving_with_a_gap_between() {
         let d = Drift::default();
         assert_eq!(d.state(), (false, None));
-        assert_eq!(d.judge(0.45), None);
+        // Entering takes TURN_AFTER judgements in a row below the threshold.
+        assert_eq!(judged(&d, 0.33, TURN_AFTER - 1), None);
+        assert_eq!(d.weight(), None, "not yet: one short");
         assert_eq!(d.judge(0.33), Some(Turn::Entered(0.33)));
         assert_eq!(d.weight(), Some(0.33));
         assert_eq!(
-            d.judge(0.45),
+            judged(&d, 0.45, 10),
             None,
             "between the thresholds: still an outlier"
         );
-        assert_eq!(d.judge(0.9), Some(Turn::Left(0.9)));
+        assert!((0..2 * TURN_AFTER).any(|_| matches!(d.judge(0.9), Some(Turn::Left(r)) if r > 0.5)));
         assert_eq!(d.weight(), None);
         assert_eq!(d.judge(f64::NAN), None);
+    }
+
+    #[test]
+    fn noise_around_the_thresholds_changes_nothing() {
+        // An engine at speed whose single judgements dip now and then (a stream stalled beside a long prefill,
+        // jitter on a busy host): before the average and the streak each dip entered and the next value left.
+        let d = Drift::default();
+        for r in [1.0, 0.03, 1.1, 0.9, 0.3, 1.2, 0.8, 0.35, 1.0, 0.95].repeat(20) {
+            assert_eq!(d.judge(r), None, "{r}");
+        }
+        assert!(!d.state().0);
+        // A slow one stays an outlier through judgements that cross the leaving threshold now and then.
+        assert!((0..2 * TURN_AFTER).any(|_| matches!(d.judge(0.2), Some(Turn::Entered(_)))));
+        for r in [0.3, 0.9, 0.2, 0.6, 0.35, 1.0, 0.1].repeat(20) {
+            assert_eq!(d.judge(r), None, "{r}");
+        }
+        assert!(d.state().0);
     }
 
     #[test]
