@@ -1,5 +1,6 @@
-//! The client of the router's own GETs to one engine (stats scrapes, model lists): plain HTTP, or TLS checked as
-//! the pool's `tls` says (its CA file or the system's CAs, its server name), as proxied requests are.
+//! The client of the router's own GETs to one engine (stats scrapes, model lists, stored-response lookups): plain
+//! HTTP, or TLS checked as the pool's `tls` says (its CA file or the system's CAs, its server name), as proxied
+//! requests are.
 
 use std::error::Error as StdError;
 use std::net::SocketAddr;
@@ -170,12 +171,38 @@ impl SideClient {
         timeout: Duration,
         max_bytes: usize,
     ) -> Result<(u16, Bytes), SideError> {
+        self.fetch(path, accept, bearer, timeout, Limit::Fail(max_bytes))
+            .await
+    }
+
+    /// GET `path` for its status alone, within `timeout`. A short body is read (the connection is kept for the
+    /// next request); a longer one is not (its connection is closed).
+    pub async fn status(
+        &self,
+        path: &str,
+        accept: &'static str,
+        bearer: Option<&str>,
+        timeout: Duration,
+    ) -> Result<u16, SideError> {
+        let drain = Limit::Stop(STATUS_DRAIN_BYTES);
+        let (status, _) = self.fetch(path, accept, bearer, timeout, drain).await?;
+        Ok(status)
+    }
+
+    async fn fetch(
+        &self,
+        path: &str,
+        accept: &'static str,
+        bearer: Option<&str>,
+        timeout: Duration,
+        limit: Limit,
+    ) -> Result<(u16, Bytes), SideError> {
         let answer = async {
             match self {
                 SideClient::Plain { client, base } => {
-                    plain_get(client, &format!("{base}{path}"), accept, bearer, max_bytes).await
+                    plain_get(client, &format!("{base}{path}"), accept, bearer, limit).await
                 }
-                SideClient::Tls(t) => t.get(path, accept, bearer, max_bytes).await,
+                SideClient::Tls(t) => t.get(path, accept, bearer, limit).await,
             }
         };
         tokio::time::timeout(timeout, answer)
@@ -184,12 +211,38 @@ impl SideClient {
     }
 }
 
+/// Bytes of body [`SideClient::status`] reads at most (an error answer is well within).
+const STATUS_DRAIN_BYTES: usize = 64 * 1024;
+
+/// What a body longer than its limit is.
+#[derive(Clone, Copy)]
+enum Limit {
+    /// An error ([`SideError::TooLarge`]).
+    Fail(usize),
+    /// Not read further: the answer is what came so far.
+    Stop(usize),
+}
+
+impl Limit {
+    /// Add `chunk` to `body`; false when reading should stop here, an error when the limit makes it one.
+    fn take(self, body: &mut BytesMut, chunk: &[u8]) -> Result<bool, SideError> {
+        match self {
+            Limit::Fail(n) if body.len() + chunk.len() > n => Err(SideError::TooLarge(n)),
+            Limit::Stop(n) if body.len() + chunk.len() > n => Ok(false),
+            _ => {
+                body.extend_from_slice(chunk);
+                Ok(true)
+            }
+        }
+    }
+}
+
 async fn plain_get(
     client: &reqwest::Client,
     url: &str,
     accept: &'static str,
     bearer: Option<&str>,
-    max_bytes: usize,
+    limit: Limit,
 ) -> Result<(u16, Bytes), SideError> {
     let mut req = client.get(url).header(ACCEPT, accept);
     if let Some(key) = bearer {
@@ -199,10 +252,9 @@ async fn plain_get(
     let status = resp.status().as_u16();
     let mut body = BytesMut::new();
     while let Some(chunk) = resp.chunk().await.map_err(describe_reqwest)? {
-        if body.len() + chunk.len() > max_bytes {
-            return Err(SideError::TooLarge(max_bytes));
+        if !limit.take(&mut body, &chunk)? {
+            break;
         }
-        body.extend_from_slice(&chunk);
     }
     Ok((status, body.freeze()))
 }
@@ -213,7 +265,7 @@ impl TlsSide {
         path: &str,
         accept: &'static str,
         bearer: Option<&str>,
-        max_bytes: usize,
+        limit: Limit,
     ) -> Result<(u16, Bytes), SideError> {
         let mut req = http::Request::get(format!("{}{path}", self.origin))
             .header(HOST, self.host.clone())
@@ -244,10 +296,9 @@ impl TlsSide {
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| SideError::Failed(chain(&e)))?;
             if let Ok(data) = frame.into_data() {
-                if got.len() + data.len() > max_bytes {
-                    return Err(SideError::TooLarge(max_bytes));
+                if !limit.take(&mut got, &data)? {
+                    break;
                 }
-                got.extend_from_slice(&data);
             }
         }
         Ok((status, got.freeze()))
@@ -437,6 +488,21 @@ mod tests {
         assert_eq!(
             c.get("/", "*/*", None, T, 1).await,
             Err(SideError::TooLarge(1))
+        );
+        let _ = std::fs::remove_file(file);
+    }
+
+    #[tokio::test]
+    async fn a_status_alone_does_not_read_a_long_body() {
+        let ca = ca("side CA");
+        let file = write_ca(&ca, "status");
+        let long = "x".repeat(STATUS_DRAIN_BYTES * 4);
+        let (addr, _heads) = serve_tls(&ca, &["engine.internal"], "200 OK", long).await;
+        let c = SideClient::new("e:1", addr, Some(&tls("engine.internal", &file))).unwrap();
+        assert_eq!(c.status("/", "*/*", None, T).await, Ok(200));
+        assert_eq!(
+            c.get("/", "*/*", None, T, STATUS_DRAIN_BYTES).await,
+            Err(SideError::TooLarge(STATUS_DRAIN_BYTES))
         );
         let _ = std::fs::remove_file(file);
     }
