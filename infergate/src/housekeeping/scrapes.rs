@@ -68,20 +68,12 @@ async fn run_pool_scrapes(
             let (tx, rx) = tokio::sync::watch::channel(false);
             let current = ep.target();
             let api_key = current.api_key.clone();
-            let side =
-                crate::engine_stats::SideClient::new(&ep.label, current.addr, current.tls.as_ref());
+            let side = current.side().ok().cloned();
             loops.insert(ep.id, (tx, current));
-            let side = match side {
-                Ok(s) => s,
-                Err(e) => {
-                    // Tried again when its target changes (a reload); placement reads its stats as down.
-                    log::warn!(
-                        "pool {} endpoint {}: engine stats cannot be scraped: {e}",
-                        pool.name,
-                        ep.label
-                    );
-                    continue;
-                }
+            let Some(side) = side else {
+                // Its target warned when it was built; tried again when a reload changes it. Placement reads
+                // its stats as down.
+                continue;
             };
             let sink_ep = ep.clone();
             let sent_ep = ep.clone();

@@ -10,7 +10,7 @@ use pingora_load_balancing::Backend;
 
 use super::{DecodeSpeed, Drift, HealthTracker, PrefillSpeed};
 use crate::config::{EndpointConfig, EngineTls, HealthCheckConfig};
-use crate::engine_stats::StatsCell;
+use crate::engine_stats::{SideClient, StatsCell};
 use crate::kv_events::KvIndex;
 use crate::ledger::{EndpointLoad, PeerLoad};
 use crate::metrics::EndpointSeries;
@@ -27,10 +27,20 @@ pub struct Target {
     pub(super) checker: HttpHealthCheck,
     /// The `health_check` path and timeout the checker was built with.
     pub(super) checked_as: (String, Duration),
+    /// The client of the router's own requests to it, built with the target (never per request); why not if
+    /// it could not be (an unreadable CA file).
+    side: Result<SideClient, String>,
 }
 
 impl Target {
-    fn new(cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Target {
+    /// `prev`: the endpoint's target before a reload, whose client (and its open connections) is kept when the
+    /// address and TLS settings are the same.
+    fn new(
+        pool: &str,
+        cfg: &EndpointConfig,
+        hc: &HealthCheckConfig,
+        prev: Option<&Target>,
+    ) -> Target {
         let mut checker = HttpHealthCheck::new(&cfg.label, cfg.tls.is_some());
         if let Some(tls) = &cfg.tls {
             // `new` takes the label ("host:port") for the name; the check verifies as requests do.
@@ -50,13 +60,29 @@ impl Target {
         checker.peer_template.options.connection_timeout = Some(hc.timeout);
         checker.peer_template.options.read_timeout = Some(hc.timeout);
         checker.peer_template.options.write_timeout = Some(hc.timeout);
+        let side = match prev.filter(|p| p.addr == cfg.addr && p.tls == cfg.tls) {
+            Some(Target { side: Ok(c), .. }) => Ok(c.clone()),
+            _ => SideClient::new(&cfg.label, cfg.addr, cfg.tls.as_ref()).inspect_err(|e| {
+                log::warn!(
+                    "pool {pool} endpoint {}: its engine stats, model list and stored responses cannot be \
+                     read until a reload fixes this: {e}",
+                    cfg.label
+                )
+            }),
+        };
         Target {
             addr: cfg.addr,
             api_key: cfg.api_key.clone(),
             tls: cfg.tls.clone(),
             checker,
             checked_as: (hc.path.clone(), hc.timeout),
+            side,
         }
+    }
+
+    /// How the router's own GETs reach it (plain, or TLS checked as requests are); why not if they cannot.
+    pub fn side(&self) -> Result<&SideClient, &str> {
+        self.side.as_ref().map_err(String::as_str)
     }
 
     pub(super) fn backend(&self) -> Backend {
@@ -113,13 +139,14 @@ impl std::fmt::Debug for Endpoint {
 impl Endpoint {
     pub(super) fn new(pool: Arc<str>, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Endpoint {
         let kv = Arc::new(KvIndex::new(&pool, &cfg.label));
+        let target = ArcSwap::from_pointee(Target::new(&pool, cfg, hc, None));
         Endpoint {
             kv,
             id: NEXT_ENDPOINT_ID.fetch_add(1, Ordering::Relaxed),
             pool,
             label: cfg.label.clone(),
             host: cfg.host.clone(),
-            target: ArcSwap::from_pointee(Target::new(cfg, hc)),
+            target,
             load: Arc::new(EndpointLoad::default()),
             peers: PeerLoad::default(),
             health: HealthTracker::default(),
@@ -163,7 +190,8 @@ impl Endpoint {
         let moved = cur.addr != cfg.addr || cur.api_key != cfg.api_key || cur.tls != cfg.tls;
         let (path, timeout) = &cur.checked_as;
         if moved || *path != hc.path || *timeout != hc.timeout {
-            self.target.store(Arc::new(Target::new(cfg, hc)));
+            let next = Target::new(&self.pool, cfg, hc, Some(&cur));
+            self.target.store(Arc::new(next));
         }
         moved
     }

@@ -30,7 +30,6 @@ use pingora_load_balancing::selection::RoundRobin;
 use pingora_load_balancing::{Backend, Backends, LoadBalancer};
 
 use crate::config::{Config, EndpointConfig, PoolConfig};
-use crate::engine_stats::SideClient;
 use prometheus::{IntCounterVec, Opts};
 
 use crate::metrics::{EndpointSample, LiveSource, Metrics, PoolSample, EVICTION_CAUSES};
@@ -348,7 +347,7 @@ impl Pool {
     }
 
     /// Ask one healthy endpoint of a `"*"` pool which models it serves, for the router's `GET /v1/models` (over TLS
-    /// for an `https://` one, checked as requests are).
+    /// for an `https://` one, checked as requests are, on the endpoint's kept connections).
     pub async fn refresh_models(&self, timeout: Duration) {
         let Some(ep) = self
             .endpoints()
@@ -360,7 +359,7 @@ impl Pool {
         };
         let target = ep.target();
         let read = async {
-            let side = SideClient::new(&ep.label, target.addr, target.tls.as_ref())?;
+            let side = target.side()?;
             let key = target.api_key.as_deref();
             let accept = "application/json";
             match side

@@ -189,3 +189,47 @@ fn reconfigure_swaps_the_settings_and_keeps_the_policy_settings_a_policy_refuses
     assert_eq!(pool.cfg().policy, next.policy);
     assert_eq!(pool.cfg().max_in_flight_per_endpoint, Some(5));
 }
+
+#[test]
+fn an_endpoints_side_client_is_built_with_its_target_and_kept_while_its_address_and_tls_are() {
+    use crate::config::EngineTls;
+    use crate::engine_stats::SideClient;
+    let cfg = pool_cfg("");
+    let hc = &cfg.health_check;
+    let mut w = cfg.endpoints[0].clone();
+    w.tls = Some(EngineTls::for_tests(
+        "engine.internal",
+        Path::new("/nonexistent/engine-ca.pem"),
+    ));
+    // An unreadable CA file: no client, and why; nothing panics.
+    let e = Endpoint::new(Arc::from("a"), &w, hc);
+    let why = e.target().side().err().map(str::to_string);
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("/nonexistent/engine-ca.pem")),
+        "{why:?}"
+    );
+    // The system's CAs: a TLS client.
+    let mut tls = EngineTls::for_tests("engine.internal", Path::new("/x"));
+    tls.ca_file = None;
+    w.tls = Some(tls);
+    assert!(e.retarget(&w, hc));
+    let tls_side = |e: &Endpoint| match e.target().side() {
+        Ok(SideClient::Tls(t)) => Some(t.clone()),
+        _ => None,
+    };
+    let first = tls_side(&e).expect("a TLS client");
+    // A rotated key keeps the client and its connections; another server name builds a new one.
+    w.api_key = Some("k2".into());
+    assert!(e.retarget(&w, hc));
+    assert!(Arc::ptr_eq(&first, &tls_side(&e).unwrap()), "kept");
+    if let Some(t) = w.tls.as_mut() {
+        t.server_name = "other.internal".into();
+    }
+    assert!(e.retarget(&w, hc));
+    assert!(!Arc::ptr_eq(&first, &tls_side(&e).unwrap()), "rebuilt");
+    // Plain HTTP again.
+    w.tls = None;
+    assert!(e.retarget(&w, hc));
+    assert!(matches!(e.target().side(), Ok(SideClient::Plain { .. })));
+}
