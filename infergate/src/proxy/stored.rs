@@ -115,7 +115,8 @@ impl Router {
         }
     }
 
-    /// The available engine of `pool` (of every pool without one) that says it holds stored response `id`.
+    /// The available engine of `pool` (of every pool without one) that says it holds stored response `id`, asked
+    /// over its endpoint's own client (TLS for an `https://` one); one without a client does not have it.
     async fn ask_engines(&self, id: &str, pool: Option<&Pool>) -> Option<Holder> {
         let pools: Vec<&Pool> = match pool {
             Some(p) => vec![p],
@@ -132,12 +133,28 @@ impl Router {
                     .cloned()
                     .collect::<Vec<_>>()
             })
-            .map(|e| stored_responses::Candidate {
-                api_key: e.api_key(),
-                holder: Holder {
-                    pool: e.pool.clone(),
-                    endpoint: e.label.clone(),
-                },
+            .filter_map(|e| {
+                let target = e.target();
+                let client = match target.side() {
+                    Ok(c) => c.clone(),
+                    Err(why) => {
+                        // Warned when the target was built.
+                        log::debug!(
+                            "pool {} endpoint {}: not asked for a stored response: {why}",
+                            e.pool,
+                            e.label
+                        );
+                        return None;
+                    }
+                };
+                Some(stored_responses::Candidate {
+                    client,
+                    api_key: target.api_key.clone(),
+                    holder: Holder {
+                        pool: e.pool.clone(),
+                        endpoint: e.label.clone(),
+                    },
+                })
             })
             .collect();
         stored_responses::probe(id, candidates, stored_responses::PROBE_TIMEOUT).await

@@ -14,6 +14,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use prometheus::{IntCounterVec, Opts};
 
+use crate::engine_stats::SideClient;
 use crate::metrics::Metrics;
 use crate::paths::is_valid_response_id;
 
@@ -128,6 +129,8 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// An engine that may hold a stored response, and how to ask it.
 pub struct Candidate {
     pub holder: Holder,
+    /// The endpoint's own client: plain, or TLS checked as proxied requests are.
+    pub client: SideClient,
     /// Sent as `Authorization: Bearer` (the engine's key); never logged.
     pub api_key: Option<String>,
 }
@@ -135,18 +138,24 @@ pub struct Candidate {
 /// Ask `candidates` (at most [`MAX_PROBES`]) at once whether they hold stored response `id` (`GET
 /// /v1/responses/{id}` answered 200), waiting at most `timeout`; the first that does. `id` must be a valid one.
 pub async fn probe(id: &str, candidates: Vec<Candidate>, timeout: Duration) -> Option<Holder> {
-    let client = crate::engine_stats::shared_client();
+    let path: Arc<str> = format!("/v1/responses/{id}").into();
     let mut asked = tokio::task::JoinSet::new();
     for c in candidates.into_iter().take(MAX_PROBES) {
-        let req = client
-            .get(format!("http://{}/v1/responses/{id}", c.holder.endpoint))
-            .timeout(timeout);
-        let req = match &c.api_key {
-            Some(key) => req.bearer_auth(key),
-            None => req,
-        };
+        let path = path.clone();
         asked.spawn(async move {
-            let has = req.send().await.is_ok_and(|r| r.status() == 200);
+            let (key, json) = (c.api_key.as_deref(), "application/json");
+            let has = match c.client.status(&path, json, key, timeout).await {
+                Ok(status) => status == 200,
+                Err(e) => {
+                    // An engine that cannot be asked (down, a refused certificate) is one that does not have it.
+                    log::debug!(
+                        "pool {} endpoint {}: stored response lookup failed: {e}",
+                        c.holder.pool,
+                        c.holder.endpoint
+                    );
+                    false
+                }
+            };
             has.then_some(c.holder)
         });
     }

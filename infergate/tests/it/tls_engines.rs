@@ -1,7 +1,8 @@
 //! TLS from the router to its engines: an engine behind a TLS terminator (rustls, as a sidecar in front of vLLM
 //! would be) is reached over `https://`, its certificate checked against the pool's `tls.ca_file` and the name in
 //! `tls.server_name` (sent as SNI), or the URL's IP address; a certificate from another CA or for another name is
-//! refused, by the health checks and by requests alike.
+//! refused, by the health checks, requests and the router's own requests (stats, model lists, stored-response
+//! lookups) alike.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -250,6 +251,99 @@ async fn engine_stats_and_the_model_list_of_https_engines_are_read_over_tls_chec
         term.failed.load(Ordering::Relaxed) > failed,
         "handshakes refused"
     );
+    drop(r);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_response_on_an_https_engine_is_found_over_tls_by_a_router_that_never_saw_it() {
+    let dir = tls_dir("engines-stored");
+    let (ca, other) = (TestCa::new("engine CA"), TestCa::new("another CA"));
+    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
+    let other_file = write(&dir, "other-ca.pem", &other.pem());
+    let engine = engine(SimConfig {
+        responses_store: true,
+        ..SimConfig::default()
+    })
+    .await;
+    let term = Terminator::start(
+        &ca.issue("engine", &["engine.internal", "127.0.0.1"]),
+        engine_addr(&engine.url()),
+    )
+    .await;
+    let url = format!("https://127.0.0.1:{}", term.addr.port());
+    let tls = format!(
+        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
+        ca_file.display()
+    );
+    let turn = |previous: Option<&str>| {
+        let mut b =
+            serde_json::json!({"input": "hi", "max_output_tokens": 4, "model": "sim-model"});
+        if let Some(p) = previous {
+            b["previous_response_id"] = p.into();
+        }
+        b.to_string()
+    };
+    let post = |base: String, body: String| async move {
+        let resp = client()
+            .post(format!("{base}/v1/responses"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("router answers");
+        let status = resp.status().as_u16();
+        (
+            status,
+            resp.json::<serde_json::Value>().await.unwrap_or_default(),
+        )
+    };
+    let retrieve = |base: String, id: String| async move {
+        let resp = client()
+            .get(format!("{base}/v1/responses/{id}"))
+            .send()
+            .await
+            .expect("router answers");
+        resp.status().as_u16()
+    };
+
+    // Made through one router, over TLS.
+    let made_by = router(&url, &tls).await;
+    made_by.ready().await;
+    let (status, made) = post(made_by.url(), turn(None)).await;
+    assert_eq!(status, 200, "{made}");
+    let id = made["id"].as_str().expect("a response id").to_string();
+    drop(made_by);
+
+    // Another router (a restart, a replica without `cluster`) has no record of it: it asks the engine, over TLS
+    // checked against the pool's CA and name.
+    let before = term.served();
+    let r = router(&url, &tls).await;
+    r.ready().await;
+    assert_eq!(retrieve(r.url(), id.clone()).await, 200, "retrieved");
+    let (status, next) = post(r.url(), turn(Some(&id))).await;
+    assert_eq!(status, 200, "continued: {next}");
+    assert_eq!(
+        r.metric_sum(
+            "infergate_stored_response_lookups_total",
+            &["source=\"engine\""]
+        )
+        .await,
+        1.0,
+        "found by asking the engine, once"
+    );
+    term.assert_sni_since(before, Some("engine.internal"));
+    drop(r);
+
+    // A pool trusting another CA: the engine is never asked in the clear or over an unchecked connection.
+    let before = term.served();
+    let tls = format!(
+        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
+        other_file.display()
+    );
+    let r = router(&url, &tls).await;
+    assert_eq!(retrieve(r.url(), id.clone()).await, 404, "not found");
+    assert_eq!(term.served(), before, "a handshake completed");
     drop(r);
     let _ = std::fs::remove_dir_all(dir);
 }
