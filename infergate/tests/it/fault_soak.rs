@@ -321,6 +321,8 @@ async fn every_request_no_fault_destroyed_succeeds_and_nothing_leaks() {
         metric_sum(m, "infergate_endpoint_healthy", &[]) == 4.0
     })
     .await;
+    // The metrics port starts before the client port.
+    wait_listening(([127, 0, 0, 1], listen).into()).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));

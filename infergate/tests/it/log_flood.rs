@@ -35,6 +35,8 @@ async fn an_outage_writes_a_few_error_lines_and_a_count_not_one_per_request() {
             .unwrap(),
     );
     wait_metrics(metrics, "the router", |_| true).await;
+    // The metrics port starts before the client port: a request between the two is refused.
+    wait_listening(([127, 0, 0, 1], listen).into()).await;
     let url = format!("http://127.0.0.1:{listen}");
     let sent = 200;
     for _ in 0..sent {

@@ -104,6 +104,8 @@ impl Binary {
             .spawn()
             .unwrap();
         wait_metrics(metrics, "the router's metrics", |_| true).await;
+        // The metrics port starts before the client port: a request between the two is refused.
+        crate::common::wait_listening(([127, 0, 0, 1], listen).into()).await;
         Binary {
             dir,
             child,
