@@ -293,44 +293,25 @@ async fn a_health_panic_over_engines_that_never_answer_fails_fast() {
     router.wait_idle().await;
 }
 
-/// An engine whose health check passes and which answers every other request with a 200 head and the start of a
-/// chunked body in one write, then closes: it died right after its headers.
+/// An engine that answers every request (its health check aside) with a 200 head, every other one with the start
+/// of a chunked body in the same write, then closes: it died right after its headers.
 async fn dying_after_headers_engine() -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut seen = Vec::new();
-                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(n) if n > 0 => seen.extend_from_slice(&buf[..n]),
-                        _ => return,
-                    }
-                }
-                if seen.starts_with(b"GET /health") {
-                    let _ = s
-                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-                        .await;
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    return;
-                }
-                // Let the body arrive, then the head (every other request with a piece of the body) and the close.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let head: &[u8] =
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
-                let piece: &[u8] = if seen.windows(7).any(|w| w == b"piece-1") {
-                    b"10\r\n{\"id\":\"chatcmpl-"
-                } else {
-                    b""
-                };
-                let _ = s.write_all(&[head, piece].concat()).await;
-            });
+    raw_engine(|seen| {
+        let head: &[u8] =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+        let piece: &[u8] = if seen.windows(7).any(|w| w == b"piece-1") {
+            b"10\r\n{\"id\":\"chatcmpl-"
+        } else {
+            b""
+        };
+        // After the body has arrived.
+        RawAnswer {
+            wait: Duration::from_millis(50),
+            bytes: [head, piece].concat(),
+            close: true,
         }
-    });
-    format!("http://{addr}")
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

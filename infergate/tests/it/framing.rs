@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use crate::common::*;
 use infergate_sim::SimConfig;
@@ -158,36 +158,13 @@ async fn session_keys_are_bounded() {
 
 /// An engine whose health check passes and which answers every other request with 101 and raw bytes.
 async fn switching_engine() -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut seen = Vec::new();
-                loop {
-                    let Ok(n) = s.read(&mut buf).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    seen.extend_from_slice(&buf[..n]);
-                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-                let answer: &[u8] = if seen.starts_with(b"GET /health") {
-                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
-                } else {
-                    b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nRAW TUNNEL BYTES"
-                };
-                let _ = s.write_all(answer).await;
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            });
-        }
-    });
-    format!("http://{addr}")
+    raw_engine(|_| RawAnswer {
+        wait: Duration::ZERO,
+        bytes: b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nRAW TUNNEL BYTES"
+            .to_vec(),
+        close: false,
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,3 +71,50 @@ pub fn tagged(e: &EngineHandle, tag: &str) -> usize {
         })
         .count()
 }
+
+/// What a [`raw_engine`] writes for one request: after `wait`, `bytes`; then it closes the connection at once
+/// (`close`) or holds it open for 2 s.
+pub struct RawAnswer {
+    pub wait: std::time::Duration,
+    pub bytes: Vec<u8>,
+    pub close: bool,
+}
+
+/// An engine that speaks raw bytes, for answers no real engine gives: its health check (`GET /health`) passes, and
+/// every other request gets what `answer` makes of the bytes received up to the end of the head.
+pub async fn raw_engine(answer: impl Fn(&[u8]) -> RawAnswer + Send + Sync + 'static) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let answer = std::sync::Arc::new(answer);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(n) if n > 0 => seen.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let a = if seen.starts_with(b"GET /health") {
+                    RawAnswer {
+                        wait: std::time::Duration::ZERO,
+                        bytes: b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".to_vec(),
+                        close: false,
+                    }
+                } else {
+                    answer(&seen)
+                };
+                tokio::time::sleep(a.wait).await;
+                let _ = s.write_all(&a.bytes).await;
+                if !a.close {
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
