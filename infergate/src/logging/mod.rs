@@ -9,7 +9,7 @@
 //! Some Pingora errors are logged at info, because nothing in the router failed when they appear (see
 //! [`RECLASSIFIED`]): the retry notice of a new instance waiting for the old one's sockets in a graceful upgrade,
 //! the connection pool losing a race with its own idle watcher (the request goes on over a new connection), and
-//! a client that closed, reset or sent garbage.
+//! a client that closed, reset or sent garbage. A client's failed TLS handshake is logged at warn.
 //!
 //! Warn and error lines that repeat are rate-limited with a count (`repeats`): an outage logs its line a few
 //! times, then how many more there were.
@@ -82,14 +82,33 @@ fn is_client_side(message: &str) -> bool {
         })
 }
 
+/// A client's failed TLS handshake (plain HTTP on the TLS port, a scanner, no protocol or cipher in common, a
+/// client that rejects the certificate) is logged by Pingora at error with the client's address. One is the
+/// client's doing; many can be the router's (an expired certificate): warn, so they are seen, and since they are
+/// alike but for digits, rate-limited with a count.
+const HANDSHAKE_TARGET: &str = "pingora_core::services::listening";
+fn is_handshake_failure(message: &str) -> bool {
+    message.starts_with("Downstream handshake error")
+        || message.starts_with("Downstream handshake timeout")
+}
+
 /// Whether a message of the rule's target is one of its benign errors.
 type MessageTest = fn(&str) -> bool;
 
-/// (target, message test): Pingora errors that are logged at info instead.
-const RECLASSIFIED: &[(&str, MessageTest)] = &[
-    (UPGRADE_WAIT_TARGET, |m| m.starts_with(UPGRADE_WAIT_MESSAGE)),
-    (POOL_RACE_TARGET, |m| m.starts_with(POOL_RACE_MESSAGE)),
-    (CLIENT_GONE_TARGET, is_client_side),
+/// (target, message test, level): Pingora errors that are logged at a lower level instead.
+const RECLASSIFIED: &[(&str, MessageTest, Level)] = &[
+    (
+        UPGRADE_WAIT_TARGET,
+        |m| m.starts_with(UPGRADE_WAIT_MESSAGE),
+        Level::Info,
+    ),
+    (
+        POOL_RACE_TARGET,
+        |m| m.starts_with(POOL_RACE_MESSAGE),
+        Level::Info,
+    ),
+    (CLIENT_GONE_TARGET, is_client_side, Level::Info),
+    (HANDSHAKE_TARGET, is_handshake_failure, Level::Warn),
 ];
 
 /// The level a record is logged at instead of its own, for Pingora's messages that are not what their level says.
@@ -99,14 +118,15 @@ fn reclassified(r: &Record<'_>) -> Option<Level> {
     }
     let mut rule = RECLASSIFIED
         .iter()
-        .filter(|(target, _)| r.target() == *target)
+        .filter(|(target, _, _)| r.target() == *target)
         .peekable();
     rule.peek()?;
     let message = match r.args().as_str() {
         Some(s) => std::borrow::Cow::Borrowed(s),
         None => std::borrow::Cow::Owned(r.args().to_string()),
     };
-    rule.any(|(_, test)| test(&message)).then_some(Level::Info)
+    rule.find(|(_, test, _)| test(&message))
+        .map(|(_, _, level)| *level)
 }
 
 struct Capped {
@@ -237,6 +257,22 @@ mod tests {
         ] {
             assert_eq!(level("pingora_proxy", Level::Error, client), Some(Level::Info), "{client}");
         }
+        // Pingora 0.9.1's lines for a failed TLS handshake (plain HTTP on the TLS port, a client closing early).
+        for handshake in [
+            "Downstream handshake error from 127.0.0.1:40312: TLSHandshakeFailure context: TLS accept() failed cause: received corrupt message of type InvalidContentType",
+            "Downstream handshake error: TLSHandshakeFailure context: TLS accept() failed",
+            "Downstream handshake timeout",
+        ] {
+            assert_eq!(level(HANDSHAKE_TARGET, Level::Error, handshake), Some(Level::Warn), "{handshake}");
+        }
+        assert_eq!(
+            level(
+                HANDSHAKE_TARGET,
+                Level::Error,
+                "Accept() failed Too many open files"
+            ),
+            None
+        );
         for upstream in [
             "Fail to proxy: Upstream ConnectRefused context: ...",
             "Fail to filter request:  InternalError context: ...",

@@ -200,7 +200,7 @@ async fn sighup_serves_a_renewed_certificate_to_new_connections_and_old_ones_kee
         .args(["-c", path.to_str().unwrap()])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
         .spawn()
         .unwrap();
     let pid = child.id();
@@ -238,6 +238,44 @@ async fn sighup_serves_a_renewed_certificate_to_new_connections_and_old_ones_kee
     assert_eq!(health_on(&mut after).await, 200);
     assert_eq!(health_on(&mut old).await, 200);
     drop((old, new, after));
+
+    // Plain HTTP on the TLS port, 12 times: each a failed handshake Pingora logs at error, the router at warn
+    // (a client's doing, unless there are many), alike but for the client's port, so rate-limited.
+    for _ in 0..12 {
+        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", listen))
+            .await
+            .unwrap();
+        tcp.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await;
+    }
+    let log = || std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+    let start = std::time::Instant::now();
+    while !log().contains("InvalidContentType") {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no handshake line:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Downstream handshake error"))
+        .collect();
+    assert!(
+        lines.iter().all(|l| l.contains(" WARN ")),
+        "handshake failures at warn:\n{log}"
+    );
+    // Written 5 times in a window (logging::BURST), then counted: 12 plain-HTTP clients, at most 5 lines of theirs.
+    let plain = lines
+        .iter()
+        .filter(|l| l.contains("InvalidContentType"))
+        .count();
+    assert!((1..=5).contains(&plain), "rate-limited:\n{log}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
