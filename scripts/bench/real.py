@@ -8,7 +8,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,10 +38,18 @@ ENGINE_ENV = dict(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_OMP_THREADS_BIND="nobind", 
                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
 
 
+FREE_PORTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "free-ports.py")
+HANDED = []
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range, none handed out before in this run: vLLM binds its KV-event port
+    seconds after it is picked, and a port from bind(0) can go to an outgoing connection meanwhile
+    (scripts/free-ports.py)."""
+    out = subprocess.run([sys.executable, FREE_PORTS, "1", "--not", *map(str, HANDED)],
+                         check=True, capture_output=True, text=True).stdout
+    HANDED.append(int(out.split()[0]))
+    return HANDED[-1]
 
 
 def start(cmd, log, env=None):
