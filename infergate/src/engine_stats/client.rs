@@ -1,6 +1,6 @@
-//! The client of the router's own GETs to one engine (stats scrapes, model lists, stored-response lookups): plain
-//! HTTP, or TLS checked as the pool's `tls` says (its CA file or the system's CAs, its server name), as proxied
-//! requests are.
+//! The client of the router's own requests to one engine (stats scrapes, model lists, stored-response lookups, the
+//! prefill legs of a disaggregated pool): plain HTTP, or TLS checked as the pool's `tls` says (its CA file or the
+//! system's CAs, its server name), as proxied requests are.
 
 use std::error::Error as StdError;
 use std::net::SocketAddr;
@@ -8,8 +8,9 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{HeaderValue, ACCEPT, AUTHORIZATION, HOST};
-use http_body_util::{BodyExt, Empty};
+use http::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, HOST};
+use http::Method;
+use http_body_util::{BodyExt, Full};
 use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -37,7 +38,7 @@ static SYSTEM_ROOTS: LazyLock<Arc<RootCertStore>> = LazyLock::new(|| {
 /// Idle connections to an engine are kept this long (a scrape interval is seconds at most, usually).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-type TlsClient = hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+type TlsClient = hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// How the router's own requests reach one engine. Cheap to clone (pooled connections are shared).
 #[derive(Clone)]
@@ -171,8 +172,8 @@ impl SideClient {
         timeout: Duration,
         max_bytes: usize,
     ) -> Result<(u16, Bytes), SideError> {
-        self.fetch(path, accept, bearer, timeout, Limit::Fail(max_bytes))
-            .await
+        let req = SideRequest::get(path, accept, bearer);
+        self.fetch(req, timeout, Limit::Fail(max_bytes)).await
     }
 
     /// GET `path` for its status alone, within `timeout`. A short body is read (the connection is kept for the
@@ -185,24 +186,44 @@ impl SideClient {
         timeout: Duration,
     ) -> Result<u16, SideError> {
         let drain = Limit::Stop(STATUS_DRAIN_BYTES);
-        let (status, _) = self.fetch(path, accept, bearer, timeout, drain).await?;
+        let req = SideRequest::get(path, accept, bearer);
+        let (status, _) = self.fetch(req, timeout, drain).await?;
         Ok(status)
+    }
+
+    /// POST `body` to `path` with `headers` (its content type, a request id, ...; over TLS the endpoint's label is
+    /// the Host) and `Authorization: Bearer` if `bearer`: its status and body, cut at `max_bytes` (the rest is read
+    /// and dropped, so the connection is kept), all within `timeout`. [`SideError::Connect`] and
+    /// [`SideError::Tls`] mean nothing was sent; any other error may come after the engine took the request.
+    pub async fn post(
+        &self,
+        path: &str,
+        headers: HeaderMap,
+        bearer: Option<&str>,
+        body: Bytes,
+        timeout: Duration,
+        max_bytes: usize,
+    ) -> Result<(u16, Bytes), SideError> {
+        let req = SideRequest {
+            method: Method::POST,
+            path,
+            headers,
+            bearer,
+            body,
+        };
+        self.fetch(req, timeout, Limit::Cut(max_bytes)).await
     }
 
     async fn fetch(
         &self,
-        path: &str,
-        accept: &'static str,
-        bearer: Option<&str>,
+        req: SideRequest<'_>,
         timeout: Duration,
         limit: Limit,
     ) -> Result<(u16, Bytes), SideError> {
         let answer = async {
             match self {
-                SideClient::Plain { client, base } => {
-                    plain_get(client, &format!("{base}{path}"), accept, bearer, limit).await
-                }
-                SideClient::Tls(t) => t.get(path, accept, bearer, limit).await,
+                SideClient::Plain { client, base } => plain_send(client, base, req, limit).await,
+                SideClient::Tls(t) => t.send(req, limit).await,
             }
         };
         tokio::time::timeout(timeout, answer)
@@ -214,6 +235,29 @@ impl SideClient {
 /// Bytes of body [`SideClient::status`] reads at most (an error answer is well within).
 const STATUS_DRAIN_BYTES: usize = 64 * 1024;
 
+/// One side request: what [`SideClient::get`] and [`SideClient::post`] send.
+struct SideRequest<'a> {
+    method: Method,
+    path: &'a str,
+    headers: HeaderMap,
+    bearer: Option<&'a str>,
+    body: Bytes,
+}
+
+impl<'a> SideRequest<'a> {
+    fn get(path: &'a str, accept: &'static str, bearer: Option<&'a str>) -> SideRequest<'a> {
+        let mut headers = HeaderMap::new();
+        headers.insert(ACCEPT, HeaderValue::from_static(accept));
+        SideRequest {
+            method: Method::GET,
+            path,
+            headers,
+            bearer,
+            body: Bytes::new(),
+        }
+    }
+}
+
 /// What a body longer than its limit is.
 #[derive(Clone, Copy)]
 enum Limit {
@@ -221,6 +265,8 @@ enum Limit {
     Fail(usize),
     /// Not read further: the answer is what came so far.
     Stop(usize),
+    /// Read to its end, kept up to the limit.
+    Cut(usize),
 }
 
 impl Limit {
@@ -229,6 +275,11 @@ impl Limit {
         match self {
             Limit::Fail(n) if body.len() + chunk.len() > n => Err(SideError::TooLarge(n)),
             Limit::Stop(n) if body.len() + chunk.len() > n => Ok(false),
+            Limit::Cut(n) => {
+                let room = n.saturating_sub(body.len());
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                Ok(true)
+            }
             _ => {
                 body.extend_from_slice(chunk);
                 Ok(true)
@@ -237,16 +288,20 @@ impl Limit {
     }
 }
 
-async fn plain_get(
+async fn plain_send(
     client: &reqwest::Client,
-    url: &str,
-    accept: &'static str,
-    bearer: Option<&str>,
+    base: &str,
+    r: SideRequest<'_>,
     limit: Limit,
 ) -> Result<(u16, Bytes), SideError> {
-    let mut req = client.get(url).header(ACCEPT, accept);
-    if let Some(key) = bearer {
+    let mut req = client
+        .request(r.method.clone(), format!("{base}{}", r.path))
+        .headers(r.headers);
+    if let Some(key) = r.bearer {
         req = req.bearer_auth(key);
+    }
+    if r.method != Method::GET {
+        req = req.body(r.body);
     }
     let mut resp = req.send().await.map_err(describe_reqwest)?;
     let status = resp.status().as_u16();
@@ -260,27 +315,23 @@ async fn plain_get(
 }
 
 impl TlsSide {
-    async fn get(
-        &self,
-        path: &str,
-        accept: &'static str,
-        bearer: Option<&str>,
-        limit: Limit,
-    ) -> Result<(u16, Bytes), SideError> {
-        let mut req = http::Request::get(format!("{}{path}", self.origin))
-            .header(HOST, self.host.clone())
-            .header(ACCEPT, accept);
-        if let Some(key) = bearer {
+    async fn send(&self, r: SideRequest<'_>, limit: Limit) -> Result<(u16, Bytes), SideError> {
+        let mut req = http::Request::builder()
+            .method(r.method)
+            .uri(format!("{}{}", self.origin, r.path))
+            .body(Full::new(r.body))
+            .map_err(|e| SideError::Failed(e.to_string()))?;
+        let headers = req.headers_mut();
+        *headers = r.headers;
+        headers.insert(HOST, self.host.clone());
+        if let Some(key) = r.bearer {
             // The error never shows the key.
             let mut v = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
                 SideError::Failed("the endpoint's api key is not a valid header value".into())
             })?;
             v.set_sensitive(true);
-            req = req.header(AUTHORIZATION, v);
+            headers.insert(AUTHORIZATION, v);
         }
-        let req = req
-            .body(Empty::new())
-            .map_err(|e| SideError::Failed(e.to_string()))?;
         let resp = self.client.request(req).await.map_err(|e| {
             if let Some(why) = tls_reason(&e) {
                 SideError::Tls(why)
@@ -489,6 +540,56 @@ mod tests {
             c.get("/", "*/*", None, T, 1).await,
             Err(SideError::TooLarge(1))
         );
+        let _ = std::fs::remove_file(file);
+    }
+
+    #[tokio::test]
+    async fn a_post_sends_its_body_and_headers_over_tls_and_cuts_a_long_answer() {
+        let ca = ca("side CA");
+        let file = write_ca(&ca, "post");
+        let (addr, mut heads) =
+            serve_tls(&ca, &["engine.internal"], "200 OK", "hello world".into()).await;
+        let label = format!("engine.example:{}", addr.port());
+        let c = SideClient::new(&label, addr, Some(&tls("engine.internal", &file))).unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.insert("x-request-id", HeaderValue::from_static("req-1"));
+        // A Host of the caller's is replaced by the endpoint's label.
+        headers.insert(HOST, HeaderValue::from_static("elsewhere"));
+        let body = Bytes::from_static(b"{\"max_tokens\":1}");
+        let (status, answer) = c
+            .post("/v1/completions", headers, Some("s3cret"), body, T, 5)
+            .await
+            .unwrap();
+        assert_eq!((status, &answer[..]), (200, &b"hello"[..]));
+        let (sni, head) = heads.recv().await.unwrap();
+        assert_eq!(sni.as_deref(), Some("engine.internal"));
+        let head = head.to_ascii_lowercase();
+        assert!(
+            head.starts_with("post /v1/completions http/1.1\r\n"),
+            "{head}"
+        );
+        for h in [
+            "content-type: application/json\r\n".to_string(),
+            "x-request-id: req-1\r\n".to_string(),
+            "authorization: bearer s3cret\r\n".to_string(),
+            "content-length: 16\r\n".to_string(),
+            format!("host: {label}\r\n"),
+        ] {
+            assert!(head.contains(&h), "{h}: {head}");
+        }
+        assert!(!head.contains("elsewhere"), "{head}");
+
+        // Nothing listening: a connect error (nothing was sent), as for a GET.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let gone = l.local_addr().unwrap();
+        drop(l);
+        let c = SideClient::new(&label, gone, Some(&tls("engine.internal", &file))).unwrap();
+        let e = c
+            .post("/", HeaderMap::new(), None, Bytes::new(), T, 5)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, SideError::Connect(_)), "{e}");
         let _ = std::fs::remove_file(file);
     }
 
