@@ -177,6 +177,25 @@ mod tests {
     }
 
     #[test]
+    fn prefill_engines_may_be_https_checked_as_the_set_tls_says() {
+        let text = "pools:\n  - name: a\n    models: [m]\n    endpoints: [\"http://127.0.0.1:8201\"]\n    \
+                    disaggregation:\n      connector: nixl\n      prefill:\n        endpoints: \
+                    [\"https://127.0.0.1:8101\", \"http://127.0.0.1:8102\"]\n        \
+                    tls: { server_name: prefill.internal }\n";
+        let c = parse(text).unwrap();
+        let set = &c.pools[1];
+        assert_eq!(set.name, "a/prefill");
+        let tls = set.endpoints[0].tls.as_ref().expect("https:// is TLS");
+        assert_eq!(tls.server_name, "prefill.internal");
+        assert!(set.endpoints[1].tls.is_none());
+        assert!(c.pools[0].endpoints[0].tls.is_none());
+        // The set's `tls` is its own: an https:// prefill engine without it is checked against its URL's host.
+        let c = parse(&DISAGG.replace("http://127.0.0.1:8101", "https://127.0.0.1:8101")).unwrap();
+        let tls = c.pools[1].endpoints[0].tls.as_ref().unwrap();
+        assert_eq!(tls.server_name, "127.0.0.1");
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let pool = "pools:\n  - name: a\n    endpoints: [\"http://127.0.0.1:8201\"]\n    disaggregation:\n";
         assert_err(
@@ -193,11 +212,6 @@ mod tests {
             &format!("{pool}      connector: nixl\n"),
             "pools[0].disaggregation.prefill",
             &["required key is missing"],
-        );
-        assert_err(
-            &format!("{pool}      connector: nixl\n      prefill: {{endpoints: [\"https://127.0.0.1:1\"]}}\n"),
-            "pools[0].disaggregation.prefill.endpoints",
-            &["plain HTTP only", "`https://127.0.0.1:1` is https://"],
         );
         assert_err(
             &format!("{pool}      connector: nixl\n      prefill: {{}}\n"),

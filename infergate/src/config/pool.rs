@@ -216,13 +216,6 @@ impl PoolConfig {
         let endpoints_at = endpoints;
         let mut endpoints = endpoint_list(&endpoints_at)?;
         engine_tls(&tls, &mut endpoints)?;
-        if let Some(e) = endpoints.iter().find(|e| is_set && e.tls.is_some()) {
-            // The prefill leg is the router's own request (reqwest, built without TLS), not Pingora's.
-            return Err(endpoints_at.err(format!(
-                "a prefill engine is reached over plain HTTP only, and `{}` is https://",
-                e.url
-            )));
-        }
         let health_check = HealthCheckConfig::read(health_check.section()?)?;
         let prefill = PrefillConfig::read(prefill.section()?)?;
         let sessions = match sessions.optional_section()? {

@@ -1,4 +1,5 @@
-//! The prefill leg of a disaggregated pool's request: run by the router itself, with its own HTTP client, in
+//! The prefill leg of a disaggregated pool's request: run by the router itself, with its own HTTP client (for an
+//! `https://` prefill engine, the endpoint's TLS client, checked as proxied requests are), in
 //! `upstream_peer` before the decode endpoint is chosen; the ordinary proxied attempt that follows is the decode
 //! leg, its body carrying the prefill's `kv_transfer_params` (request::kv_transfer).
 //!
@@ -23,6 +24,7 @@ use super::ctx::Learned;
 use super::intake::session_key;
 use super::router::{count_failure, Leg};
 use super::{Ctx, Router, UPSTREAM_IDLE_TIMEOUT};
+use crate::engine_stats::SideError;
 use crate::errors::ApiError;
 use crate::ledger::{Hold, ReleaseCause};
 use crate::placement::policy::Placement;
@@ -46,6 +48,8 @@ pub(crate) struct PrefillDone {
 
 /// The prefill legs' HTTP client and series (pool-level: the per-endpoint ones are the prefill set's own).
 pub(super) struct Disagg {
+    /// Plain `http://` prefill engines' (an `https://` one's leg goes through its endpoint's
+    /// [`crate::engine_stats::SideClient`]).
     client: reqwest::Client,
     /// `infergate_disagg_prefill_seconds{pool}`: a served prefill leg, first dispatch to answer.
     prefill_seconds: HistogramVec,
@@ -140,10 +144,14 @@ impl Disagg {
 enum Sent {
     /// The engine answered (status, body).
     Answer(u16, Bytes),
-    /// No connection: nothing was sent.
-    Unreachable(reqwest::Error),
-    /// Sent, then no answer in time, or cut.
-    Failed(reqwest::Error),
+    /// Nothing was sent: no connection (`timed_out`: its connect timed out), or its TLS handshake failed
+    /// (`tls`: why; a certificate from another CA or for another name, a plain-HTTP engine).
+    Unreachable {
+        timed_out: bool,
+        tls: Option<String>,
+    },
+    /// Sent, then no answer in time (`timed_out`), or cut.
+    Failed { timed_out: bool },
 }
 
 impl Router {
@@ -300,9 +308,16 @@ impl Router {
                     ctx.relay = Some((status, answer_body));
                     return Error::e_explain(ErrorType::HTTPStatus(status), "prefill leg answered");
                 }
-                Sent::Unreachable(e) => {
-                    if !e.is_timeout() {
+                Sent::Unreachable { timed_out, tls } => {
+                    if !timed_out {
                         count_failure(&self.metrics, &set, &ep, "connect", hold.estimate());
+                    }
+                    if let Some(why) = &tls {
+                        log::warn!(
+                            "pool {} endpoint {}: prefill leg not sent: TLS handshake failed: {why}",
+                            set.name,
+                            ep.label
+                        );
                     }
                     drop(hold);
                     tried.push(ep.id);
@@ -311,11 +326,16 @@ impl Router {
                         continue;
                     }
                     self.disagg.count(&pool.name, "unreachable");
-                    ctx.log.upstream_error = Some("ConnectRefused");
+                    // As Pingora names a proxied attempt's.
+                    ctx.log.upstream_error = Some(if tls.is_some() {
+                        "TLSHandshakeFailure"
+                    } else {
+                        "ConnectRefused"
+                    });
                     return answer(ctx, ApiError::upstream_unreachable(&set.name));
                 }
-                Sent::Failed(e) => {
-                    let kind = if e.is_timeout() { "timeout" } else { "reset" };
+                Sent::Failed { timed_out } => {
+                    let kind = if timed_out { "timeout" } else { "reset" };
                     count_failure(&self.metrics, &set, &ep, kind, hold.estimate());
                     log::warn!(
                         "pool {} endpoint {}: prefill leg failed ({kind})",
@@ -323,7 +343,7 @@ impl Router {
                         ep.label
                     );
                     self.disagg.count(&pool.name, "engine_error");
-                    let e = if e.is_timeout() {
+                    let e = if timed_out {
                         ApiError::upstream_timeout()
                     } else {
                         ApiError::upstream_failed()
@@ -363,7 +383,7 @@ impl Router {
         Some((ep, hold, placement))
     }
 
-    /// Send the prefill leg to `ep` and read its answer.
+    /// Send the prefill leg to `ep` and read its answer: over TLS for an `https://` endpoint, else plain.
     async fn send_prefill(
         &self,
         ep: &Endpoint,
@@ -372,14 +392,55 @@ impl Router {
         request_id: Option<http::HeaderValue>,
     ) -> Sent {
         let t = self.current().timeouts;
+        // The answer comes at the end of prefill: as long as a stream's first byte may take.
+        let timeout = t.connect + t.response_header.max(t.stream_idle);
+        let target = ep.target();
+        if target.tls.is_some() {
+            let side = match target.side() {
+                Ok(side) => side,
+                // Its client could not be built (warned when its target was): never sent in the clear.
+                Err(why) => {
+                    return Sent::Unreachable {
+                        timed_out: false,
+                        tls: Some(format!("no TLS client: {why}")),
+                    }
+                }
+            };
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            if let Some(id) = request_id {
+                headers.insert(&crate::request_id::NAME, id);
+            }
+            let key = target.api_key.as_deref();
+            let sent = side
+                .post(path, headers, key, body, timeout, MAX_ANSWER_BYTES)
+                .await;
+            return match sent {
+                Ok((status, answer)) => Sent::Answer(status, answer),
+                Err(SideError::Connect(_)) => Sent::Unreachable {
+                    timed_out: false,
+                    tls: None,
+                },
+                Err(SideError::Tls(why)) => Sent::Unreachable {
+                    timed_out: false,
+                    tls: Some(why),
+                },
+                Err(SideError::Timeout(_)) => Sent::Failed { timed_out: true },
+                Err(SideError::Failed(_) | SideError::TooLarge(_)) => {
+                    Sent::Failed { timed_out: false }
+                }
+            };
+        }
         let mut req = self
             .disagg
             .client
             .post(format!("http://{}{path}", ep.addr()))
             .header(http::header::HOST, ep.label.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
-            // The answer comes at the end of prefill: as long as a stream's first byte may take.
-            .timeout(t.connect + t.response_header.max(t.stream_idle))
+            .timeout(timeout)
             .body(body);
         if let Some(key) = ep.api_key() {
             req = req.bearer_auth(key);
@@ -389,13 +450,24 @@ impl Router {
         }
         let resp = match req.send().await {
             Ok(r) => r,
-            Err(e) if e.is_connect() => return Sent::Unreachable(e),
-            Err(e) => return Sent::Failed(e),
+            Err(e) if e.is_connect() => {
+                return Sent::Unreachable {
+                    timed_out: e.is_timeout(),
+                    tls: None,
+                }
+            }
+            Err(e) => {
+                return Sent::Failed {
+                    timed_out: e.is_timeout(),
+                }
+            }
         };
         let status = resp.status().as_u16();
         match read_bounded(resp).await {
             Ok(b) => Sent::Answer(status, b),
-            Err(e) => Sent::Failed(e),
+            Err(e) => Sent::Failed {
+                timed_out: e.is_timeout(),
+            },
         }
     }
 }

@@ -2,7 +2,7 @@
 //! would be) is reached over `https://`, its certificate checked against the pool's `tls.ca_file` and the name in
 //! `tls.server_name` (sent as SNI), or the URL's IP address; a certificate from another CA or for another name is
 //! refused, by the health checks, requests and the router's own requests (stats, model lists, stored-response
-//! lookups) alike.
+//! lookups, the prefill legs of a disaggregated pool) alike.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,6 +19,8 @@ use infergate_sim::SimConfig;
 /// handshake, handshakes that failed).
 struct Terminator {
     addr: SocketAddr,
+    /// The certificate new connections get (`reissue`).
+    acceptor: Arc<Mutex<tokio_rustls::TlsAcceptor>>,
     names: Arc<Mutex<Vec<Option<String>>>>,
     failed: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
@@ -30,28 +32,32 @@ impl Drop for Terminator {
     }
 }
 
+fn acceptor(issued: &Issued) -> tokio_rustls::TlsAcceptor {
+    let certs = CertificateDer::pem_slice_iter(issued.cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(issued.key.as_bytes()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
+}
+
 impl Terminator {
     async fn start(issued: &Issued, backend: SocketAddr) -> Terminator {
-        let certs = CertificateDer::pem_slice_iter(issued.cert.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap();
-        let key = PrivateKeyDer::from_pem_slice(issued.key.as_bytes()).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let acceptor = Arc::new(Mutex::new(acceptor(issued)));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let names = Arc::new(Mutex::new(Vec::new()));
         let failed = Arc::new(AtomicUsize::new(0));
-        let (n, f) = (names.clone(), failed.clone());
+        let (n, f, a) = (names.clone(), failed.clone(), acceptor.clone());
         let task = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                let (acceptor, n, f) = (acceptor.clone(), n.clone(), f.clone());
+                let (acceptor, n, f) = (a.lock().clone(), n.clone(), f.clone());
                 tokio::spawn(async move {
                     let mut tls = match acceptor.accept(tcp).await {
                         Ok(tls) => tls,
@@ -71,10 +77,16 @@ impl Terminator {
         });
         Terminator {
             addr,
+            acceptor,
             names,
             failed,
             task,
         }
+    }
+
+    /// New connections get `issued` from now on.
+    fn reissue(&self, issued: &Issued) {
+        *self.acceptor.lock() = acceptor(issued);
     }
 
     fn served(&self) -> usize {
@@ -345,5 +357,203 @@ async fn a_stored_response_on_an_https_engine_is_found_over_tls_by_a_router_that
     assert_eq!(retrieve(r.url(), id.clone()).await, 404, "not found");
     assert_eq!(term.served(), before, "a handshake completed");
     drop(r);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A router with one disaggregated pool `pd`: its decode engine `decode` (plain), its prefill set the one engine
+/// `prefill` with the set's `tls` YAML `tls` (a flow mapping, or empty); no retries, so a leg that cannot be sent
+/// shows how it failed; the prefill engine checked every `interval`.
+async fn disagg_router(prefill: &str, decode: &str, tls: &str, interval: &str) -> TestRouter {
+    let checks =
+        "{ path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }";
+    let prefill_checks = checks.replace("200ms", interval);
+    let tls = if tls.is_empty() {
+        String::new()
+    } else {
+        format!("        tls: {tls}\n")
+    };
+    start_router(&format!(
+        "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\nmax_retries: 0\n\
+         timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
+         pools:\n  - name: pd\n    models: [\"*\"]\n    endpoints: [\"{decode}\"]\n    health_check: {checks}\n\
+         \x20   disaggregation:\n      connector: nixl\n      prefill:\n        endpoints: [\"{prefill}\"]\n        \
+         health_check: {prefill_checks}\n{tls}"
+    ))
+    .await
+}
+
+fn nixl() -> SimConfig {
+    SimConfig {
+        kv_transfer: true,
+        time_scale: 0.05,
+        ..SimConfig::default()
+    }
+}
+
+fn legs(m: &str, outcome: &str) -> Option<f64> {
+    let outcome = format!("outcome=\"{outcome}\"");
+    metric_value(
+        m,
+        "infergate_disagg_prefill_legs_total",
+        &["pool=\"pd\"", &outcome],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_prefill_engine_serves_the_prefill_leg_over_tls_checked_as_requests_are() {
+    let dir = tls_dir("engines-prefill");
+    let ca = TestCa::new("engine CA");
+    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
+    let prefill = engine(nixl()).await;
+    let term = Terminator::start(
+        &ca.issue("engine", &["engine.internal"]),
+        engine_addr(&prefill.url()),
+    )
+    .await;
+    let decode = engine(nixl()).await;
+    let tls = format!(
+        "{{ ca_file: \"{}\", server_name: engine.internal }}",
+        ca_file.display()
+    );
+    let prefill_url = format!("https://127.0.0.1:{}", term.addr.port());
+    let r = disagg_router(&prefill_url, &decode.url(), &tls, "200ms").await;
+    r.all_healthy().await;
+
+    for stream in [false, true] {
+        let resp = client()
+            .post(format!("{}/v1/chat/completions", r.url()))
+            .header("content-type", "application/json")
+            .header("x-request-id", format!("prefill-over-tls-{stream}"))
+            .body(chat_body(2_000, stream, 4))
+            .send()
+            .await
+            .expect("router answers");
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            header(&resp, "x-infergate-prefill-endpoint"),
+            Some(format!("127.0.0.1:{}", term.addr.port()))
+        );
+        drain(resp).await.unwrap();
+    }
+    // The prefill engine, reached through the terminator, issued the params; the decode engine pulled them.
+    assert_eq!(prefill.stats().kv_params_issued, 2);
+    assert_eq!(decode.stats().kv_pulls, 2);
+    // The leg carried its headers as it does in the clear: the endpoint as Host, JSON, the request id.
+    let legs_seen: Vec<_> = prefill
+        .requests()
+        .into_iter()
+        .filter(|q| q.method == "POST")
+        .collect();
+    assert_eq!(legs_seen.len(), 2);
+    let has = |q: &infergate_sim::RecordedRequest, k: &str, v: &str| {
+        q.headers.iter().any(|(n, x)| n == k && x == v)
+    };
+    for (q, stream) in legs_seen.iter().zip([false, true]) {
+        assert!(
+            has(q, "host", &format!("127.0.0.1:{}", term.addr.port())),
+            "{:?}",
+            q.headers
+        );
+        assert!(
+            has(q, "content-type", "application/json"),
+            "{:?}",
+            q.headers
+        );
+        assert!(
+            has(q, "x-request-id", &format!("prefill-over-tls-{stream}")),
+            "{:?}",
+            q.headers
+        );
+    }
+    let m = r.metrics_text().await;
+    assert_eq!(legs(&m, "served"), Some(2.0));
+    assert_eq!(legs(&m, "unreachable"), Some(0.0));
+    assert_eq!(
+        metric_sum(
+            &m,
+            "infergate_disagg_prefill_seconds_count",
+            &["pool=\"pd\""]
+        ),
+        2.0
+    );
+    // Every handshake (health checks and legs) sent the set's server name.
+    term.assert_sni_since(0, Some("engine.internal"));
+    r.wait_idle().await;
+    drop(r);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_engine_certificate_from_another_ca_fails_the_leg_as_an_unreachable_engine_does()
+{
+    let dir = tls_dir("engines-prefill-refused");
+    let (ca, other) = (TestCa::new("engine CA"), TestCa::new("another CA"));
+    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
+    let prefill = engine(nixl()).await;
+    let term = Terminator::start(
+        &ca.issue("engine", &["engine.internal"]),
+        engine_addr(&prefill.url()),
+    )
+    .await;
+    let plain_prefill = engine(nixl()).await;
+    let decode = engine(nixl()).await;
+
+    // Each prefill engine passes its first check, then (checked again only seconds later, so the leg is placed
+    // there) turns unreachable: the terminator presents a certificate the set's CA did not issue; the plain
+    // engine refuses connections.
+    let tls = format!(
+        "{{ ca_file: \"{}\", server_name: engine.internal }}",
+        ca_file.display()
+    );
+    let cases = [
+        (format!("https://127.0.0.1:{}", term.addr.port()), tls),
+        (plain_prefill.url(), String::new()),
+    ];
+    let mut seen = Vec::new();
+    let (mut served_before, mut failed_before) = (0, 0);
+    for (i, (url, tls)) in cases.iter().enumerate() {
+        let r = disagg_router(url, &decode.url(), tls, "5s").await;
+        r.all_healthy().await;
+        if i == 0 {
+            term.reissue(&other.issue("engine", &["engine.internal"]));
+            served_before = term.served();
+            failed_before = term.failed.load(Ordering::Relaxed);
+        } else {
+            plain_prefill.control.refuse_connections(true).unwrap();
+        }
+        let resp = send_chat(&r.url(), chat_body(2_000, false, 4)).await;
+        let status = resp.status().as_u16();
+        let v: serde_json::Value = resp.json().await.unwrap_or_default();
+        let m = r.metrics_text().await;
+        let connect_failures = metric_sum(
+            &m,
+            "infergate_endpoint_failures_total",
+            &["pool=\"pd/prefill\"", "kind=\"connect\""],
+        );
+        seen.push((
+            status,
+            v["error"]["code"].clone(),
+            legs(&m, "unreachable"),
+            legs(&m, "served"),
+            connect_failures,
+        ));
+        r.wait_idle().await;
+    }
+    let want = (
+        502,
+        serde_json::Value::from("upstream_unreachable"),
+        Some(1.0),
+        Some(0.0),
+        1.0,
+    );
+    assert_eq!(seen[0], want, "a refused certificate");
+    assert_eq!(seen[1], want, "a prefill engine that is not there");
+    // The leg never went in the clear or over an unchecked connection: its handshake failed, nothing reached
+    // either prefill engine or the decode engine.
+    assert_eq!(term.served(), served_before, "a handshake completed");
+    assert!(term.failed.load(Ordering::Relaxed) > failed_before);
+    assert_eq!(generate_requests(&prefill), 0);
+    assert_eq!(generate_requests(&plain_prefill), 0);
+    assert_eq!(generate_requests(&decode), 0);
     let _ = std::fs::remove_dir_all(dir);
 }
