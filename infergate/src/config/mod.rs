@@ -217,10 +217,13 @@ impl Config {
     }
 }
 
+/// Default `timeouts.connect`; also the connect timeout of the router's own TLS requests to engines.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
-            connect: Duration::from_secs(2),
+            connect: DEFAULT_CONNECT_TIMEOUT,
             response_header: Duration::from_secs(120),
             stream_idle: Duration::from_secs(60),
             request_body: Duration::from_secs(60),

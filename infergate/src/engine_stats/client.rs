@@ -35,6 +35,11 @@ static SYSTEM_ROOTS: LazyLock<Arc<RootCertStore>> = LazyLock::new(|| {
     Arc::new(store)
 });
 
+/// A TCP connect to an `https://` engine gives up after this (`timeouts.connect`'s default; the plain prefill-leg
+/// client uses the configured value): an engine that never answers the connect is unreachable, and a prefill leg
+/// goes to another engine instead of waiting out the whole request's time.
+const CONNECT_TIMEOUT: Duration = crate::config::DEFAULT_CONNECT_TIMEOUT;
+
 /// Idle connections to an engine are kept this long (a scrape interval is seconds at most, usually).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -127,6 +132,7 @@ impl SideClient {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(cfg)
             .https_only()
@@ -663,6 +669,35 @@ mod tests {
             Err(SideError::Timeout(t))
         );
         drop(hold);
+
+        // A connect never answered: a listener that never accepts, its accept queue filled, drops further SYNs.
+        let full = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = full.local_addr().unwrap();
+        let mut queued = Vec::new();
+        for _ in 0..4096 {
+            match tokio::time::timeout(
+                Duration::from_millis(200),
+                tokio::net::TcpStream::connect(addr),
+            )
+            .await
+            {
+                Ok(Ok(s)) => queued.push(s),
+                _ => break,
+            }
+        }
+        let c = SideClient::new(&label, addr, Some(&tls("engine.internal", &file))).unwrap();
+        let started = std::time::Instant::now();
+        let e = c
+            .get("/", "*/*", None, Duration::from_secs(20), 1024)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, SideError::Connect(_)), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        drop((queued, full));
         let _ = std::fs::remove_file(file);
         let _ = std::fs::remove_file(other_file);
     }
