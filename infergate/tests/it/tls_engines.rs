@@ -106,7 +106,15 @@ impl Terminator {
 /// An engine behind a terminator whose certificate `ca` issued for `engine.internal` and 127.0.0.1, and its
 /// `https://` URL.
 async fn engine_behind_tls(ca: &TestCa) -> (infergate_sim::EngineHandle, Terminator, String) {
-    let engine = engine(SimConfig::default()).await;
+    engine_behind_tls_with(ca, SimConfig::default()).await
+}
+
+/// [`engine_behind_tls`] with the engine configured as `cfg` says.
+async fn engine_behind_tls_with(
+    ca: &TestCa,
+    cfg: SimConfig,
+) -> (infergate_sim::EngineHandle, Terminator, String) {
+    let engine = engine(cfg).await;
     let term = Terminator::start(
         &ca.issue("engine", &["engine.internal", "127.0.0.1"]),
         engine_addr(&engine.url()),
@@ -273,17 +281,14 @@ async fn a_stored_response_on_an_https_engine_is_found_over_tls_by_a_router_that
     let (ca, other) = (TestCa::new("engine CA"), TestCa::new("another CA"));
     let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
     let other_file = write(&dir, "other-ca.pem", &other.pem());
-    let engine = engine(SimConfig {
-        responses_store: true,
-        ..SimConfig::default()
-    })
-    .await;
-    let term = Terminator::start(
-        &ca.issue("engine", &["engine.internal", "127.0.0.1"]),
-        engine_addr(&engine.url()),
+    let (_engine, term, url) = engine_behind_tls_with(
+        &ca,
+        SimConfig {
+            responses_store: true,
+            ..SimConfig::default()
+        },
     )
     .await;
-    let url = format!("https://127.0.0.1:{}", term.addr.port());
     let tls = format!(
         "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
         ca_file.display()
