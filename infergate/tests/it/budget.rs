@@ -44,14 +44,28 @@ async fn occupy_both(router: &TestRouter) -> Vec<tokio::task::JoinHandle<u16>> {
             tokio::spawn(async move { post_chat(&url, chat_body(300_000, true, 4)).await })
         })
         .collect();
-    router
-        .wait_for("both prefills held", Duration::from_secs(10), |r| {
-            r.state.pools.pools[0]
-                .endpoints()
-                .iter()
-                .all(|e| e.load.prefill_tokens() > 50_000)
-        })
-        .await;
+    let start = std::time::Instant::now();
+    let eps = || router.state.pools.pools[0].endpoints();
+    while !eps().iter().all(|e| e.load.prefill_tokens() > 50_000) {
+        // Which endpoints the two went to, and the speeds placement priced them with.
+        let seen: Vec<String> = eps()
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}: {} prefill tokens, {} requests, throughput {:?}",
+                    e.label,
+                    e.load.prefill_tokens(),
+                    e.load.requests(),
+                    e.prefill_speed.throughput()
+                )
+            })
+            .collect();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "both prefills not held within 10 s: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     long
 }
 
