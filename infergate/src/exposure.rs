@@ -57,9 +57,12 @@ impl Screened {
 
     /// Send the normalised target upstream instead of the one the client wrote.
     pub fn set_upstream_target(&self, req: &mut RequestHeader) -> pingora_error::Result<()> {
+        if self.target.is_upstream(req.raw_path()) {
+            return Ok(()); // already canonical: the common case
+        }
         let upstream = self.target.upstream();
         if req.raw_path() == upstream.as_bytes() {
-            return Ok(()); // already canonical: the common case
+            return Ok(());
         }
         let uri: Uri = upstream.parse().map_err(|_| {
             Error::explain(

@@ -47,8 +47,26 @@ pub(crate) fn stored_response_id<'p>(method: &str, path: &'p str) -> Option<&'p 
 
 /// Bytes kept as they are in a forwarded path (RFC 3986 `pchar` without `%`, plus `/`); all else is encoded.
 fn is_path_safe(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&b)
+    PATH_SAFE[usize::from(b)]
 }
+
+/// [`is_path_safe`] as a table: it is asked for every byte of every request's path.
+static PATH_SAFE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric();
+        b += 1;
+    }
+    let extra = b"-._~!$&'()*+,;=:@/";
+    let mut i = 0;
+    while i < extra.len() {
+        t[extra[i] as usize] = true;
+        i += 1;
+    }
+    t
+};
 
 /// Why a request target cannot be normalised; the client gets a 400.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +129,31 @@ impl Target {
         }
         out
     }
+
+    /// Whether `raw` is exactly what [`Target::upstream`] gives, without building it: true for the common case (a
+    /// path that needs no encoding, received as it goes upstream); false may also mean "not without building it".
+    pub fn is_upstream(&self, raw: &[u8]) -> bool {
+        let Some(rest) = raw.strip_prefix(self.path.as_bytes()) else {
+            return false;
+        };
+        let query_same = match &self.query {
+            Some(q) => rest.first() == Some(&b'?') && &rest[1..] == q.as_bytes(),
+            None => rest.is_empty(),
+        };
+        query_same && self.path.bytes().all(is_path_safe)
+    }
+}
+
+/// Whether `path` is already normal: path-safe bytes only (so nothing to decode and nothing to re-encode), no
+/// empty, `.` or `..` segment, no trailing `/` but the root's. Every request target an SDK sends is.
+fn is_normal(path: &[u8]) -> bool {
+    path == b"/"
+        || (path.first() == Some(&b'/')
+            && path.last() != Some(&b'/')
+            && path.iter().all(|&b| is_path_safe(b))
+            && path[1..]
+                .split(|&b| b == b'/')
+                .all(|seg| !matches!(seg, b"" | b"." | b"..")))
 }
 
 /// Normalise a raw request target (`/v1/chat/completions?x=1`).
@@ -122,6 +165,20 @@ pub fn normalize(raw: &[u8]) -> Result<Target, PathError> {
     if path.first() != Some(&b'/') {
         return Err(PathError::NotOriginForm);
     }
+    let path = if is_normal(path) {
+        // Path-safe bytes are ASCII.
+        String::from_utf8(path.to_vec()).map_err(|_| PathError::NotUtf8)?
+    } else {
+        normal_path(path)?
+    };
+    Ok(Target {
+        path,
+        query: normal_query(query)?,
+    })
+}
+
+/// Decode `path` (it starts with `/`) and drop its empty segments, or say why it cannot be.
+fn normal_path(path: &[u8]) -> Result<String, PathError> {
     let mut decoded = Vec::with_capacity(path.len());
     let mut i = 0;
     while i < path.len() {
@@ -161,16 +218,22 @@ pub fn normalize(raw: &[u8]) -> Result<Target, PathError> {
     if path.is_empty() {
         path.push('/');
     }
-    let query = match query {
-        None | Some([]) => None,
+    Ok(path)
+}
+
+/// The query as received (none when empty): no control character, UTF-8.
+fn normal_query(query: Option<&[u8]>) -> Result<Option<String>, PathError> {
+    match query {
+        None | Some([]) => Ok(None),
         Some(q) => {
             if q.iter().any(|&b| b < 0x20 || b == 0x7f) {
                 return Err(PathError::ControlChar);
             }
-            Some(String::from_utf8(q.to_vec()).map_err(|_| PathError::NotUtf8)?)
+            String::from_utf8(q.to_vec())
+                .map(Some)
+                .map_err(|_| PathError::NotUtf8)
         }
-    };
-    Ok(Target { path, query })
+    }
 }
 
 /// Whether the inference API serves `method path` (a normalised path) without any `expose_paths`.
@@ -267,6 +330,66 @@ mod tests {
         let t = normalize(b"/v1/models/a%20b/?q=1").unwrap();
         assert_eq!(t.path, "/v1/models/a b");
         assert_eq!(t.query.as_deref(), Some("q=1"));
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_the_general_one() {
+        // Every path over a small alphabet up to 5 bytes: whatever `is_normal` lets through, `normal_path`
+        // leaves as it is.
+        let alphabet = b"/a.%2F\\~ ";
+        let mut paths: Vec<Vec<u8>> = vec![b"/".to_vec()];
+        let mut frontier = paths.clone();
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for p in &frontier {
+                for &c in alphabet {
+                    let mut q = p.clone();
+                    q.push(c);
+                    next.push(q);
+                }
+            }
+            paths.extend(next.iter().cloned());
+            frontier = next;
+        }
+        let mut fast = 0;
+        for p in &paths {
+            if is_normal(p) {
+                fast += 1;
+                assert_eq!(
+                    normal_path(p).as_deref(),
+                    Ok(std::str::from_utf8(p).unwrap()),
+                    "{}",
+                    String::from_utf8_lossy(p)
+                );
+            }
+        }
+        assert!(fast > 50, "{fast}");
+        for slow in ["/a/", "//a", "/a/./b", "/a/..", "/%61", "/a b", "/a\\b"] {
+            assert!(!is_normal(slow.as_bytes()), "{slow}");
+        }
+    }
+
+    #[test]
+    fn a_canonical_target_is_recognised_without_rebuilding_it() {
+        for raw in [
+            "/v1/chat/completions",
+            "/v1/chat/completions?x=1",
+            "/v1/chat/completions/",
+            "/v1/chat/completions?",
+            "/v1/%63hat/completions",
+            "/v1/models/a%20b",
+            "/v1/models/a%20b?q",
+            "//v1/models",
+        ] {
+            let t = normalize(raw.as_bytes()).unwrap();
+            let same = t.upstream() == raw;
+            let needs_no_encoding = t.path.bytes().all(is_path_safe);
+            assert_eq!(
+                t.is_upstream(raw.as_bytes()),
+                same && needs_no_encoding,
+                "{raw}"
+            );
+        }
     }
 
     #[test]

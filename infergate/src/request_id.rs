@@ -29,11 +29,11 @@ pub fn generate() -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let n = fastrand::u128(..);
     // By hand: `format!` costs more than the rest of `assign` on every request.
-    let mut digits = [0u8; 32];
-    for (i, d) in digits.iter_mut().enumerate() {
-        *d = HEX[(n >> (4 * (31 - i))) as usize & 0xf];
+    let mut id = String::with_capacity(32);
+    for i in 0..32 {
+        id.push(char::from(HEX[(n >> (4 * (31 - i))) as usize & 0xf]));
     }
-    String::from_utf8_lossy(&digits).into_owned()
+    id
 }
 
 /// The request's id: the client's single valid `x-request-id`, else a new one. The header is then set to exactly
