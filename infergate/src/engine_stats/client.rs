@@ -61,6 +61,8 @@ pub enum SideClient {
 /// One `https://` engine's pooled client (hyper-util over hyper-rustls) and what its requests carry.
 pub struct TlsSide {
     client: TlsClient,
+    /// Its TCP connect timeout, named by [`SideError::ConnectTimeout`].
+    connect_timeout: Duration,
     /// "https://addr" (what is connected to).
     origin: String,
     /// The endpoint's label ("host:port" as configured), sent as Host like proxied requests.
@@ -84,6 +86,10 @@ pub enum SideError {
     TooLarge(usize),
     /// No connection (refused, unreachable, a name that does not resolve).
     Connect(String),
+    /// The TCP connect did not complete within the client's connect timeout (an engine that is down, or one
+    /// whose accept queue is full): nothing was sent, as for [`SideError::Connect`], but callers that count
+    /// failures against the engine tell the two apart, as the proxied path does.
+    ConnectTimeout(Duration),
     /// The TLS handshake failed: the reason (a certificate from another CA or for another name, a plain-HTTP
     /// engine, an alert the engine sent).
     Tls(String),
@@ -97,6 +103,7 @@ impl std::fmt::Display for SideError {
             SideError::Timeout(t) => write!(f, "timed out after {t:?}"),
             SideError::TooLarge(n) => write!(f, "body larger than {n} bytes"),
             SideError::Connect(why) => write!(f, "connect failed: {why}"),
+            SideError::ConnectTimeout(t) => write!(f, "connect timed out after {t:?}"),
             SideError::Tls(why) => write!(f, "TLS handshake failed: {why}"),
             SideError::Failed(why) => write!(f, "request failed: {why}"),
         }
@@ -146,6 +153,7 @@ impl SideClient {
         let host = HeaderValue::from_str(label).map_err(|e| format!("`{label}`: {e}"))?;
         Ok(SideClient::Tls(Arc::new(TlsSide {
             client,
+            connect_timeout: CONNECT_TIMEOUT,
             origin: format!("https://{addr}"),
             host,
             shown: format!("https://{label}"),
@@ -199,8 +207,9 @@ impl SideClient {
 
     /// POST `body` to `path` with `headers` (its content type, a request id, ...; over TLS the endpoint's label is
     /// the Host) and `Authorization: Bearer` if `bearer`: its status and body, cut at `max_bytes` (the rest is read
-    /// and dropped, so the connection is kept), all within `timeout`. [`SideError::Connect`] and
-    /// [`SideError::Tls`] mean nothing was sent; any other error may come after the engine took the request.
+    /// and dropped, so the connection is kept), all within `timeout`. [`SideError::Connect`],
+    /// [`SideError::ConnectTimeout`] and [`SideError::Tls`] mean nothing was sent; any other error may come after
+    /// the engine took the request.
     pub async fn post(
         &self,
         path: &str,
@@ -341,6 +350,8 @@ impl TlsSide {
         let resp = self.client.request(req).await.map_err(|e| {
             if let Some(why) = tls_reason(&e) {
                 SideError::Tls(why)
+            } else if e.is_connect() && timed_out(&e) {
+                SideError::ConnectTimeout(self.connect_timeout)
             } else if e.is_connect() {
                 SideError::Connect(sources(&e))
             } else {
@@ -389,6 +400,21 @@ fn tls_reason(e: &(dyn StdError + 'static)) -> Option<String> {
         cur = x.source();
     }
     None
+}
+
+/// Whether `e`'s chain holds a timed-out io error: hyper-util's connector gives its connect timeout as one (inside
+/// its "tcp connect error"), as does the kernel's own (ETIMEDOUT). reqwest's `is_timeout` looks for the same.
+fn timed_out(e: &(dyn StdError + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(x) = cur {
+        if let Some(io) = x.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return true;
+            }
+        }
+        cur = x.source();
+    }
+    false
 }
 
 /// `e`'s sources, joined by ": " (the outermost, e.g. "client error (Connect)", says nothing more).
@@ -670,7 +696,13 @@ mod tests {
         );
         drop(hold);
 
-        // A connect never answered: a listener that never accepts, its accept queue filled, drops further SYNs.
+        let _ = std::fs::remove_file(file);
+        let _ = std::fs::remove_file(other_file);
+    }
+
+    /// A listener that never accepts, its accept queue filled: the kernel drops further SYNs, so a connect to it
+    /// hangs. Keep both while a connect should hang.
+    async fn full_accept_queue() -> (std::net::TcpListener, Vec<tokio::net::TcpStream>) {
         let full = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = full.local_addr().unwrap();
         let mut queued = Vec::new();
@@ -685,21 +717,28 @@ mod tests {
                 _ => break,
             }
         }
-        let c = SideClient::new(&label, addr, Some(&tls("engine.internal", &file))).unwrap();
+        (full, queued)
+    }
+
+    #[tokio::test]
+    async fn a_connect_never_answered_is_a_connect_timeout_not_a_connect_failure() {
+        let ca = ca("side CA");
+        let file = write_ca(&ca, "hang");
+        let (full, queued) = full_accept_queue().await;
+        let addr = full.local_addr().unwrap();
+        let c = SideClient::new("e:1", addr, Some(&tls("engine.internal", &file))).unwrap();
         let started = std::time::Instant::now();
         let e = c
-            .get("/", "*/*", None, Duration::from_secs(20), 1024)
+            .get("/", "*/*", Some("k3y"), Duration::from_secs(20), 1024)
             .await
             .unwrap_err();
-        assert!(matches!(e, SideError::Connect(_)), "{e}");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            started.elapsed()
-        );
+        let took = started.elapsed();
+        // Nothing sent, and told apart from a refused connect (a prefill leg does not count it against the engine).
+        assert_eq!(e, SideError::ConnectTimeout(CONNECT_TIMEOUT), "{e}");
+        assert_eq!(e.to_string(), "connect timed out after 2s");
+        assert!(took < Duration::from_secs(5), "{took:?}");
         drop((queued, full));
         let _ = std::fs::remove_file(file);
-        let _ = std::fs::remove_file(other_file);
     }
 
     /// Answers every connection with a plain HTTP 200.

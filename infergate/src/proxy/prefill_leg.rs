@@ -424,6 +424,11 @@ impl Router {
                     timed_out: false,
                     tls: None,
                 },
+                // As the plain client's connect timeout (`is_timeout`): not counted against the engine.
+                Err(SideError::ConnectTimeout(_)) => Sent::Unreachable {
+                    timed_out: true,
+                    tls: None,
+                },
                 Err(SideError::Tls(why)) => Sent::Unreachable {
                     timed_out: false,
                     tls: Some(why),
