@@ -327,10 +327,10 @@ impl Router {
                     }
                     self.disagg.count(&pool.name, "unreachable");
                     // As Pingora names a proxied attempt's.
-                    ctx.log.upstream_error = Some(if tls.is_some() {
-                        "TLSHandshakeFailure"
-                    } else {
-                        "ConnectRefused"
+                    ctx.log.upstream_error = Some(match (&tls, timed_out) {
+                        (Some(_), _) => "TLSHandshakeFailure",
+                        (None, true) => "ConnectTimedout",
+                        (None, false) => "ConnectRefused",
                     });
                     return answer(ctx, ApiError::upstream_unreachable(&set.name));
                 }
