@@ -30,15 +30,18 @@ pub struct Target {
     /// The client of the router's own requests to it, built with the target (never per request); why not if
     /// it could not be (an unreadable CA file).
     side: Result<SideClient, String>,
+    /// `timeouts.connect` as the client was built with (its TLS connects give up after it).
+    connect_timeout: Duration,
 }
 
 impl Target {
     /// `prev`: the endpoint's target before a reload, whose client (and its open connections) is kept when the
-    /// address and TLS settings are the same.
+    /// address and TLS settings are the same, and for TLS the connect timeout too.
     fn new(
         pool: &str,
         cfg: &EndpointConfig,
         hc: &HealthCheckConfig,
+        connect_timeout: Duration,
         prev: Option<&Target>,
     ) -> Target {
         let mut checker = HttpHealthCheck::new(&cfg.label, cfg.tls.is_some());
@@ -60,9 +63,9 @@ impl Target {
         checker.peer_template.options.connection_timeout = Some(hc.timeout);
         checker.peer_template.options.read_timeout = Some(hc.timeout);
         checker.peer_template.options.write_timeout = Some(hc.timeout);
-        let side = match prev.filter(|p| p.addr == cfg.addr && p.tls == cfg.tls) {
+        let side = match prev.filter(|p| p.side_fits(cfg, connect_timeout)) {
             Some(Target { side: Ok(c), .. }) => Ok(c.clone()),
-            _ => SideClient::new(&cfg.label, cfg.addr, cfg.tls.as_ref()).inspect_err(|e| {
+            _ => SideClient::new(&cfg.label, cfg.addr, cfg.tls.as_ref(), connect_timeout).inspect_err(|e| {
                 log::warn!(
                     "pool {pool} endpoint {}: its engine stats, model list and stored responses cannot be \
                      read until a reload fixes this: {e}",
@@ -77,7 +80,16 @@ impl Target {
             checker,
             checked_as: (hc.path.clone(), hc.timeout),
             side,
+            connect_timeout,
         }
+    }
+
+    /// Whether its client is the one `cfg` and `connect_timeout` would build: the same address and TLS settings,
+    /// and over TLS the same connect timeout (a plain client has none of its own).
+    fn side_fits(&self, cfg: &EndpointConfig, connect_timeout: Duration) -> bool {
+        self.addr == cfg.addr
+            && self.tls == cfg.tls
+            && (self.tls.is_none() || self.connect_timeout == connect_timeout)
     }
 
     /// How the router's own GETs reach it (plain, or TLS checked as requests are); why not if they cannot.
@@ -137,9 +149,15 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
-    pub(super) fn new(pool: Arc<str>, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Endpoint {
+    /// `connect_timeout`: `timeouts.connect`, for its client's TLS connects.
+    pub(super) fn new(
+        pool: Arc<str>,
+        cfg: &EndpointConfig,
+        hc: &HealthCheckConfig,
+        connect_timeout: Duration,
+    ) -> Endpoint {
         let kv = Arc::new(KvIndex::new(&pool, &cfg.label));
-        let target = ArcSwap::from_pointee(Target::new(&pool, cfg, hc, None));
+        let target = ArcSwap::from_pointee(Target::new(&pool, cfg, hc, connect_timeout, None));
         Endpoint {
             kv,
             id: NEXT_ENDPOINT_ID.fetch_add(1, Ordering::Relaxed),
@@ -184,13 +202,20 @@ impl Endpoint {
         self.target.load().api_key.clone()
     }
 
-    /// Apply a reloaded key, address or health-check path and timeout; true if the key or address changed.
-    pub(super) fn retarget(&self, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> bool {
+    /// Apply a reloaded key, address, health-check path and timeout or connect timeout; true if the key or
+    /// address changed.
+    pub(super) fn retarget(
+        &self,
+        cfg: &EndpointConfig,
+        hc: &HealthCheckConfig,
+        connect_timeout: Duration,
+    ) -> bool {
         let cur = self.target.load();
         let moved = cur.addr != cfg.addr || cur.api_key != cfg.api_key || cur.tls != cfg.tls;
         let (path, timeout) = &cur.checked_as;
-        if moved || *path != hc.path || *timeout != hc.timeout {
-            let next = Target::new(&self.pool, cfg, hc, Some(&cur));
+        let side_stale = !cur.side_fits(cfg, connect_timeout);
+        if moved || side_stale || *path != hc.path || *timeout != hc.timeout {
+            let next = Target::new(&self.pool, cfg, hc, connect_timeout, Some(&cur));
             self.target.store(Arc::new(next));
         }
         moved

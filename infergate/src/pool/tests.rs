@@ -5,6 +5,9 @@ use std::path::Path;
 use super::*;
 use crate::metrics::HealthCounts;
 
+/// `timeouts.connect` (its default).
+const CONNECT: Duration = crate::config::DEFAULT_CONNECT_TIMEOUT;
+
 fn pool_cfg(extra: &str) -> PoolConfig {
     let text = format!("pools:\n  - name: a\n    endpoints: [\"http://127.0.0.1:9\"]\n{extra}");
     Config::parse(Path::new("t.yaml"), &text)
@@ -45,6 +48,7 @@ fn the_health_gate_admits_failing_endpoints_only_when_none_passes() {
                 Arc::from("a"),
                 &cfg.endpoints[0],
                 &cfg.health_check,
+                CONNECT,
             ))
         })
         .collect();
@@ -150,7 +154,7 @@ fn placement_reads_an_unlearned_twin_with_the_pools_shape() {
         .expect("valid")
         .pools[0]
         .clone();
-    let pool = Pool::new(&cfg);
+    let pool = Pool::new(&cfg, CONNECT);
     let endpoints = pool.endpoints();
     let ttft = |tokens: u64| Duration::from_secs_f64(0.03 + tokens as f64 / 100_000.0);
     for i in 0..100u64 {
@@ -175,7 +179,7 @@ fn placement_reads_an_unlearned_twin_with_the_pools_shape() {
 
 #[test]
 fn reconfigure_swaps_the_settings_and_keeps_the_policy_settings_a_policy_refuses() {
-    let pool = Pool::new(&pool_cfg("    sessions: { ttl: 1h }\n"));
+    let pool = Pool::new(&pool_cfg("    sessions: { ttl: 1h }\n"), CONNECT);
     let now = Instant::now();
     let next = pool_cfg("    sessions: { ttl: 5m }\n    max_in_flight_per_endpoint: 3\n");
     assert_eq!(pool.reconfigure(&next, now), Ok(None));
@@ -202,7 +206,7 @@ fn an_endpoints_side_client_is_built_with_its_target_and_kept_while_its_address_
         Path::new("/nonexistent/engine-ca.pem"),
     ));
     // An unreadable CA file: no client, and why; nothing panics.
-    let e = Endpoint::new(Arc::from("a"), &w, hc);
+    let e = Endpoint::new(Arc::from("a"), &w, hc, CONNECT);
     let why = e.target().side().err().map(str::to_string);
     assert!(
         why.as_deref()
@@ -213,7 +217,7 @@ fn an_endpoints_side_client_is_built_with_its_target_and_kept_while_its_address_
     let mut tls = EngineTls::for_tests("engine.internal", Path::new("/x"));
     tls.ca_file = None;
     w.tls = Some(tls);
-    assert!(e.retarget(&w, hc));
+    assert!(e.retarget(&w, hc, CONNECT));
     let tls_side = |e: &Endpoint| match e.target().side() {
         Ok(SideClient::Tls(t)) => Some(t.clone()),
         _ => None,
@@ -221,15 +225,26 @@ fn an_endpoints_side_client_is_built_with_its_target_and_kept_while_its_address_
     let first = tls_side(&e).expect("a TLS client");
     // A rotated key keeps the client and its connections; another server name builds a new one.
     w.api_key = Some("k2".into());
-    assert!(e.retarget(&w, hc));
+    assert!(e.retarget(&w, hc, CONNECT));
     assert!(Arc::ptr_eq(&first, &tls_side(&e).unwrap()), "kept");
     if let Some(t) = w.tls.as_mut() {
         t.server_name = "other.internal".into();
     }
-    assert!(e.retarget(&w, hc));
-    assert!(!Arc::ptr_eq(&first, &tls_side(&e).unwrap()), "rebuilt");
+    assert!(e.retarget(&w, hc, CONNECT));
+    let second = tls_side(&e).unwrap();
+    assert!(!Arc::ptr_eq(&first, &second), "rebuilt");
+    // Another `timeouts.connect` builds a new one (its connects give up after it); the endpoint has not moved.
+    let longer = CONNECT * 3;
+    assert!(!e.retarget(&w, hc, longer));
+    let third = tls_side(&e).unwrap();
+    assert!(
+        !Arc::ptr_eq(&second, &third),
+        "rebuilt for the connect timeout"
+    );
+    assert!(!e.retarget(&w, hc, longer));
+    assert!(Arc::ptr_eq(&third, &tls_side(&e).unwrap()), "kept");
     // Plain HTTP again.
     w.tls = None;
-    assert!(e.retarget(&w, hc));
+    assert!(e.retarget(&w, hc, CONNECT));
     assert!(matches!(e.target().side(), Ok(SideClient::Plain { .. })));
 }
