@@ -369,6 +369,11 @@ async fn a_stored_response_on_an_https_engine_is_found_over_tls_by_a_router_that
 /// `prefill` with the set's `tls` YAML `tls` (a flow mapping, or empty); no retries, so a leg that cannot be sent
 /// shows how it failed; the prefill engine checked every `interval`.
 async fn disagg_router(prefill: &str, decode: &str, tls: &str, interval: &str) -> TestRouter {
+    start_router(&disagg_yaml(prefill, decode, tls, interval)).await
+}
+
+/// The configuration of [`disagg_router`] (`timeouts.connect` 1s).
+fn disagg_yaml(prefill: &str, decode: &str, tls: &str, interval: &str) -> String {
     let checks =
         "{ path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }";
     let prefill_checks = checks.replace("200ms", interval);
@@ -377,14 +382,13 @@ async fn disagg_router(prefill: &str, decode: &str, tls: &str, interval: &str) -
     } else {
         format!("        tls: {tls}\n")
     };
-    start_router(&format!(
+    format!(
         "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\nmax_retries: 0\n\
          timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
          pools:\n  - name: pd\n    models: [\"*\"]\n    endpoints: [\"{decode}\"]\n    health_check: {checks}\n\
          \x20   disaggregation:\n      connector: nixl\n      prefill:\n        endpoints: [\"{prefill}\"]\n        \
          health_check: {prefill_checks}\n{tls}"
-    ))
-    .await
+    )
 }
 
 fn nixl() -> SimConfig {
@@ -559,6 +563,153 @@ async fn a_prefill_engine_certificate_from_another_ca_fails_the_leg_as_an_unreac
     assert!(term.failed.load(Ordering::Relaxed) > failed_before);
     assert_eq!(generate_requests(&prefill), 0);
     assert_eq!(generate_requests(&plain_prefill), 0);
+    assert_eq!(generate_requests(&decode), 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A TCP forwarder on a loopback port in front of `backend` that can stop accepting: its listener stays open, so
+/// once its accept queue is full the kernel drops further SYNs and a connect to it hangs, as one to an engine
+/// that is down behind a firewall, or whose accept queue a burst filled, does.
+struct Gate {
+    addr: SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+    /// The connections that fill its accept queue (`hang`).
+    queued: Vec<tokio::net::TcpStream>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Gate {
+    async fn start(backend: SocketAddr) -> Gate {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (open, mut rx) = tokio::sync::watch::channel(true);
+        let task = tokio::spawn(async move {
+            loop {
+                if !*rx.borrow_and_update() {
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        let Ok((mut down, _)) = accepted else { return };
+                        tokio::spawn(async move {
+                            if let Ok(mut up) = tokio::net::TcpStream::connect(backend).await {
+                                let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                            }
+                        });
+                    }
+                    _ = rx.changed() => {}
+                }
+            }
+        });
+        Gate {
+            addr,
+            open,
+            queued: Vec::new(),
+            task,
+        }
+    }
+
+    /// Stop accepting and fill the accept queue: from now on a connect to it hangs.
+    async fn hang(&mut self) {
+        self.open.send_replace(false);
+        for _ in 0..8192 {
+            let connect = tokio::net::TcpStream::connect(self.addr);
+            match tokio::time::timeout(std::time::Duration::from_millis(200), connect).await {
+                Ok(Ok(s)) => self.queued.push(s),
+                Ok(Err(e)) => panic!("connect to the gate: {e}"),
+                Err(_) => return,
+            }
+        }
+        panic!("the gate's accept queue took 8192 connections and is not full");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_engine_that_never_answers_the_connect_times_out_after_timeouts_connect_over_tls_as_in_the_clear(
+) {
+    let dir = tls_dir("engines-prefill-hung");
+    let ca = TestCa::new("engine CA");
+    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
+    let prefill = engine(nixl()).await;
+    let term = Terminator::start(
+        &ca.issue("engine", &["engine.internal"]),
+        engine_addr(&prefill.url()),
+    )
+    .await;
+    let decode = engine(nixl()).await;
+    let tls = format!(
+        "{{ ca_file: \"{}\", server_name: engine.internal }}",
+        ca_file.display()
+    );
+    // The prefill engine behind a gate: over TLS (through the terminator), and in the clear.
+    let cases = [
+        ("https", term.addr, tls),
+        ("http", engine_addr(&prefill.url()), String::new()),
+    ];
+    for (scheme, backend, tls) in cases {
+        let mut gate = Gate::start(backend).await;
+        let url = format!("{scheme}://127.0.0.1:{}", gate.addr.port());
+        let log = dir.join(format!("access-{scheme}.log"));
+        // Checked once, at start: the leg is placed on it after it hangs. Started with a long connect timeout,
+        // then reloaded to a short one (neither the 2 s default): the leg must give up after the reloaded one.
+        let yaml = format!(
+            "{}access_log: {{ format: json, path: \"{}\" }}\n",
+            disagg_yaml(&url, &decode.url(), &tls, "60s").replace("connect: 1s", "connect: 10s"),
+            log.display()
+        );
+        let r = start_router(&yaml).await;
+        r.all_healthy().await;
+        r.reload(&r.config_text.replace("connect: 10s", "connect: 300ms"));
+        gate.hang().await;
+
+        let started = std::time::Instant::now();
+        let resp = send_chat(&r.url(), chat_body(2_000, false, 4)).await;
+        let took = started.elapsed();
+        let status = resp.status().as_u16();
+        let v: serde_json::Value = resp.json().await.unwrap_or_default();
+        let m = r.metrics_text().await;
+        let connect_failures = metric_sum(
+            &m,
+            "infergate_endpoint_failures_total",
+            &["pool=\"pd/prefill\"", "kind=\"connect\""],
+        );
+        let line: serde_json::Value =
+            serde_json::from_str(&log_lines(&log, 1).await[0]).unwrap_or_default();
+        // Unreachable (nothing was sent) after the reloaded connect timeout; not counted against the engine (a
+        // burst overflowing an accept queue looks the same), as a proxied attempt's connect timeout is not.
+        let seen = (
+            status,
+            v["error"]["code"].clone(),
+            legs(&m, "unreachable"),
+            connect_failures,
+            line["error"].clone(),
+        );
+        let want = (
+            502,
+            serde_json::Value::from("upstream_unreachable"),
+            Some(1.0),
+            0.0,
+            serde_json::Value::from("upstream:ConnectTimedout"),
+        );
+        assert_eq!(seen, want, "{scheme}: took {took:?}");
+        assert!(
+            took < std::time::Duration::from_millis(1500),
+            "{scheme}: the leg gave up after {took:?}, not the reloaded 300ms"
+        );
+        r.wait_idle().await;
+        drop(r);
+        drop(gate);
+    }
+    assert_eq!(generate_requests(&prefill), 0);
     assert_eq!(generate_requests(&decode), 0);
     let _ = std::fs::remove_dir_all(dir);
 }
