@@ -65,13 +65,10 @@ impl Target {
         checker.peer_template.options.write_timeout = Some(hc.timeout);
         let side = match prev.filter(|p| p.side_fits(cfg, connect_timeout)) {
             Some(Target { side: Ok(c), .. }) => Ok(c.clone()),
-            _ => SideClient::new(&cfg.label, cfg.addr, cfg.tls.as_ref(), connect_timeout).inspect_err(|e| {
-                log::warn!(
-                    "pool {pool} endpoint {}: its engine stats, model list and stored responses cannot be \
-                     read until a reload fixes this: {e}",
-                    cfg.label
-                )
-            }),
+            _ => {
+                let failed_before = prev.is_some_and(|p| p.side.is_err());
+                build_side(pool, cfg, connect_timeout, failed_before)
+            }
         };
         Target {
             addr: cfg.addr,
@@ -84,8 +81,8 @@ impl Target {
         }
     }
 
-    /// Whether its client is the one `cfg` and `connect_timeout` would build: the same address and TLS settings,
-    /// and over TLS the same connect timeout (a plain client has none of its own).
+    /// Whether its client is the one `cfg` and `connect_timeout` would build (or failed to): the same address and
+    /// TLS settings, and over TLS the same connect timeout (a plain client has none of its own).
     fn side_fits(&self, cfg: &EndpointConfig, connect_timeout: Duration) -> bool {
         self.addr == cfg.addr
             && self.tls == cfg.tls
@@ -104,6 +101,30 @@ impl Target {
             ext: http::Extensions::new(),
         }
     }
+}
+
+/// `cfg`'s client of the router's own requests; a failure warned, naming what waits for it. `failed_before`: the
+/// target it replaces had none (a reload tried again).
+fn build_side(
+    pool: &str,
+    cfg: &EndpointConfig,
+    connect_timeout: Duration,
+    failed_before: bool,
+) -> Result<SideClient, String> {
+    let side = SideClient::new(&cfg.label, cfg.addr, cfg.tls.as_ref(), connect_timeout);
+    match &side {
+        Err(e) => log::warn!(
+            "pool {pool} endpoint {}: the router's own requests to it (engine stats, model list, stored-response \
+             lookups, prefill legs) cannot be sent until a reload builds its client: {e}",
+            cfg.label
+        ),
+        Ok(_) if failed_before => log::info!(
+            "pool {pool} endpoint {}: its client for the router's own requests is built",
+            cfg.label
+        ),
+        Ok(_) => {}
+    }
+    side
 }
 
 /// One engine endpoint of one pool. Its identity is its URL: a reload that changes only its key or resolved
@@ -213,7 +234,9 @@ impl Endpoint {
         let cur = self.target.load();
         let moved = cur.addr != cfg.addr || cur.api_key != cfg.api_key || cur.tls != cfg.tls;
         let (path, timeout) = &cur.checked_as;
-        let side_stale = !cur.side_fits(cfg, connect_timeout);
+        // A client that could not be built is tried again at every reload: the operator who fixed its CA file
+        // (the same file, so the same `tls`) reloads.
+        let side_stale = cur.side.is_err() || !cur.side_fits(cfg, connect_timeout);
         if moved || side_stale || *path != hc.path || *timeout != hc.timeout {
             let next = Target::new(&self.pool, cfg, hc, connect_timeout, Some(&cur));
             self.target.store(Arc::new(next));

@@ -195,7 +195,8 @@ fn reconfigure_swaps_the_settings_and_keeps_the_policy_settings_a_policy_refuses
 }
 
 #[test]
-fn an_endpoints_side_client_is_built_with_its_target_and_kept_while_its_address_and_tls_are() {
+fn an_endpoints_side_client_is_built_with_its_target_kept_while_it_fits_and_tried_again_while_it_failed(
+) {
     use crate::config::EngineTls;
     use crate::engine_stats::SideClient;
     let cfg = pool_cfg("");
@@ -213,6 +214,25 @@ fn an_endpoints_side_client_is_built_with_its_target_and_kept_while_its_address_
             .is_some_and(|w| w.contains("/nonexistent/engine-ca.pem")),
         "{why:?}"
     );
+    // A reload with the same settings tries again: still unreadable, still no client.
+    assert!(!e.retarget(&w, hc, CONNECT));
+    assert!(e.target().side().is_err());
+    // The file is back (the same path and certificates, so the same `tls`): the next reload builds the client.
+    let (ca, _) = crate::tls::testing::self_signed("engine CA");
+    let (path, key) = crate::tls::testing::write_pem("side-retry", &ca, "");
+    let _ = std::fs::remove_file(&key);
+    let _ = std::fs::remove_file(&path);
+    w.tls = Some(EngineTls::for_tests("engine.internal", &path));
+    let e = Endpoint::new(Arc::from("a"), &w, hc, CONNECT);
+    assert!(e.target().side().is_err(), "no CA file yet");
+    std::fs::write(&path, &ca).unwrap();
+    assert!(!e.retarget(&w, hc, CONNECT), "not moved");
+    assert!(
+        matches!(e.target().side(), Ok(SideClient::Tls(_))),
+        "{:?}",
+        e.target().side().err()
+    );
+    let _ = std::fs::remove_file(&path);
     // The system's CAs: a TLS client.
     let mut tls = EngineTls::for_tests("engine.internal", Path::new("/x"));
     tls.ca_file = None;

@@ -182,6 +182,12 @@ impl Drop for TestRouter {
 /// Start a router from YAML. `{listen}` and `{metrics}` are replaced with free loopback addresses; the
 /// server section is added (fast shutdown, temp pid/socket files) unless present.
 pub async fn start_router(yaml: &str) -> TestRouter {
+    start_router_with(yaml, || {}).await
+}
+
+/// [`start_router`], with `before_build` run after the configuration is read and before the router is built
+/// from it (a file it names changes in between).
+pub async fn start_router_with(yaml: &str, before_build: impl FnOnce()) -> TestRouter {
     let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut text = yaml
@@ -196,6 +202,7 @@ pub async fn start_router(yaml: &str) -> TestRouter {
     }
     let cfg = Config::parse(Path::new("test.yaml"), &text)
         .unwrap_or_else(|e| panic!("test config: {e}\n{text}"));
+    before_build();
     let (server, state) = build_server(cfg, Opt::default()).expect("server builds");
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let thread = std::thread::spawn(move || run_with_channel(server, rx));
