@@ -128,6 +128,14 @@ fn engine_addr(url: &str) -> SocketAddr {
     url.trim_start_matches("http://").parse().unwrap()
 }
 
+/// The pool-level `tls` YAML (indented by 4): certificates checked against `ca_file` for `engine.internal`.
+fn by_name(ca_file: &std::path::Path) -> String {
+    format!(
+        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
+        ca_file.display()
+    )
+}
+
 /// A router with one pool over `url` and the pool-level `tls` YAML `tls` (indented by 4).
 async fn router(url: &str, tls: &str) -> TestRouter {
     start_router(&pool_yaml("load_aware", &[url.to_string()], tls)).await
@@ -141,10 +149,7 @@ async fn https_engines_are_checked_against_the_pool_ca_and_server_name() {
     let (engine, term, url) = engine_behind_tls(&ca).await;
 
     // By name: SNI sent, certificate checked against the pool's CA.
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
-        ca_file.display()
-    );
+    let tls = by_name(&ca_file);
     let r = router(&url, &tls).await;
     r.ready().await;
     assert_eq!(post_chat(&r.url(), chat_body(2_000, true, 4)).await, 200);
@@ -179,13 +184,7 @@ async fn an_engine_certificate_from_another_ca_or_for_another_name_is_refused() 
     let url = format!("https://127.0.0.1:{}", term.addr.port());
 
     for (tls, what) in [
-        (
-            format!(
-                "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
-                other_file.display()
-            ),
-            "a certificate from another CA",
-        ),
+        (by_name(&other_file), "a certificate from another CA"),
         (
             format!(
                 "    tls: {{ ca_file: \"{}\", server_name: other.internal }}\n",
@@ -226,10 +225,7 @@ async fn engine_stats_and_the_model_list_of_https_engines_are_read_over_tls_chec
     };
 
     // The pool's CA and server name: the scrapes are fresh, the model list is the engine's, all by that name.
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n{ENGINE_STATS}",
-        ca_file.display()
-    );
+    let tls = format!("{}{ENGINE_STATS}", by_name(&ca_file));
     let r = router(&url, &tls).await;
     r.ready().await;
     let m = r.metrics_when(fresh).await;
@@ -255,10 +251,7 @@ async fn engine_stats_and_the_model_list_of_https_engines_are_read_over_tls_chec
 
     // A certificate the pool's CA did not issue: no scrape gets through, so the stats are never fresh.
     let failed = term.failed.load(Ordering::Relaxed);
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n{ENGINE_STATS}",
-        other_file.display()
-    );
+    let tls = format!("{}{ENGINE_STATS}", by_name(&other_file));
     let r = router(&url, &tls).await;
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     let m = r.metrics_text().await;
@@ -289,10 +282,7 @@ async fn a_stored_response_on_an_https_engine_is_found_over_tls_by_a_router_that
         },
     )
     .await;
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
-        ca_file.display()
-    );
+    let tls = by_name(&ca_file);
     let turn = |previous: Option<&str>| {
         let mut b =
             serde_json::json!({"input": "hi", "max_output_tokens": 4, "model": "sim-model"});
@@ -354,10 +344,7 @@ async fn a_stored_response_on_an_https_engine_is_found_over_tls_by_a_router_that
 
     // A pool trusting another CA: the engine is never asked in the clear or over an unchecked connection.
     let before = term.served();
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
-        other_file.display()
-    );
+    let tls = by_name(&other_file);
     let r = router(&url, &tls).await;
     assert_eq!(retrieve(r.url(), id.clone()).await, 404, "not found");
     assert_eq!(term.served(), before, "a handshake completed");
@@ -408,9 +395,19 @@ fn legs(m: &str, outcome: &str) -> Option<f64> {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_https_prefill_engine_serves_the_prefill_leg_over_tls_checked_as_requests_are() {
-    let dir = tls_dir("engines-prefill");
+/// A disaggregated pool's engines for the TLS tests: (the folder of the CA file, a prefill engine, the terminator in
+/// front of it with a certificate the CA issued for `engine.internal`, a plain decode engine, the prefill set's
+/// `tls` flow mapping trusting that CA for that name).
+async fn prefill_behind_tls(
+    tag: &str,
+) -> (
+    std::path::PathBuf,
+    infergate_sim::EngineHandle,
+    Terminator,
+    infergate_sim::EngineHandle,
+    String,
+) {
+    let dir = tls_dir(tag);
     let ca = TestCa::new("engine CA");
     let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
     let prefill = engine(nixl()).await;
@@ -424,6 +421,44 @@ async fn an_https_prefill_engine_serves_the_prefill_leg_over_tls_checked_as_requ
         "{{ ca_file: \"{}\", server_name: engine.internal }}",
         ca_file.display()
     );
+    (dir, prefill, term, decode, tls)
+}
+
+/// How one chat request through a disaggregated router went, as far as its prefill leg shows.
+#[derive(Debug, PartialEq)]
+struct Leg {
+    status: u16,
+    /// The error code of the answer.
+    code: serde_json::Value,
+    /// Prefill legs counted unreachable and served.
+    unreachable: Option<f64>,
+    served: Option<f64>,
+    /// `connect` failures counted against the prefill engine.
+    connect_failures: f64,
+}
+
+/// Send one chat request through `r` ([`disagg_router`]) and read what its prefill leg left.
+async fn send_leg(r: &TestRouter) -> Leg {
+    let resp = send_chat(&r.url(), chat_body(2_000, false, 4)).await;
+    let status = resp.status().as_u16();
+    let v: serde_json::Value = resp.json().await.unwrap_or_default();
+    let m = r.metrics_text().await;
+    Leg {
+        status,
+        code: v["error"]["code"].clone(),
+        unreachable: legs(&m, "unreachable"),
+        served: legs(&m, "served"),
+        connect_failures: metric_sum(
+            &m,
+            "infergate_endpoint_failures_total",
+            &["pool=\"pd/prefill\"", "kind=\"connect\""],
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_prefill_engine_serves_the_prefill_leg_over_tls_checked_as_requests_are() {
+    let (dir, prefill, term, decode, tls) = prefill_behind_tls("engines-prefill").await;
     let prefill_url = format!("https://127.0.0.1:{}", term.addr.port());
     let r = disagg_router(&prefill_url, &decode.url(), &tls, "200ms").await;
     r.all_healthy().await;
@@ -495,25 +530,13 @@ async fn an_https_prefill_engine_serves_the_prefill_leg_over_tls_checked_as_requ
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_engine_certificate_from_another_ca_fails_the_leg_as_an_unreachable_engine_does()
 {
-    let dir = tls_dir("engines-prefill-refused");
-    let (ca, other) = (TestCa::new("engine CA"), TestCa::new("another CA"));
-    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
-    let prefill = engine(nixl()).await;
-    let term = Terminator::start(
-        &ca.issue("engine", &["engine.internal"]),
-        engine_addr(&prefill.url()),
-    )
-    .await;
+    let (dir, prefill, term, decode, tls) = prefill_behind_tls("engines-prefill-refused").await;
+    let other = TestCa::new("another CA");
     let plain_prefill = engine(nixl()).await;
-    let decode = engine(nixl()).await;
 
     // Each prefill engine passes its first check, then (checked again only seconds later, so the leg is placed
     // there) turns unreachable: the terminator presents a certificate the set's CA did not issue; the plain
     // engine refuses connections.
-    let tls = format!(
-        "{{ ca_file: \"{}\", server_name: engine.internal }}",
-        ca_file.display()
-    );
     let cases = [
         (format!("https://127.0.0.1:{}", term.addr.port()), tls),
         (plain_prefill.url(), String::new()),
@@ -530,31 +553,16 @@ async fn a_prefill_engine_certificate_from_another_ca_fails_the_leg_as_an_unreac
         } else {
             plain_prefill.control.refuse_connections(true).unwrap();
         }
-        let resp = send_chat(&r.url(), chat_body(2_000, false, 4)).await;
-        let status = resp.status().as_u16();
-        let v: serde_json::Value = resp.json().await.unwrap_or_default();
-        let m = r.metrics_text().await;
-        let connect_failures = metric_sum(
-            &m,
-            "infergate_endpoint_failures_total",
-            &["pool=\"pd/prefill\"", "kind=\"connect\""],
-        );
-        seen.push((
-            status,
-            v["error"]["code"].clone(),
-            legs(&m, "unreachable"),
-            legs(&m, "served"),
-            connect_failures,
-        ));
+        seen.push(send_leg(&r).await);
         r.wait_idle().await;
     }
-    let want = (
-        502,
-        serde_json::Value::from("upstream_unreachable"),
-        Some(1.0),
-        Some(0.0),
-        1.0,
-    );
+    let want = Leg {
+        status: 502,
+        code: "upstream_unreachable".into(),
+        unreachable: Some(1.0),
+        served: Some(0.0),
+        connect_failures: 1.0,
+    };
     assert_eq!(seen[0], want, "a refused certificate");
     assert_eq!(seen[1], want, "a prefill engine that is not there");
     // The leg never went in the clear or over an unchecked connection: its handshake failed, nothing reached
@@ -636,20 +644,7 @@ impl Gate {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_engine_that_never_answers_the_connect_times_out_after_timeouts_connect_over_tls_as_in_the_clear(
 ) {
-    let dir = tls_dir("engines-prefill-hung");
-    let ca = TestCa::new("engine CA");
-    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
-    let prefill = engine(nixl()).await;
-    let term = Terminator::start(
-        &ca.issue("engine", &["engine.internal"]),
-        engine_addr(&prefill.url()),
-    )
-    .await;
-    let decode = engine(nixl()).await;
-    let tls = format!(
-        "{{ ca_file: \"{}\", server_name: engine.internal }}",
-        ca_file.display()
-    );
+    let (dir, prefill, term, decode, tls) = prefill_behind_tls("engines-prefill-hung").await;
     // The prefill engine behind a gate: over TLS (through the terminator), and in the clear.
     let cases = [
         ("https", term.addr, tls),
@@ -672,35 +667,24 @@ async fn a_prefill_engine_that_never_answers_the_connect_times_out_after_timeout
         gate.hang().await;
 
         let started = std::time::Instant::now();
-        let resp = send_chat(&r.url(), chat_body(2_000, false, 4)).await;
+        let seen = send_leg(&r).await;
         let took = started.elapsed();
-        let status = resp.status().as_u16();
-        let v: serde_json::Value = resp.json().await.unwrap_or_default();
-        let m = r.metrics_text().await;
-        let connect_failures = metric_sum(
-            &m,
-            "infergate_endpoint_failures_total",
-            &["pool=\"pd/prefill\"", "kind=\"connect\""],
-        );
         let line: serde_json::Value =
             serde_json::from_str(&log_lines(&log, 1).await[0]).unwrap_or_default();
         // Unreachable (nothing was sent) after the reloaded connect timeout; not counted against the engine (a
         // burst overflowing an accept queue looks the same), as a proxied attempt's connect timeout is not.
-        let seen = (
-            status,
-            v["error"]["code"].clone(),
-            legs(&m, "unreachable"),
-            connect_failures,
-            line["error"].clone(),
+        let want = Leg {
+            status: 502,
+            code: "upstream_unreachable".into(),
+            unreachable: Some(1.0),
+            served: Some(0.0),
+            connect_failures: 0.0,
+        };
+        assert_eq!(
+            (seen, line["error"].as_str()),
+            (want, Some("upstream:ConnectTimedout")),
+            "{scheme}: took {took:?}"
         );
-        let want = (
-            502,
-            serde_json::Value::from("upstream_unreachable"),
-            Some(1.0),
-            0.0,
-            serde_json::Value::from("upstream:ConnectTimedout"),
-        );
-        assert_eq!(seen, want, "{scheme}: took {took:?}");
         assert!(
             took < std::time::Duration::from_millis(1500),
             "{scheme}: the leg gave up after {took:?}, not the reloaded 300ms"
@@ -720,10 +704,7 @@ async fn a_reload_builds_the_tls_client_of_an_engine_whose_ca_file_could_not_be_
     let ca = TestCa::new("engine CA");
     let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
     let (_engine, _term, url) = engine_behind_tls(&ca).await;
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n{ENGINE_STATS}",
-        ca_file.display()
-    );
+    let tls = format!("{}{ENGINE_STATS}", by_name(&ca_file));
     // The CA file is gone between reading the configuration and building the endpoint's client (a renewal
     // caught half-way): the endpoint has no TLS client, so no engine stats.
     let aside = dir.join("engine-ca.pem.aside");
