@@ -119,7 +119,7 @@ pub struct Config {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timeouts {
-    /// TCP connect to an endpoint (default 2s).
+    /// TCP connect to an endpoint (default 2s): proxied requests, prefill legs and, over TLS, the router's own.
     pub connect: Duration,
     /// Longest wait for response headers and the first body byte (default 120s).
     pub response_header: Duration,
@@ -217,8 +217,13 @@ impl Config {
     }
 }
 
-/// Default `timeouts.connect`; also the connect timeout of the router's own TLS requests to engines.
+/// Default `timeouts.connect`.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long an idle upstream connection stays pooled (proxied requests, prefill legs, the router's own requests
+/// over TLS): below the engine's keep-alive (uvicorn closes idle ones after 5 s), so a stale reuse is the
+/// exception the retry handles, not the rule. Not a setting: here so that every floor above can share it.
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 impl Default for Timeouts {
     fn default() -> Self {

@@ -35,13 +35,10 @@ static SYSTEM_ROOTS: LazyLock<Arc<RootCertStore>> = LazyLock::new(|| {
     Arc::new(store)
 });
 
-/// A TCP connect to an `https://` engine gives up after this (`timeouts.connect`'s default; the plain prefill-leg
-/// client uses the configured value): an engine that never answers the connect is unreachable, and a prefill leg
-/// goes to another engine instead of waiting out the whole request's time.
-const CONNECT_TIMEOUT: Duration = crate::config::DEFAULT_CONNECT_TIMEOUT;
-
-/// Idle connections to an engine are kept this long (a scrape interval is seconds at most, usually).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Idle connections to an `https://` engine are kept as long as the proxy's and the plain prefill legs' are: below
+/// the engine's keep-alive, so a prefill leg (never resent once sent) seldom goes out on a connection the engine
+/// is closing. A scrape less often than this opens a new connection (a handshake per interval).
+const IDLE_TIMEOUT: Duration = crate::config::UPSTREAM_IDLE_TIMEOUT;
 
 type TlsClient = hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -61,6 +58,8 @@ pub enum SideClient {
 /// One `https://` engine's pooled client (hyper-util over hyper-rustls) and what its requests carry.
 pub struct TlsSide {
     client: TlsClient,
+    /// Its TCP connect timeout, named by [`SideError::ConnectTimeout`].
+    connect_timeout: Duration,
     /// "https://addr" (what is connected to).
     origin: String,
     /// The endpoint's label ("host:port" as configured), sent as Host like proxied requests.
@@ -84,6 +83,10 @@ pub enum SideError {
     TooLarge(usize),
     /// No connection (refused, unreachable, a name that does not resolve).
     Connect(String),
+    /// The TCP connect did not complete within the client's connect timeout (an engine that is down, or one
+    /// whose accept queue is full): nothing was sent, as for [`SideError::Connect`], but callers that count
+    /// failures against the engine tell the two apart, as the proxied path does.
+    ConnectTimeout(Duration),
     /// The TLS handshake failed: the reason (a certificate from another CA or for another name, a plain-HTTP
     /// engine, an alert the engine sent).
     Tls(String),
@@ -97,6 +100,7 @@ impl std::fmt::Display for SideError {
             SideError::Timeout(t) => write!(f, "timed out after {t:?}"),
             SideError::TooLarge(n) => write!(f, "body larger than {n} bytes"),
             SideError::Connect(why) => write!(f, "connect failed: {why}"),
+            SideError::ConnectTimeout(t) => write!(f, "connect timed out after {t:?}"),
             SideError::Tls(why) => write!(f, "TLS handshake failed: {why}"),
             SideError::Failed(why) => write!(f, "request failed: {why}"),
         }
@@ -104,12 +108,16 @@ impl std::fmt::Display for SideError {
 }
 
 impl SideClient {
-    /// The client for the endpoint `label` ("host:port") at `addr`, over TLS when `tls` is set. An error names
-    /// what is wrong (an unreadable CA file).
+    /// The client for the endpoint `label` ("host:port") at `addr`, over TLS when `tls` is set. Over TLS a TCP
+    /// connect gives up after `connect_timeout` (`timeouts.connect`, as proxied requests' and plain prefill legs'):
+    /// an engine that never answers the connect is unreachable, and a prefill leg goes to another engine instead
+    /// of waiting out the whole request's time. (Plain, the shared client's requests are bounded by their own
+    /// timeouts.) An error names what is wrong (an unreadable CA file).
     pub fn new(
         label: &str,
         addr: SocketAddr,
         tls: Option<&EngineTls>,
+        connect_timeout: Duration,
     ) -> Result<SideClient, String> {
         let Some(tls) = tls else {
             return Ok(SideClient::plain(label));
@@ -132,7 +140,7 @@ impl SideClient {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_connect_timeout(Some(connect_timeout));
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(cfg)
             .https_only()
@@ -146,6 +154,7 @@ impl SideClient {
         let host = HeaderValue::from_str(label).map_err(|e| format!("`{label}`: {e}"))?;
         Ok(SideClient::Tls(Arc::new(TlsSide {
             client,
+            connect_timeout,
             origin: format!("https://{addr}"),
             host,
             shown: format!("https://{label}"),
@@ -199,8 +208,9 @@ impl SideClient {
 
     /// POST `body` to `path` with `headers` (its content type, a request id, ...; over TLS the endpoint's label is
     /// the Host) and `Authorization: Bearer` if `bearer`: its status and body, cut at `max_bytes` (the rest is read
-    /// and dropped, so the connection is kept), all within `timeout`. [`SideError::Connect`] and
-    /// [`SideError::Tls`] mean nothing was sent; any other error may come after the engine took the request.
+    /// and dropped, so the connection is kept), all within `timeout`. [`SideError::Connect`],
+    /// [`SideError::ConnectTimeout`] and [`SideError::Tls`] mean nothing was sent; any other error may come after
+    /// the engine took the request.
     pub async fn post(
         &self,
         path: &str,
@@ -341,6 +351,8 @@ impl TlsSide {
         let resp = self.client.request(req).await.map_err(|e| {
             if let Some(why) = tls_reason(&e) {
                 SideError::Tls(why)
+            } else if e.is_connect() && timed_out(&e) {
+                SideError::ConnectTimeout(self.connect_timeout)
             } else if e.is_connect() {
                 SideError::Connect(sources(&e))
             } else {
@@ -389,6 +401,21 @@ fn tls_reason(e: &(dyn StdError + 'static)) -> Option<String> {
         cur = x.source();
     }
     None
+}
+
+/// Whether `e`'s chain holds a timed-out io error: hyper-util's connector gives its connect timeout as one (inside
+/// its "tcp connect error"), as does the kernel's own (ETIMEDOUT). reqwest's `is_timeout` looks for the same.
+fn timed_out(e: &(dyn StdError + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(x) = cur {
+        if let Some(io) = x.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return true;
+            }
+        }
+        cur = x.source();
+    }
+    false
 }
 
 /// `e`'s sources, joined by ": " (the outermost, e.g. "client error (Connect)", says nothing more).
@@ -507,6 +534,8 @@ mod tests {
     }
 
     const T: Duration = Duration::from_secs(5);
+    /// A connect timeout (`timeouts.connect`'s default).
+    const C: Duration = crate::config::DEFAULT_CONNECT_TIMEOUT;
 
     #[tokio::test]
     async fn tls_gets_by_name_and_by_ip_with_the_key_checked_against_the_ca() {
@@ -521,7 +550,7 @@ mod tests {
         .await;
         let label = format!("engine.example:{}", addr.port());
 
-        let c = SideClient::new(&label, addr, Some(&tls("engine.internal", &file))).unwrap();
+        let c = SideClient::new(&label, addr, Some(&tls("engine.internal", &file)), C).unwrap();
         assert_eq!(c.url("/metrics"), format!("https://{label}/metrics"));
         let (status, body) = c
             .get("/metrics", "text/plain", Some("s3cret"), T, 1024)
@@ -537,7 +566,7 @@ mod tests {
         assert!(!format!("{c:?}").contains("s3cret"));
 
         // An IP address as the name: checked against the certificate's IPs, no SNI.
-        let c = SideClient::new(&label, addr, Some(&tls("127.0.0.1", &file))).unwrap();
+        let c = SideClient::new(&label, addr, Some(&tls("127.0.0.1", &file)), C).unwrap();
         assert_eq!(c.get("/", "*/*", None, T, 1024).await.unwrap().0, 200);
         assert_eq!(heads.recv().await.unwrap().0, None);
 
@@ -556,7 +585,7 @@ mod tests {
         let (addr, mut heads) =
             serve_tls(&ca, &["engine.internal"], "200 OK", "hello world".into()).await;
         let label = format!("engine.example:{}", addr.port());
-        let c = SideClient::new(&label, addr, Some(&tls("engine.internal", &file))).unwrap();
+        let c = SideClient::new(&label, addr, Some(&tls("engine.internal", &file)), C).unwrap();
         let mut headers = HeaderMap::new();
         headers.insert("content-type", HeaderValue::from_static("application/json"));
         headers.insert("x-request-id", HeaderValue::from_static("req-1"));
@@ -590,7 +619,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let gone = l.local_addr().unwrap();
         drop(l);
-        let c = SideClient::new(&label, gone, Some(&tls("engine.internal", &file))).unwrap();
+        let c = SideClient::new(&label, gone, Some(&tls("engine.internal", &file)), C).unwrap();
         let e = c
             .post("/", HeaderMap::new(), None, Bytes::new(), T, 5)
             .await
@@ -605,7 +634,7 @@ mod tests {
         let file = write_ca(&ca, "status");
         let long = "x".repeat(STATUS_DRAIN_BYTES * 4);
         let (addr, _heads) = serve_tls(&ca, &["engine.internal"], "200 OK", long).await;
-        let c = SideClient::new("e:1", addr, Some(&tls("engine.internal", &file))).unwrap();
+        let c = SideClient::new("e:1", addr, Some(&tls("engine.internal", &file)), C).unwrap();
         assert_eq!(c.status("/", "*/*", None, T).await, Ok(200));
         assert_eq!(
             c.get("/", "*/*", None, T, STATUS_DRAIN_BYTES).await,
@@ -621,7 +650,7 @@ mod tests {
         let (addr, _heads) = serve_tls(&ca, &["engine.internal"], "200 OK", String::new()).await;
         let label = format!("127.0.0.1:{}", addr.port());
         let get = |tls: EngineTls| {
-            let c = SideClient::new(&label, addr, Some(&tls)).unwrap();
+            let c = SideClient::new(&label, addr, Some(&tls), C).unwrap();
             async move { c.get("/", "*/*", Some("k3y"), T, 1024).await }
         };
 
@@ -639,7 +668,7 @@ mod tests {
 
         // A plain-HTTP engine behind an https:// URL.
         let (plain, _h) = plain_server().await;
-        let c = SideClient::new(&label, plain, Some(&tls("engine.internal", &file))).unwrap();
+        let c = SideClient::new(&label, plain, Some(&tls("engine.internal", &file)), C).unwrap();
         let e = c.get("/", "*/*", None, T, 1024).await.unwrap_err();
         assert!(matches!(e, SideError::Tls(_)), "{e}");
 
@@ -647,7 +676,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let gone = l.local_addr().unwrap();
         drop(l);
-        let c = SideClient::new(&label, gone, Some(&tls("engine.internal", &file))).unwrap();
+        let c = SideClient::new(&label, gone, Some(&tls("engine.internal", &file)), C).unwrap();
         let e = c.get("/", "*/*", Some("k3y"), T, 1024).await.unwrap_err();
         assert!(
             matches!(&e, SideError::Connect(why) if why.to_lowercase().contains("refused")),
@@ -661,6 +690,7 @@ mod tests {
             &label,
             hold.local_addr().unwrap(),
             Some(&tls("engine.internal", &file)),
+            C,
         )
         .unwrap();
         let t = Duration::from_millis(200);
@@ -670,7 +700,13 @@ mod tests {
         );
         drop(hold);
 
-        // A connect never answered: a listener that never accepts, its accept queue filled, drops further SYNs.
+        let _ = std::fs::remove_file(file);
+        let _ = std::fs::remove_file(other_file);
+    }
+
+    /// A listener that never accepts, its accept queue filled: the kernel drops further SYNs, so a connect to it
+    /// hangs. Keep both while a connect should hang.
+    async fn full_accept_queue() -> (std::net::TcpListener, Vec<tokio::net::TcpStream>) {
         let full = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = full.local_addr().unwrap();
         let mut queued = Vec::new();
@@ -685,21 +721,31 @@ mod tests {
                 _ => break,
             }
         }
-        let c = SideClient::new(&label, addr, Some(&tls("engine.internal", &file))).unwrap();
+        (full, queued)
+    }
+
+    #[tokio::test]
+    async fn a_connect_never_answered_is_a_connect_timeout_not_a_connect_failure() {
+        let ca = ca("side CA");
+        let file = write_ca(&ca, "hang");
+        let (full, queued) = full_accept_queue().await;
+        let addr = full.local_addr().unwrap();
+        // The configured timeout (not the 2 s default).
+        let connect = Duration::from_millis(300);
+        let t = tls("engine.internal", &file);
+        let c = SideClient::new("e:1", addr, Some(&t), connect).unwrap();
         let started = std::time::Instant::now();
         let e = c
-            .get("/", "*/*", None, Duration::from_secs(20), 1024)
+            .get("/", "*/*", Some("k3y"), Duration::from_secs(20), 1024)
             .await
             .unwrap_err();
-        assert!(matches!(e, SideError::Connect(_)), "{e}");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            started.elapsed()
-        );
+        let took = started.elapsed();
+        // Nothing sent, and told apart from a refused connect (a prefill leg does not count it against the engine).
+        assert_eq!(e, SideError::ConnectTimeout(connect), "{e}");
+        assert_eq!(e.to_string(), "connect timed out after 300ms");
+        assert!(took < Duration::from_millis(1500), "{took:?}");
         drop((queued, full));
         let _ = std::fs::remove_file(file);
-        let _ = std::fs::remove_file(other_file);
     }
 
     /// Answers every connection with a plain HTTP 200.
@@ -726,10 +772,10 @@ mod tests {
         // With a reqwest rustls feature unified in, this panics: "No rustls crypto provider is configured".
         let _ = reqwest::Client::builder().build();
         let t = tls("engine.internal", std::path::Path::new("/nonexistent"));
-        let _ = SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t));
+        let _ = SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t), C);
         let mut t = t;
         t.ca_file = None;
-        assert!(SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t)).is_ok());
+        assert!(SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t), C).is_ok());
     }
 
     #[test]
@@ -752,7 +798,7 @@ mod tests {
             "engine.internal",
             std::path::Path::new("/nonexistent/ca.pem"),
         );
-        let e = SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t)).unwrap_err();
+        let e = SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t), C).unwrap_err();
         assert!(e.contains("/nonexistent/ca.pem"), "{e}");
     }
 }

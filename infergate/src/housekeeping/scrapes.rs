@@ -71,8 +71,8 @@ async fn run_pool_scrapes(
             let side = current.side().ok().cloned();
             loops.insert(ep.id, (tx, current));
             let Some(side) = side else {
-                // Its target warned when it was built; tried again when a reload changes it. Placement reads
-                // its stats as down.
+                // Its target warned when it was built; every reload tries again (a new target restarts this).
+                // Placement reads its stats as down.
                 continue;
             };
             let sink_ep = ep.clone();

@@ -30,15 +30,18 @@ pub struct Target {
     /// The client of the router's own requests to it, built with the target (never per request); why not if
     /// it could not be (an unreadable CA file).
     side: Result<SideClient, String>,
+    /// `timeouts.connect` as the client was built with (its TLS connects give up after it).
+    connect_timeout: Duration,
 }
 
 impl Target {
     /// `prev`: the endpoint's target before a reload, whose client (and its open connections) is kept when the
-    /// address and TLS settings are the same.
+    /// address and TLS settings are the same, and for TLS the connect timeout too.
     fn new(
         pool: &str,
         cfg: &EndpointConfig,
         hc: &HealthCheckConfig,
+        connect_timeout: Duration,
         prev: Option<&Target>,
     ) -> Target {
         let mut checker = HttpHealthCheck::new(&cfg.label, cfg.tls.is_some());
@@ -60,15 +63,12 @@ impl Target {
         checker.peer_template.options.connection_timeout = Some(hc.timeout);
         checker.peer_template.options.read_timeout = Some(hc.timeout);
         checker.peer_template.options.write_timeout = Some(hc.timeout);
-        let side = match prev.filter(|p| p.addr == cfg.addr && p.tls == cfg.tls) {
+        let side = match prev.filter(|p| p.side_fits(cfg, connect_timeout)) {
             Some(Target { side: Ok(c), .. }) => Ok(c.clone()),
-            _ => SideClient::new(&cfg.label, cfg.addr, cfg.tls.as_ref()).inspect_err(|e| {
-                log::warn!(
-                    "pool {pool} endpoint {}: its engine stats, model list and stored responses cannot be \
-                     read until a reload fixes this: {e}",
-                    cfg.label
-                )
-            }),
+            _ => {
+                let failed_before = prev.is_some_and(|p| p.side.is_err());
+                build_side(pool, cfg, connect_timeout, failed_before)
+            }
         };
         Target {
             addr: cfg.addr,
@@ -77,7 +77,16 @@ impl Target {
             checker,
             checked_as: (hc.path.clone(), hc.timeout),
             side,
+            connect_timeout,
         }
+    }
+
+    /// Whether its client is the one `cfg` and `connect_timeout` would build (or failed to): the same address and
+    /// TLS settings, and over TLS the same connect timeout (a plain client has none of its own).
+    fn side_fits(&self, cfg: &EndpointConfig, connect_timeout: Duration) -> bool {
+        self.addr == cfg.addr
+            && self.tls == cfg.tls
+            && (self.tls.is_none() || self.connect_timeout == connect_timeout)
     }
 
     /// How the router's own GETs reach it (plain, or TLS checked as requests are); why not if they cannot.
@@ -92,6 +101,30 @@ impl Target {
             ext: http::Extensions::new(),
         }
     }
+}
+
+/// `cfg`'s client of the router's own requests; a failure warned, naming what waits for it. `failed_before`: the
+/// target it replaces had none (a reload tried again).
+fn build_side(
+    pool: &str,
+    cfg: &EndpointConfig,
+    connect_timeout: Duration,
+    failed_before: bool,
+) -> Result<SideClient, String> {
+    let side = SideClient::new(&cfg.label, cfg.addr, cfg.tls.as_ref(), connect_timeout);
+    match &side {
+        Err(e) => log::warn!(
+            "pool {pool} endpoint {}: the router's own requests to it (engine stats, model list, stored-response \
+             lookups, prefill legs) cannot be sent until a reload builds its client: {e}",
+            cfg.label
+        ),
+        Ok(_) if failed_before => log::info!(
+            "pool {pool} endpoint {}: its client for the router's own requests is built",
+            cfg.label
+        ),
+        Ok(_) => {}
+    }
+    side
 }
 
 /// One engine endpoint of one pool. Its identity is its URL: a reload that changes only its key or resolved
@@ -137,9 +170,15 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
-    pub(super) fn new(pool: Arc<str>, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> Endpoint {
+    /// `connect_timeout`: `timeouts.connect`, for its client's TLS connects.
+    pub(super) fn new(
+        pool: Arc<str>,
+        cfg: &EndpointConfig,
+        hc: &HealthCheckConfig,
+        connect_timeout: Duration,
+    ) -> Endpoint {
         let kv = Arc::new(KvIndex::new(&pool, &cfg.label));
-        let target = ArcSwap::from_pointee(Target::new(&pool, cfg, hc, None));
+        let target = ArcSwap::from_pointee(Target::new(&pool, cfg, hc, connect_timeout, None));
         Endpoint {
             kv,
             id: NEXT_ENDPOINT_ID.fetch_add(1, Ordering::Relaxed),
@@ -184,13 +223,22 @@ impl Endpoint {
         self.target.load().api_key.clone()
     }
 
-    /// Apply a reloaded key, address or health-check path and timeout; true if the key or address changed.
-    pub(super) fn retarget(&self, cfg: &EndpointConfig, hc: &HealthCheckConfig) -> bool {
+    /// Apply a reloaded key, address, health-check path and timeout or connect timeout; true if the key or
+    /// address changed.
+    pub(super) fn retarget(
+        &self,
+        cfg: &EndpointConfig,
+        hc: &HealthCheckConfig,
+        connect_timeout: Duration,
+    ) -> bool {
         let cur = self.target.load();
         let moved = cur.addr != cfg.addr || cur.api_key != cfg.api_key || cur.tls != cfg.tls;
         let (path, timeout) = &cur.checked_as;
-        if moved || *path != hc.path || *timeout != hc.timeout {
-            let next = Target::new(&self.pool, cfg, hc, Some(&cur));
+        // A client that could not be built is tried again at every reload: the operator who fixed its CA file
+        // (the same file, so the same `tls`) reloads.
+        let side_stale = cur.side.is_err() || !cur.side_fits(cfg, connect_timeout);
+        if moved || side_stale || *path != hc.path || *timeout != hc.timeout {
+            let next = Target::new(&self.pool, cfg, hc, connect_timeout, Some(&cur));
             self.target.store(Arc::new(next));
         }
         moved

@@ -67,7 +67,8 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn new(cfg: &PoolConfig) -> Arc<Pool> {
+    /// `connect_timeout`: `timeouts.connect`, for its endpoints' own TLS clients.
+    pub fn new(cfg: &PoolConfig, connect_timeout: Duration) -> Arc<Pool> {
         let membership = Arc::new(Membership::default());
         let shared_cfg = Arc::new(ArcSwap::from_pointee(cfg.clone()));
         let backends = Backends::new(Box::new(SharedMembership(membership.clone())));
@@ -91,7 +92,7 @@ impl Pool {
             answers: AnswerLength::default(),
             placing: Mutex::new(()),
         });
-        pool.set_endpoints(&cfg.endpoints, None);
+        pool.set_endpoints(&cfg.endpoints, connect_timeout, None);
         pool
     }
 
@@ -132,10 +133,11 @@ impl Pool {
 
     /// Replace the pool's endpoints (start and config reload): endpoints whose URL, address and key are unchanged
     /// keep their state; new ones get their metric series at 0; departing ones are marked removed and their metric
-    /// series deleted. Returns the removed.
+    /// series deleted. `connect_timeout` (`timeouts.connect`) is their own TLS clients'. Returns the removed.
     pub fn set_endpoints(
         &self,
         wanted: &[EndpointConfig],
+        connect_timeout: Duration,
         metrics: Option<&Metrics>,
     ) -> Vec<Arc<Endpoint>> {
         let current = self.endpoints();
@@ -144,7 +146,7 @@ impl Pool {
         for w in wanted {
             match current.iter().find(|e| e.label == w.label) {
                 Some(e) => {
-                    if e.retarget(w, &cfg.health_check) {
+                    if e.retarget(w, &cfg.health_check, connect_timeout) {
                         log::info!(
                             "pool {}: endpoint {} now {} (key or address changed; state kept)",
                             self.name,
@@ -162,6 +164,7 @@ impl Pool {
                         self.name.clone(),
                         w,
                         &cfg.health_check,
+                        connect_timeout,
                     )))
                 }
             }
@@ -424,7 +427,11 @@ impl Pools {
             &["pool", "cause"],
         ));
         let pools = Arc::new(Pools {
-            pools: cfg.pools.iter().map(Pool::new).collect(),
+            pools: cfg
+                .pools
+                .iter()
+                .map(|p| Pool::new(p, cfg.timeouts.connect))
+                .collect(),
             metrics: metrics.clone(),
             session_evictions,
         });

@@ -5,6 +5,9 @@ use std::path::Path;
 use super::*;
 use crate::metrics::HealthCounts;
 
+/// `timeouts.connect` (its default).
+const CONNECT: Duration = crate::config::DEFAULT_CONNECT_TIMEOUT;
+
 fn pool_cfg(extra: &str) -> PoolConfig {
     let text = format!("pools:\n  - name: a\n    endpoints: [\"http://127.0.0.1:9\"]\n{extra}");
     Config::parse(Path::new("t.yaml"), &text)
@@ -45,6 +48,7 @@ fn the_health_gate_admits_failing_endpoints_only_when_none_passes() {
                 Arc::from("a"),
                 &cfg.endpoints[0],
                 &cfg.health_check,
+                CONNECT,
             ))
         })
         .collect();
@@ -150,7 +154,7 @@ fn placement_reads_an_unlearned_twin_with_the_pools_shape() {
         .expect("valid")
         .pools[0]
         .clone();
-    let pool = Pool::new(&cfg);
+    let pool = Pool::new(&cfg, CONNECT);
     let endpoints = pool.endpoints();
     let ttft = |tokens: u64| Duration::from_secs_f64(0.03 + tokens as f64 / 100_000.0);
     for i in 0..100u64 {
@@ -175,7 +179,7 @@ fn placement_reads_an_unlearned_twin_with_the_pools_shape() {
 
 #[test]
 fn reconfigure_swaps_the_settings_and_keeps_the_policy_settings_a_policy_refuses() {
-    let pool = Pool::new(&pool_cfg("    sessions: { ttl: 1h }\n"));
+    let pool = Pool::new(&pool_cfg("    sessions: { ttl: 1h }\n"), CONNECT);
     let now = Instant::now();
     let next = pool_cfg("    sessions: { ttl: 5m }\n    max_in_flight_per_endpoint: 3\n");
     assert_eq!(pool.reconfigure(&next, now), Ok(None));
@@ -191,7 +195,8 @@ fn reconfigure_swaps_the_settings_and_keeps_the_policy_settings_a_policy_refuses
 }
 
 #[test]
-fn an_endpoints_side_client_is_built_with_its_target_and_kept_while_its_address_and_tls_are() {
+fn an_endpoints_side_client_is_built_with_its_target_kept_while_it_fits_and_tried_again_while_it_failed(
+) {
     use crate::config::EngineTls;
     use crate::engine_stats::SideClient;
     let cfg = pool_cfg("");
@@ -202,18 +207,37 @@ fn an_endpoints_side_client_is_built_with_its_target_and_kept_while_its_address_
         Path::new("/nonexistent/engine-ca.pem"),
     ));
     // An unreadable CA file: no client, and why; nothing panics.
-    let e = Endpoint::new(Arc::from("a"), &w, hc);
+    let e = Endpoint::new(Arc::from("a"), &w, hc, CONNECT);
     let why = e.target().side().err().map(str::to_string);
     assert!(
         why.as_deref()
             .is_some_and(|w| w.contains("/nonexistent/engine-ca.pem")),
         "{why:?}"
     );
+    // A reload with the same settings tries again: still unreadable, still no client.
+    assert!(!e.retarget(&w, hc, CONNECT));
+    assert!(e.target().side().is_err());
+    // The file is back (the same path and certificates, so the same `tls`): the next reload builds the client.
+    let (ca, _) = crate::tls::testing::self_signed("engine CA");
+    let (path, key) = crate::tls::testing::write_pem("side-retry", &ca, "");
+    let _ = std::fs::remove_file(&key);
+    let _ = std::fs::remove_file(&path);
+    w.tls = Some(EngineTls::for_tests("engine.internal", &path));
+    let e = Endpoint::new(Arc::from("a"), &w, hc, CONNECT);
+    assert!(e.target().side().is_err(), "no CA file yet");
+    std::fs::write(&path, &ca).unwrap();
+    assert!(!e.retarget(&w, hc, CONNECT), "not moved");
+    assert!(
+        matches!(e.target().side(), Ok(SideClient::Tls(_))),
+        "{:?}",
+        e.target().side().err()
+    );
+    let _ = std::fs::remove_file(&path);
     // The system's CAs: a TLS client.
     let mut tls = EngineTls::for_tests("engine.internal", Path::new("/x"));
     tls.ca_file = None;
     w.tls = Some(tls);
-    assert!(e.retarget(&w, hc));
+    assert!(e.retarget(&w, hc, CONNECT));
     let tls_side = |e: &Endpoint| match e.target().side() {
         Ok(SideClient::Tls(t)) => Some(t.clone()),
         _ => None,
@@ -221,15 +245,26 @@ fn an_endpoints_side_client_is_built_with_its_target_and_kept_while_its_address_
     let first = tls_side(&e).expect("a TLS client");
     // A rotated key keeps the client and its connections; another server name builds a new one.
     w.api_key = Some("k2".into());
-    assert!(e.retarget(&w, hc));
+    assert!(e.retarget(&w, hc, CONNECT));
     assert!(Arc::ptr_eq(&first, &tls_side(&e).unwrap()), "kept");
     if let Some(t) = w.tls.as_mut() {
         t.server_name = "other.internal".into();
     }
-    assert!(e.retarget(&w, hc));
-    assert!(!Arc::ptr_eq(&first, &tls_side(&e).unwrap()), "rebuilt");
+    assert!(e.retarget(&w, hc, CONNECT));
+    let second = tls_side(&e).unwrap();
+    assert!(!Arc::ptr_eq(&first, &second), "rebuilt");
+    // Another `timeouts.connect` builds a new one (its connects give up after it); the endpoint has not moved.
+    let longer = CONNECT * 3;
+    assert!(!e.retarget(&w, hc, longer));
+    let third = tls_side(&e).unwrap();
+    assert!(
+        !Arc::ptr_eq(&second, &third),
+        "rebuilt for the connect timeout"
+    );
+    assert!(!e.retarget(&w, hc, longer));
+    assert!(Arc::ptr_eq(&third, &tls_side(&e).unwrap()), "kept");
     // Plain HTTP again.
     w.tls = None;
-    assert!(e.retarget(&w, hc));
+    assert!(e.retarget(&w, hc, CONNECT));
     assert!(matches!(e.target().side(), Ok(SideClient::Plain { .. })));
 }

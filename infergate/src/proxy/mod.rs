@@ -91,10 +91,6 @@ use ctx::Pinned;
 /// most 4096 blocks of 64 bytes).
 pub(super) const MAX_PROMPT_SCAN: usize = 256 * 1024;
 
-/// How long an idle upstream connection stays pooled: below the engine's keep-alive (uvicorn closes idle ones
-/// after 5 s), so a stale reuse is the exception the retry handles, not the rule.
-pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
-
 /// The router: the shared state plus what only the request path needs.
 pub struct Router {
     state: RouterState,

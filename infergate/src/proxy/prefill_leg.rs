@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_proxy::Session;
@@ -23,7 +24,8 @@ use super::admit::client_closed;
 use super::ctx::Learned;
 use super::intake::session_key;
 use super::router::{count_failure, Leg};
-use super::{Ctx, Router, UPSTREAM_IDLE_TIMEOUT};
+use super::{Ctx, Router};
+use crate::config::UPSTREAM_IDLE_TIMEOUT;
 use crate::engine_stats::SideError;
 use crate::errors::ApiError;
 use crate::ledger::{Hold, ReleaseCause};
@@ -49,8 +51,8 @@ pub(crate) struct PrefillDone {
 /// The prefill legs' HTTP client and series (pool-level: the per-endpoint ones are the prefill set's own).
 pub(super) struct Disagg {
     /// Plain `http://` prefill engines' (an `https://` one's leg goes through its endpoint's
-    /// [`crate::engine_stats::SideClient`]).
-    client: reqwest::Client,
+    /// [`crate::engine_stats::SideClient`]), with the `timeouts.connect` it was built with.
+    client: ArcSwap<(Duration, reqwest::Client)>,
     /// `infergate_disagg_prefill_seconds{pool}`: a served prefill leg, first dispatch to answer.
     prefill_seconds: HistogramVec,
     /// `infergate_disagg_kv_transfer_seconds{pool}`: a streamed decode leg's dispatch to its first output (the
@@ -72,13 +74,8 @@ pub(super) const OUTCOMES: [&str; 6] = [
 
 impl Disagg {
     pub(super) fn new(state: &crate::state::RouterState) -> Disagg {
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(state.cfg.timeouts.connect)
-            .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
-            .tcp_nodelay(true)
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
+        let connect = state.cfg.timeouts.connect;
+        let client = ArcSwap::from_pointee((connect, leg_client(connect)));
         let buckets = vec![
             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
         ];
@@ -128,6 +125,18 @@ impl Disagg {
         }
     }
 
+    /// The plain legs' client, its connects giving up after `connect` (`timeouts.connect` now: a reload that
+    /// changes it gets a new client, as it gets the https endpoints new ones).
+    fn client(&self, connect: Duration) -> reqwest::Client {
+        let cur = self.client.load();
+        if cur.0 == connect {
+            return cur.1.clone();
+        }
+        let client = leg_client(connect);
+        self.client.store(Arc::new((connect, client.clone())));
+        client
+    }
+
     fn count(&self, pool: &str, outcome: &str) {
         self.legs_total.with_label_values(&[pool, outcome]).inc();
     }
@@ -138,6 +147,17 @@ impl Disagg {
             .with_label_values(&[pool])
             .observe(elapsed.as_secs_f64());
     }
+}
+
+/// The client of plain prefill legs, connecting within `connect`.
+fn leg_client(connect: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(connect)
+        .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
+        .tcp_nodelay(true)
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
 }
 
 /// How one attempt of the leg went.
@@ -327,10 +347,10 @@ impl Router {
                     }
                     self.disagg.count(&pool.name, "unreachable");
                     // As Pingora names a proxied attempt's.
-                    ctx.log.upstream_error = Some(if tls.is_some() {
-                        "TLSHandshakeFailure"
-                    } else {
-                        "ConnectRefused"
+                    ctx.log.upstream_error = Some(match (&tls, timed_out) {
+                        (Some(_), _) => "TLSHandshakeFailure",
+                        (None, true) => "ConnectTimedout",
+                        (None, false) => "ConnectRefused",
                     });
                     return answer(ctx, ApiError::upstream_unreachable(&set.name));
                 }
@@ -424,6 +444,11 @@ impl Router {
                     timed_out: false,
                     tls: None,
                 },
+                // As the plain client's connect timeout (`is_timeout`): not counted against the engine.
+                Err(SideError::ConnectTimeout(_)) => Sent::Unreachable {
+                    timed_out: true,
+                    tls: None,
+                },
                 Err(SideError::Tls(why)) => Sent::Unreachable {
                     timed_out: false,
                     tls: Some(why),
@@ -436,7 +461,7 @@ impl Router {
         }
         let mut req = self
             .disagg
-            .client
+            .client(t.connect)
             .post(format!("http://{}{path}", ep.addr()))
             .header(http::header::HOST, ep.label.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")

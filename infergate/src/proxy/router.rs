@@ -11,7 +11,8 @@ use pingora_proxy::Session;
 
 use super::body::{self, BodyError, BodyLimits};
 use super::ctx::Learned;
-use super::{Ctx, Router, UPSTREAM_IDLE_TIMEOUT};
+use super::{Ctx, Router};
+use crate::config::UPSTREAM_IDLE_TIMEOUT;
 use crate::errors::ApiError;
 use crate::ledger::{ReleaseCause, ReleaseHook};
 use crate::placement::policy::{PlaceRequest, Placement, Snapshot};

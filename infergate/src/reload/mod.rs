@@ -124,7 +124,8 @@ pub fn apply(state: &RouterState, new: &Config) {
             q.reconfigure(qc);
         }
         let before: Vec<String> = pool.endpoints().iter().map(|e| e.label.clone()).collect();
-        let removed = pool.set_endpoints(&pc.endpoints, Some(&state.metrics));
+        let connect = effective.timeouts.connect;
+        let removed = pool.set_endpoints(&pc.endpoints, connect, Some(&state.metrics));
         let added: Vec<&str> = pc
             .endpoints
             .iter()
@@ -206,7 +207,7 @@ impl RouterState {
                 unmatched.push(pool.name.to_string());
                 continue;
             };
-            pool.set_endpoints(&pc.endpoints, Some(&self.metrics));
+            pool.set_endpoints(&pc.endpoints, cfg.timeouts.connect, Some(&self.metrics));
         }
         unmatched
     }

@@ -2,7 +2,7 @@
 //! request ids taken from the client or generated and seen by the engine and the client, W3C trace context passed
 //! through, the serving endpoint's header on and off; nothing secret in the log.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::common::*;
@@ -17,25 +17,6 @@ fn log_path(name: &str) -> PathBuf {
     ));
     let _ = std::fs::remove_file(&p);
     p
-}
-
-/// The log's complete lines once there are at least `n` of them (the logging hook runs just after the response).
-async fn lines(path: &Path, n: usize) -> Vec<String> {
-    let mut got = Vec::new();
-    for _ in 0..250 {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        got = text
-            .split_inclusive('\n')
-            .filter(|l| l.ends_with('\n'))
-            .map(|l| l.trim_end().to_string())
-            .collect();
-        if got.len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(got.len() >= n, "{} of {n} lines: {got:?}", got.len());
-    got
 }
 
 fn is_generated_id(id: &str) -> bool {
@@ -112,7 +93,7 @@ async fn json_lines_for_a_streamed_a_failed_and_a_refused_request() {
     );
     let _ = resp.bytes().await;
 
-    let got = lines(&path, 3).await;
+    let got = log_lines(&path, 3).await;
     assert_eq!(got.len(), 3, "one line per request: {got:?}");
     let v: Vec<Value> = got
         .iter()
@@ -259,7 +240,7 @@ async fn request_ids_and_trace_context_reach_the_engine_and_come_back() {
         Some(replaced.as_str())
     );
 
-    let got = lines(&path, 3).await;
+    let got = log_lines(&path, 3).await;
     assert!(got[0].starts_with("time="), "{}", got[0]);
     assert!(
         got[0].contains(&format!(" request_id={generated}")),
@@ -330,7 +311,7 @@ async fn the_client_key_is_named_never_shown() {
         assert!(header(&resp, "x-request-id").is_some());
         let _ = resp.bytes().await;
     }
-    let got = lines(&path, 2).await;
+    let got = log_lines(&path, 2).await;
     let v: Vec<Value> = got
         .iter()
         .map(|l| serde_json::from_str(l).unwrap())

@@ -128,6 +128,14 @@ fn engine_addr(url: &str) -> SocketAddr {
     url.trim_start_matches("http://").parse().unwrap()
 }
 
+/// The pool-level `tls` YAML (indented by 4): certificates checked against `ca_file` for `engine.internal`.
+fn by_name(ca_file: &std::path::Path) -> String {
+    format!(
+        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
+        ca_file.display()
+    )
+}
+
 /// A router with one pool over `url` and the pool-level `tls` YAML `tls` (indented by 4).
 async fn router(url: &str, tls: &str) -> TestRouter {
     start_router(&pool_yaml("load_aware", &[url.to_string()], tls)).await
@@ -141,10 +149,7 @@ async fn https_engines_are_checked_against_the_pool_ca_and_server_name() {
     let (engine, term, url) = engine_behind_tls(&ca).await;
 
     // By name: SNI sent, certificate checked against the pool's CA.
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
-        ca_file.display()
-    );
+    let tls = by_name(&ca_file);
     let r = router(&url, &tls).await;
     r.ready().await;
     assert_eq!(post_chat(&r.url(), chat_body(2_000, true, 4)).await, 200);
@@ -179,13 +184,7 @@ async fn an_engine_certificate_from_another_ca_or_for_another_name_is_refused() 
     let url = format!("https://127.0.0.1:{}", term.addr.port());
 
     for (tls, what) in [
-        (
-            format!(
-                "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
-                other_file.display()
-            ),
-            "a certificate from another CA",
-        ),
+        (by_name(&other_file), "a certificate from another CA"),
         (
             format!(
                 "    tls: {{ ca_file: \"{}\", server_name: other.internal }}\n",
@@ -226,10 +225,7 @@ async fn engine_stats_and_the_model_list_of_https_engines_are_read_over_tls_chec
     };
 
     // The pool's CA and server name: the scrapes are fresh, the model list is the engine's, all by that name.
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n{ENGINE_STATS}",
-        ca_file.display()
-    );
+    let tls = format!("{}{ENGINE_STATS}", by_name(&ca_file));
     let r = router(&url, &tls).await;
     r.ready().await;
     let m = r.metrics_when(fresh).await;
@@ -255,10 +251,7 @@ async fn engine_stats_and_the_model_list_of_https_engines_are_read_over_tls_chec
 
     // A certificate the pool's CA did not issue: no scrape gets through, so the stats are never fresh.
     let failed = term.failed.load(Ordering::Relaxed);
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n{ENGINE_STATS}",
-        other_file.display()
-    );
+    let tls = format!("{}{ENGINE_STATS}", by_name(&other_file));
     let r = router(&url, &tls).await;
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     let m = r.metrics_text().await;
@@ -289,10 +282,7 @@ async fn a_stored_response_on_an_https_engine_is_found_over_tls_by_a_router_that
         },
     )
     .await;
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
-        ca_file.display()
-    );
+    let tls = by_name(&ca_file);
     let turn = |previous: Option<&str>| {
         let mut b =
             serde_json::json!({"input": "hi", "max_output_tokens": 4, "model": "sim-model"});
@@ -354,10 +344,7 @@ async fn a_stored_response_on_an_https_engine_is_found_over_tls_by_a_router_that
 
     // A pool trusting another CA: the engine is never asked in the clear or over an unchecked connection.
     let before = term.served();
-    let tls = format!(
-        "    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n",
-        other_file.display()
-    );
+    let tls = by_name(&other_file);
     let r = router(&url, &tls).await;
     assert_eq!(retrieve(r.url(), id.clone()).await, 404, "not found");
     assert_eq!(term.served(), before, "a handshake completed");
@@ -369,6 +356,11 @@ async fn a_stored_response_on_an_https_engine_is_found_over_tls_by_a_router_that
 /// `prefill` with the set's `tls` YAML `tls` (a flow mapping, or empty); no retries, so a leg that cannot be sent
 /// shows how it failed; the prefill engine checked every `interval`.
 async fn disagg_router(prefill: &str, decode: &str, tls: &str, interval: &str) -> TestRouter {
+    start_router(&disagg_yaml(prefill, decode, tls, interval)).await
+}
+
+/// The configuration of [`disagg_router`] (`timeouts.connect` 1s).
+fn disagg_yaml(prefill: &str, decode: &str, tls: &str, interval: &str) -> String {
     let checks =
         "{ path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }";
     let prefill_checks = checks.replace("200ms", interval);
@@ -377,14 +369,13 @@ async fn disagg_router(prefill: &str, decode: &str, tls: &str, interval: &str) -
     } else {
         format!("        tls: {tls}\n")
     };
-    start_router(&format!(
+    format!(
         "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\nmax_retries: 0\n\
          timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
          pools:\n  - name: pd\n    models: [\"*\"]\n    endpoints: [\"{decode}\"]\n    health_check: {checks}\n\
          \x20   disaggregation:\n      connector: nixl\n      prefill:\n        endpoints: [\"{prefill}\"]\n        \
          health_check: {prefill_checks}\n{tls}"
-    ))
-    .await
+    )
 }
 
 fn nixl() -> SimConfig {
@@ -404,9 +395,19 @@ fn legs(m: &str, outcome: &str) -> Option<f64> {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_https_prefill_engine_serves_the_prefill_leg_over_tls_checked_as_requests_are() {
-    let dir = tls_dir("engines-prefill");
+/// A disaggregated pool's engines for the TLS tests: (the folder of the CA file, a prefill engine, the terminator in
+/// front of it with a certificate the CA issued for `engine.internal`, a plain decode engine, the prefill set's
+/// `tls` flow mapping trusting that CA for that name).
+async fn prefill_behind_tls(
+    tag: &str,
+) -> (
+    std::path::PathBuf,
+    infergate_sim::EngineHandle,
+    Terminator,
+    infergate_sim::EngineHandle,
+    String,
+) {
+    let dir = tls_dir(tag);
     let ca = TestCa::new("engine CA");
     let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
     let prefill = engine(nixl()).await;
@@ -420,6 +421,44 @@ async fn an_https_prefill_engine_serves_the_prefill_leg_over_tls_checked_as_requ
         "{{ ca_file: \"{}\", server_name: engine.internal }}",
         ca_file.display()
     );
+    (dir, prefill, term, decode, tls)
+}
+
+/// How one chat request through a disaggregated router went, as far as its prefill leg shows.
+#[derive(Debug, PartialEq)]
+struct Leg {
+    status: u16,
+    /// The error code of the answer.
+    code: serde_json::Value,
+    /// Prefill legs counted unreachable and served.
+    unreachable: Option<f64>,
+    served: Option<f64>,
+    /// `connect` failures counted against the prefill engine.
+    connect_failures: f64,
+}
+
+/// Send one chat request through `r` ([`disagg_router`]) and read what its prefill leg left.
+async fn send_leg(r: &TestRouter) -> Leg {
+    let resp = send_chat(&r.url(), chat_body(2_000, false, 4)).await;
+    let status = resp.status().as_u16();
+    let v: serde_json::Value = resp.json().await.unwrap_or_default();
+    let m = r.metrics_text().await;
+    Leg {
+        status,
+        code: v["error"]["code"].clone(),
+        unreachable: legs(&m, "unreachable"),
+        served: legs(&m, "served"),
+        connect_failures: metric_sum(
+            &m,
+            "infergate_endpoint_failures_total",
+            &["pool=\"pd/prefill\"", "kind=\"connect\""],
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_prefill_engine_serves_the_prefill_leg_over_tls_checked_as_requests_are() {
+    let (dir, prefill, term, decode, tls) = prefill_behind_tls("engines-prefill").await;
     let prefill_url = format!("https://127.0.0.1:{}", term.addr.port());
     let r = disagg_router(&prefill_url, &decode.url(), &tls, "200ms").await;
     r.all_healthy().await;
@@ -491,25 +530,13 @@ async fn an_https_prefill_engine_serves_the_prefill_leg_over_tls_checked_as_requ
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_engine_certificate_from_another_ca_fails_the_leg_as_an_unreachable_engine_does()
 {
-    let dir = tls_dir("engines-prefill-refused");
-    let (ca, other) = (TestCa::new("engine CA"), TestCa::new("another CA"));
-    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
-    let prefill = engine(nixl()).await;
-    let term = Terminator::start(
-        &ca.issue("engine", &["engine.internal"]),
-        engine_addr(&prefill.url()),
-    )
-    .await;
+    let (dir, prefill, term, decode, tls) = prefill_behind_tls("engines-prefill-refused").await;
+    let other = TestCa::new("another CA");
     let plain_prefill = engine(nixl()).await;
-    let decode = engine(nixl()).await;
 
     // Each prefill engine passes its first check, then (checked again only seconds later, so the leg is placed
     // there) turns unreachable: the terminator presents a certificate the set's CA did not issue; the plain
     // engine refuses connections.
-    let tls = format!(
-        "{{ ca_file: \"{}\", server_name: engine.internal }}",
-        ca_file.display()
-    );
     let cases = [
         (format!("https://127.0.0.1:{}", term.addr.port()), tls),
         (plain_prefill.url(), String::new()),
@@ -526,31 +553,16 @@ async fn a_prefill_engine_certificate_from_another_ca_fails_the_leg_as_an_unreac
         } else {
             plain_prefill.control.refuse_connections(true).unwrap();
         }
-        let resp = send_chat(&r.url(), chat_body(2_000, false, 4)).await;
-        let status = resp.status().as_u16();
-        let v: serde_json::Value = resp.json().await.unwrap_or_default();
-        let m = r.metrics_text().await;
-        let connect_failures = metric_sum(
-            &m,
-            "infergate_endpoint_failures_total",
-            &["pool=\"pd/prefill\"", "kind=\"connect\""],
-        );
-        seen.push((
-            status,
-            v["error"]["code"].clone(),
-            legs(&m, "unreachable"),
-            legs(&m, "served"),
-            connect_failures,
-        ));
+        seen.push(send_leg(&r).await);
         r.wait_idle().await;
     }
-    let want = (
-        502,
-        serde_json::Value::from("upstream_unreachable"),
-        Some(1.0),
-        Some(0.0),
-        1.0,
-    );
+    let want = Leg {
+        status: 502,
+        code: "upstream_unreachable".into(),
+        unreachable: Some(1.0),
+        served: Some(0.0),
+        connect_failures: 1.0,
+    };
     assert_eq!(seen[0], want, "a refused certificate");
     assert_eq!(seen[1], want, "a prefill engine that is not there");
     // The leg never went in the clear or over an unchecked connection: its handshake failed, nothing reached
@@ -560,5 +572,155 @@ async fn a_prefill_engine_certificate_from_another_ca_fails_the_leg_as_an_unreac
     assert_eq!(generate_requests(&prefill), 0);
     assert_eq!(generate_requests(&plain_prefill), 0);
     assert_eq!(generate_requests(&decode), 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A TCP forwarder on a loopback port in front of `backend` that can stop accepting: its listener stays open, so
+/// once its accept queue is full the kernel drops further SYNs and a connect to it hangs, as one to an engine
+/// that is down behind a firewall, or whose accept queue a burst filled, does.
+struct Gate {
+    addr: SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+    /// The connections that fill its accept queue (`hang`).
+    queued: Vec<tokio::net::TcpStream>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Gate {
+    async fn start(backend: SocketAddr) -> Gate {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (open, mut rx) = tokio::sync::watch::channel(true);
+        let task = tokio::spawn(async move {
+            loop {
+                if !*rx.borrow_and_update() {
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        let Ok((mut down, _)) = accepted else { return };
+                        tokio::spawn(async move {
+                            if let Ok(mut up) = tokio::net::TcpStream::connect(backend).await {
+                                let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                            }
+                        });
+                    }
+                    _ = rx.changed() => {}
+                }
+            }
+        });
+        Gate {
+            addr,
+            open,
+            queued: Vec::new(),
+            task,
+        }
+    }
+
+    /// Stop accepting and fill the accept queue: from now on a connect to it hangs.
+    async fn hang(&mut self) {
+        self.open.send_replace(false);
+        for _ in 0..8192 {
+            let connect = tokio::net::TcpStream::connect(self.addr);
+            match tokio::time::timeout(std::time::Duration::from_millis(200), connect).await {
+                Ok(Ok(s)) => self.queued.push(s),
+                Ok(Err(e)) => panic!("connect to the gate: {e}"),
+                Err(_) => return,
+            }
+        }
+        panic!("the gate's accept queue took 8192 connections and is not full");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_engine_that_never_answers_the_connect_times_out_after_timeouts_connect_over_tls_as_in_the_clear(
+) {
+    let (dir, prefill, term, decode, tls) = prefill_behind_tls("engines-prefill-hung").await;
+    // The prefill engine behind a gate: over TLS (through the terminator), and in the clear.
+    let cases = [
+        ("https", term.addr, tls),
+        ("http", engine_addr(&prefill.url()), String::new()),
+    ];
+    for (scheme, backend, tls) in cases {
+        let mut gate = Gate::start(backend).await;
+        let url = format!("{scheme}://127.0.0.1:{}", gate.addr.port());
+        let log = dir.join(format!("access-{scheme}.log"));
+        // Checked once, at start: the leg is placed on it after it hangs. Started with a long connect timeout,
+        // then reloaded to a short one (neither the 2 s default): the leg must give up after the reloaded one.
+        let yaml = format!(
+            "{}access_log: {{ format: json, path: \"{}\" }}\n",
+            disagg_yaml(&url, &decode.url(), &tls, "60s").replace("connect: 1s", "connect: 10s"),
+            log.display()
+        );
+        let r = start_router(&yaml).await;
+        r.all_healthy().await;
+        r.reload(&r.config_text.replace("connect: 10s", "connect: 300ms"));
+        gate.hang().await;
+
+        let started = std::time::Instant::now();
+        let seen = send_leg(&r).await;
+        let took = started.elapsed();
+        let line: serde_json::Value =
+            serde_json::from_str(&log_lines(&log, 1).await[0]).unwrap_or_default();
+        // Unreachable (nothing was sent) after the reloaded connect timeout; not counted against the engine (a
+        // burst overflowing an accept queue looks the same), as a proxied attempt's connect timeout is not.
+        let want = Leg {
+            status: 502,
+            code: "upstream_unreachable".into(),
+            unreachable: Some(1.0),
+            served: Some(0.0),
+            connect_failures: 0.0,
+        };
+        assert_eq!(
+            (seen, line["error"].as_str()),
+            (want, Some("upstream:ConnectTimedout")),
+            "{scheme}: took {took:?}"
+        );
+        assert!(
+            took < std::time::Duration::from_millis(1500),
+            "{scheme}: the leg gave up after {took:?}, not the reloaded 300ms"
+        );
+        r.wait_idle().await;
+        drop(r);
+        drop(gate);
+    }
+    assert_eq!(generate_requests(&prefill), 0);
+    assert_eq!(generate_requests(&decode), 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_builds_the_tls_client_of_an_engine_whose_ca_file_could_not_be_read_before() {
+    let dir = tls_dir("engines-ca-back");
+    let ca = TestCa::new("engine CA");
+    let ca_file = write(&dir, "engine-ca.pem", &ca.pem());
+    let (_engine, _term, url) = engine_behind_tls(&ca).await;
+    let tls = format!("{}{ENGINE_STATS}", by_name(&ca_file));
+    // The CA file is gone between reading the configuration and building the endpoint's client (a renewal
+    // caught half-way): the endpoint has no TLS client, so no engine stats.
+    let aside = dir.join("engine-ca.pem.aside");
+    let r = start_router_with(&pool_yaml("load_aware", &[url], &tls), || {
+        std::fs::rename(&ca_file, &aside).unwrap()
+    })
+    .await;
+    let ep = r.state.pools.pools[0].endpoints()[0].clone();
+    assert!(ep.target().side().is_err(), "a client without its CA file");
+
+    // The same file back, and SIGHUP: the client is built, and the stats come over TLS.
+    std::fs::rename(&aside, &ca_file).unwrap();
+    r.reload(&r.config_text);
+    assert!(ep.target().side().is_ok(), "{:?}", ep.target().side().err());
+    r.wait_engine_stats(0, "engine stats over TLS after the reload", |_, _| true)
+        .await;
+    drop(r);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -38,6 +38,8 @@ pub struct TestRouter {
     pub addr: SocketAddr,
     pub metrics_addr: SocketAddr,
     pub state: RouterState,
+    /// The configuration it started from, its addresses filled in (a test's reload edits it).
+    pub config_text: String,
     stop: Option<tokio::sync::mpsc::Sender<ShutdownSignal>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -121,6 +123,13 @@ impl TestRouter {
 }
 
 impl TestRouter {
+    /// Apply `yaml` (a whole configuration, e.g. an edit of `config_text`) as SIGHUP applies a re-read file.
+    pub fn reload(&self, yaml: &str) {
+        let cfg = Config::parse(Path::new("test.yaml"), yaml)
+            .unwrap_or_else(|e| panic!("reloaded test config: {e}\n{yaml}"));
+        infergate::reload::apply(&self.state, &cfg);
+    }
+
     /// Teaches a two-endpoint `predicted_ttft` pool both prefill throughputs and returns once both are learned:
     /// two long requests at once, the second placed while the first holds its prefill, so it goes to the other
     /// endpoint (sequential first requests on idle endpoints go either way).
@@ -173,6 +182,12 @@ impl Drop for TestRouter {
 /// Start a router from YAML. `{listen}` and `{metrics}` are replaced with free loopback addresses; the
 /// server section is added (fast shutdown, temp pid/socket files) unless present.
 pub async fn start_router(yaml: &str) -> TestRouter {
+    start_router_with(yaml, || {}).await
+}
+
+/// [`start_router`], with `before_build` run after the configuration is read and before the router is built
+/// from it (a file it names changes in between).
+pub async fn start_router_with(yaml: &str, before_build: impl FnOnce()) -> TestRouter {
     let listen: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut text = yaml
@@ -187,6 +202,7 @@ pub async fn start_router(yaml: &str) -> TestRouter {
     }
     let cfg = Config::parse(Path::new("test.yaml"), &text)
         .unwrap_or_else(|e| panic!("test config: {e}\n{text}"));
+    before_build();
     let (server, state) = build_server(cfg, Opt::default()).expect("server builds");
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let thread = std::thread::spawn(move || run_with_channel(server, rx));
@@ -194,11 +210,32 @@ pub async fn start_router(yaml: &str) -> TestRouter {
         addr: listen,
         metrics_addr: metrics,
         state,
+        config_text: text,
         stop: Some(tx),
         thread: Some(thread),
     };
     wait_listening(router.addr).await;
     router
+}
+
+/// The complete lines of a file the router writes (its access log) once there are at least `n` of them, waiting
+/// 5 s at most (the logging hook runs just after the response).
+pub async fn log_lines(path: &Path, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..250 {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        got = text
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .map(|l| l.trim_end().to_string())
+            .collect();
+        if got.len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(got.len() >= n, "{} of {n} lines: {got:?}", got.len());
+    got
 }
 
 /// Poll until something accepts on `addr`.
