@@ -226,6 +226,10 @@ impl Router {
                 } else {
                     None
                 };
+                if let Some(cluster) = &self.cluster {
+                    // What the other replicas sent to the prefill set since their last publish (bounded wait).
+                    cluster.refresh_peer_load(&set).await;
+                }
                 let _placing = set.placing.lock();
                 self.place_prefill(&set, ctx, &tried, key.as_deref())
             };
@@ -396,9 +400,15 @@ impl Router {
         } else {
             0
         };
+        // Reserved in the cluster's store as a decode leg's dispatch is: the other replicas' next placements on
+        // the prefill set see this prefill before this replica's next publish.
+        let reserving = self.cluster.as_ref().map(|c| c.reserving());
         let mut hold = self
             .ledger
             .hold(ep.load.clone(), tokens, self.release_hook(&ep));
+        if let Some(r) = reserving {
+            r.reserve(&ep, tokens);
+        }
         self.wake_queue_on_finish(set, &mut hold);
         Some((ep, hold, placement))
     }

@@ -102,3 +102,93 @@ async fn reserved_requests(redis: &Redis) -> u64 {
     }
     n
 }
+
+/// A prefill leg is reserved in the store when it is placed, as a decode leg's dispatch is: a replica placing the
+/// next long prompt inside the same publish interval sees it and sends its own prefill to the other engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_leg_is_reserved_and_the_next_replica_prefills_elsewhere() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let nixl = SimConfig {
+        kv_transfer: true,
+        ..slow_prefill()
+    };
+    let prefill = engines(2, nixl.clone()).await;
+    let decode = engines(1, nixl).await;
+    let list = |e: &[infergate_sim::EngineHandle]| {
+        urls(e)
+            .iter()
+            .map(|u| format!("\"{u}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let checks =
+        "{ path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }";
+    let mut replicas = Vec::new();
+    for name in ["a", "b"] {
+        let yaml = format!(
+            "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\n\
+             timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
+             pools:\n  - name: pd\n    models: [\"*\"]\n    endpoints: [{}]\n    health_check: {checks}\n\
+             \x20   disaggregation:\n      connector: nixl\n      prefill:\n        endpoints: [{}]\n        \
+             health_check: {checks}\n{}",
+            list(&decode),
+            list(&prefill),
+            cluster_yaml(&redis, name).replace("publish_interval: 100ms", "publish_interval: 1s")
+        );
+        let r = start_router(&yaml).await;
+        r.all_healthy().await;
+        replicas.push(r);
+    }
+    let all: Vec<&TestRouter> = replicas.iter().collect();
+    wait_state(&all, "connected", Duration::from_secs(10)).await;
+    let start = Instant::now();
+    for r in &all {
+        while r.metric_sum("infergate_cluster_peers", &[]).await != 1.0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "each replica knows the other"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // The prefill set's endpoint holding prompt tokens on replica `r` (the set is kept after the configured pools).
+    let holding = |r: &TestRouter| -> Vec<String> {
+        r.state.pools.pools[1]
+            .endpoints()
+            .iter()
+            .filter(|e| e.load.prefill_tokens() > 0)
+            .map(|e| e.label.clone())
+            .collect()
+    };
+    let mut sent = Vec::new();
+    for (i, r) in all.iter().enumerate() {
+        let base = r.url();
+        // ~100k tokens at 25k tokens/s: each prefill takes about 4 s, past the publish interval.
+        sent.push(tokio::spawn(async move {
+            finish(send_chat(&base, chat_body(400_000, true, 4)).await).await
+        }));
+        let start = Instant::now();
+        while holding(r).is_empty() || reserved_requests(&redis).await < i as u64 + 1 {
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "request {i}: its prefill leg held on {:?} and reserved in the store ({} reserved)",
+                holding(r),
+                reserved_requests(&redis).await
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let (a, b) = (holding(all[0]), holding(all[1]));
+    assert!(
+        a.len() == 1 && b.len() == 1 && a != b,
+        "one prefill per engine: replica a on {a:?}, replica b on {b:?}"
+    );
+    for s in sent {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    for r in &all {
+        r.wait_idle().await;
+    }
+}
