@@ -17,29 +17,9 @@ async fn a_burst_of_new_sessions_spread_over_three_replicas_splits_as_one_router
     let engines = engines(4, slow_prefill()).await;
     let urls = urls(&engines);
     // Publishes 1 s apart: the burst (about 150 ms) lands inside one interval, or straddles one publish.
-    let mut replicas = Vec::new();
-    for name in ["a", "b", "c"] {
-        let yaml = format!(
-            "{}{}",
-            pool_yaml("load_aware", &urls, &sessions_yaml(1000)),
-            cluster_yaml(&redis, name).replace("publish_interval: 100ms", "publish_interval: 1s")
-        );
-        let r = start_router(&yaml).await;
-        r.all_healthy().await;
-        replicas.push(r);
-    }
+    let pool = pool_yaml("load_aware", &urls, &sessions_yaml(1000));
+    let replicas = slow_publishing_replicas(&redis, &["a", "b", "c"], &pool).await;
     let all: Vec<&TestRouter> = replicas.iter().collect();
-    wait_state(&all, "connected", Duration::from_secs(10)).await;
-    let start = Instant::now();
-    for r in &all {
-        while r.metric_sum("infergate_cluster_peers", &[]).await != 2.0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "each replica knows the other two"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
 
     // Eight new sessions, round robin over the replicas, each sent once the previous one's dispatch is counted in
     // the store (placements of one router are serial too; see the README for two replicas placing at the same
@@ -81,6 +61,33 @@ async fn a_burst_of_new_sessions_spread_over_three_replicas_splits_as_one_router
     for r in &all {
         r.wait_idle().await;
     }
+}
+
+/// Replicas `names` of `pool` (a router config without `cluster`) publishing 1 s apart, so that what a test sends
+/// lands inside one interval: started healthy, connected, each knowing the others.
+async fn slow_publishing_replicas(redis: &Redis, names: &[&str], pool: &str) -> Vec<TestRouter> {
+    let mut replicas = Vec::new();
+    for name in names {
+        let cluster =
+            cluster_yaml(redis, name).replace("publish_interval: 100ms", "publish_interval: 1s");
+        let r = start_router(&format!("{pool}{cluster}")).await;
+        r.all_healthy().await;
+        replicas.push(r);
+    }
+    let all: Vec<&TestRouter> = replicas.iter().collect();
+    wait_state(&all, "connected", Duration::from_secs(10)).await;
+    let start = Instant::now();
+    let others = (names.len() - 1) as f64;
+    for r in &all {
+        while r.metric_sum("infergate_cluster_peers", &[]).await != others {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "each replica knows the {others} others"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    replicas
 }
 
 /// Requests the replicas' reservations hold, summed over every replica and epoch.
@@ -125,34 +132,17 @@ async fn a_prefill_leg_is_reserved_and_the_next_replica_prefills_elsewhere() {
     };
     let checks =
         "{ path: /health, interval: 200ms, timeout: 500ms, healthy_after: 1, unhealthy_after: 1 }";
-    let mut replicas = Vec::new();
-    for name in ["a", "b"] {
-        let yaml = format!(
-            "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\n\
-             timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
-             pools:\n  - name: pd\n    models: [\"*\"]\n    endpoints: [{}]\n    health_check: {checks}\n\
-             \x20   disaggregation:\n      connector: nixl\n      prefill:\n        endpoints: [{}]\n        \
-             health_check: {checks}\n{}",
-            list(&decode),
-            list(&prefill),
-            cluster_yaml(&redis, name).replace("publish_interval: 100ms", "publish_interval: 1s")
-        );
-        let r = start_router(&yaml).await;
-        r.all_healthy().await;
-        replicas.push(r);
-    }
+    let pool = format!(
+        "listen: \"{{listen}}\"\nmetrics_listen: \"{{metrics}}\"\n\
+         timeouts: {{ connect: 1s, response_header: 30s, stream_idle: 30s }}\n\
+         pools:\n  - name: pd\n    models: [\"*\"]\n    endpoints: [{}]\n    health_check: {checks}\n\
+         \x20   disaggregation:\n      connector: nixl\n      prefill:\n        endpoints: [{}]\n        \
+         health_check: {checks}\n",
+        list(&decode),
+        list(&prefill),
+    );
+    let replicas = slow_publishing_replicas(&redis, &["a", "b"], &pool).await;
     let all: Vec<&TestRouter> = replicas.iter().collect();
-    wait_state(&all, "connected", Duration::from_secs(10)).await;
-    let start = Instant::now();
-    for r in &all {
-        while r.metric_sum("infergate_cluster_peers", &[]).await != 1.0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "each replica knows the other"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
     // The prefill set's endpoint holding prompt tokens on replica `r` (the set is kept after the configured pools).
     let holding = |r: &TestRouter| -> Vec<String> {
         r.state.pools.pools[1]
