@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use pingora_core::protocols::tls::CaType;
 use pingora_core::utils::tls::{parse_x509, WrappedX509};
+use rustls::RootCertStore;
 use serde_norway::Value;
 
 use super::access_log::file_path;
@@ -23,6 +24,9 @@ pub struct EngineTls {
     pub ca_file: Option<PathBuf>,
     /// Its certificates, as Pingora takes them per peer.
     pub ca: Option<Arc<CaType>>,
+    /// The same certificates as the trust store of the router's own requests (scrapes, prefill legs): read with
+    /// the configuration, so a file renamed or half-written afterwards changes nothing until the next reload.
+    pub roots: Option<Arc<RootCertStore>>,
     /// SHA-256 of the CA certificates (a reload compares it).
     ca_sha256: String,
 }
@@ -54,17 +58,26 @@ impl EngineTls {
                 .to_string(),
             ca_file: None,
             ca: None,
+            roots: None,
             ca_sha256: String::new(),
         }
     }
 
-    /// Checked against `server_name` and the CA file at `ca_file` (not read here).
+    /// Checked against `server_name` and the CA certificates in the file at `ca_file` (which must be readable).
     #[cfg(test)]
     pub(crate) fn for_tests(server_name: &str, ca_file: &std::path::Path) -> EngineTls {
+        let roots = crate::tls::read_ca(ca_file).expect("a test CA file");
         EngineTls {
             ca_file: Some(ca_file.to_path_buf()),
+            roots: Some(Arc::new(roots)),
             ..EngineTls::for_host(server_name)
         }
+    }
+
+    /// Checked against `server_name` and the system's CA certificates.
+    #[cfg(test)]
+    pub(crate) fn for_tests_system(server_name: &str) -> EngineTls {
+        EngineTls::for_host(server_name)
     }
 }
 
@@ -94,12 +107,13 @@ pub(super) fn engine_tls(
             Some(s.to_string())
         }
     };
-    let (ca_path, ca, sha) = match ca_file.value() {
-        None | Some(Value::Null) => (None, None, String::new()),
+    let (ca_path, ca, roots, sha) = match ca_file.value() {
+        None | Some(Value::Null) => (None, None, None, String::new()),
         Some(_) => {
             let path = file_path(&ca_file, ca_file.string()?.trim())?;
-            crate::tls::read_ca(&path).map_err(|r| ca_file.err(r))?;
+            // Read once: Pingora's per-peer certificates and the side clients' trust store come from one read.
             let certs = crate::tls::read_certs(&path).map_err(|r| ca_file.err(r))?;
+            let roots = crate::tls::ca_store(&path, certs.clone()).map_err(|r| ca_file.err(r))?;
             let mut all = Vec::new();
             let wrapped: Vec<WrappedX509> = certs
                 .into_iter()
@@ -110,7 +124,12 @@ pub(super) fn engine_tls(
                 .collect();
             let sha = ring::digest::digest(&ring::digest::SHA256, &all);
             let sha = sha.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-            (Some(path), Some(Arc::<CaType>::from(wrapped)), sha)
+            (
+                Some(path),
+                Some(Arc::<CaType>::from(wrapped)),
+                Some(Arc::new(roots)),
+                sha,
+            )
         }
     };
     for tls in endpoints.iter_mut().filter_map(|e| e.tls.as_mut()) {
@@ -119,6 +138,7 @@ pub(super) fn engine_tls(
         }
         tls.ca_file.clone_from(&ca_path);
         tls.ca.clone_from(&ca);
+        tls.roots.clone_from(&roots);
         tls.ca_sha256.clone_from(&sha);
     }
     Ok(())

@@ -112,7 +112,7 @@ impl SideClient {
     /// connect gives up after `connect_timeout` (`timeouts.connect`, as proxied requests' and plain prefill legs'):
     /// an engine that never answers the connect is unreachable, and a prefill leg goes to another engine instead
     /// of waiting out the whole request's time. (Plain, the shared client's requests are bounded by their own
-    /// timeouts.) An error names what is wrong (an unreadable CA file).
+    /// timeouts.) An error names what is wrong (a server name rustls refuses).
     pub fn new(
         label: &str,
         addr: SocketAddr,
@@ -122,8 +122,8 @@ impl SideClient {
         let Some(tls) = tls else {
             return Ok(SideClient::plain(label));
         };
-        let roots = match &tls.ca_file {
-            Some(path) => Arc::new(crate::tls::read_ca(path)?),
+        let roots = match &tls.roots {
+            Some(roots) => roots.clone(),
             None => SYSTEM_ROOTS.clone(),
         };
         // Its own provider: nothing depends on a process-wide default being installed.
@@ -793,12 +793,18 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_ca_file_is_an_error_naming_it() {
-        let t = tls(
-            "engine.internal",
-            std::path::Path::new("/nonexistent/ca.pem"),
-        );
+    fn a_server_name_rustls_refuses_is_an_error_naming_it_and_the_ca_file_is_not_read_again() {
+        let t = crate::config::EngineTls::for_tests_system("not a name!");
         let e = SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t), C).unwrap_err();
-        assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+        assert!(e.contains("not a name!"), "{e}");
+        // The trust store read with the configuration is used: its file may be gone since.
+        let ca = ca("side CA");
+        let file = write_ca(&ca, "gone");
+        let t = tls("engine.internal", &file);
+        std::fs::remove_file(&file).unwrap();
+        assert!(matches!(
+            SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t), C),
+            Ok(SideClient::Tls(_))
+        ));
     }
 }

@@ -28,7 +28,7 @@ pub struct Target {
     /// The `health_check` path and timeout the checker was built with.
     pub(super) checked_as: (String, Duration),
     /// The client of the router's own requests to it, built with the target (never per request); why not if
-    /// it could not be (an unreadable CA file).
+    /// it could not be (a server name rustls refuses).
     side: Result<SideClient, String>,
     /// `timeouts.connect` as the client was built with (its TLS connects give up after it).
     connect_timeout: Duration,
@@ -234,8 +234,7 @@ impl Endpoint {
         let cur = self.target.load();
         let moved = cur.addr != cfg.addr || cur.api_key != cfg.api_key || cur.tls != cfg.tls;
         let (path, timeout) = &cur.checked_as;
-        // A client that could not be built is tried again at every reload: the operator who fixed its CA file
-        // (the same file, so the same `tls`) reloads.
+        // A client that could not be built is tried again at every reload.
         let side_stale = cur.side.is_err() || !cur.side_fits(cfg, connect_timeout);
         if moved || side_stale || *path != hc.path || *timeout != hc.timeout {
             let next = Target::new(&self.pool, cfg, hc, connect_timeout, Some(&cur));

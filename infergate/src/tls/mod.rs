@@ -69,8 +69,13 @@ pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
 
 /// A trust store of the CA certificates in the PEM file at `path`.
 pub fn read_ca(path: &Path) -> Result<RootCertStore, String> {
+    ca_store(path, read_certs(path)?)
+}
+
+/// A trust store of `certs`, read from `path` (named in an error): each must be usable as a CA certificate.
+pub fn ca_store(path: &Path, certs: Vec<CertificateDer<'static>>) -> Result<RootCertStore, String> {
     let mut store = RootCertStore::empty();
-    for (i, c) in read_certs(path)?.into_iter().enumerate() {
+    for (i, c) in certs.into_iter().enumerate() {
         store.add(c).map_err(|e| {
             format!(
                 "`{}`: certificate {} is not a usable CA certificate: {e}",
