@@ -771,10 +771,11 @@ mod tests {
         assert!(rustls::crypto::CryptoProvider::get_default().is_none());
         // With a reqwest rustls feature unified in, this panics: "No rustls crypto provider is configured".
         let _ = reqwest::Client::builder().build();
-        let t = tls("engine.internal", std::path::Path::new("/nonexistent"));
-        let _ = SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t), C);
-        let mut t = t;
-        t.ca_file = None;
+        let file = write_ca(&ca("fresh CA"), "fresh");
+        let t = tls("engine.internal", &file);
+        let _ = std::fs::remove_file(&file);
+        assert!(SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t), C).is_ok());
+        let t = crate::config::EngineTls::for_tests_system("engine.internal");
         assert!(SideClient::new("e:1", "127.0.0.1:1".parse().unwrap(), Some(&t), C).is_ok());
     }
 
