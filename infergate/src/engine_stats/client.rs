@@ -90,6 +90,9 @@ pub enum SideError {
     /// The TLS handshake failed: the reason (a certificate from another CA or for another name, a plain-HTTP
     /// engine, an alert the engine sent).
     Tls(String),
+    /// Connected, then the connection failed or closed before the answer's head came (a pooled connection the
+    /// engine closed as the request went out, an engine that died).
+    NoAnswer(String),
     /// Connected, then the request or its answer failed.
     Failed(String),
 }
@@ -102,6 +105,7 @@ impl std::fmt::Display for SideError {
             SideError::Connect(why) => write!(f, "connect failed: {why}"),
             SideError::ConnectTimeout(t) => write!(f, "connect timed out after {t:?}"),
             SideError::Tls(why) => write!(f, "TLS handshake failed: {why}"),
+            SideError::NoAnswer(why) => write!(f, "no answer: {why}"),
             SideError::Failed(why) => write!(f, "request failed: {why}"),
         }
     }
@@ -356,7 +360,7 @@ impl TlsSide {
             } else if e.is_connect() {
                 SideError::Connect(sources(&e))
             } else {
-                SideError::Failed(sources(&e))
+                SideError::NoAnswer(sources(&e))
             }
         })?;
         let status = resp.status().as_u16();

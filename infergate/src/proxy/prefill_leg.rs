@@ -170,8 +170,8 @@ enum Sent {
         timed_out: bool,
         tls: Option<String>,
     },
-    /// Sent, then no answer in time (`timed_out`), or cut.
-    Failed { timed_out: bool },
+    /// Sent, then no answer in time (`timed_out`), or cut; `answered`: after the answer's head.
+    Failed { timed_out: bool, answered: bool },
 }
 
 impl Router {
@@ -247,15 +247,32 @@ impl Router {
                 .headers
                 .get(crate::request_id::HEADER)
                 .cloned();
-            let send = self.send_prefill(&ep, &path, legs.prefill.clone(), request_id);
-            let sent = tokio::select! {
-                sent = send => sent,
-                closed = client_closed(session) => {
-                    // Dropping the request closes its connection: the engine aborts the prefill.
-                    let tokens = hold.estimate();
-                    ep.outlier.record_abandoned(&set.cfg().outlier, Instant::now(), tokens);
-                    self.disagg.count(&pool.name, "client_gone");
-                    return Err(closed);
+            let mut resent = false;
+            let sent = loop {
+                let send = self.send_prefill(&ep, &path, legs.prefill.clone(), request_id.clone());
+                let sent = tokio::select! {
+                    sent = send => sent,
+                    closed = client_closed(session) => {
+                        // Dropping the request closes its connection: the engine aborts the prefill.
+                        let tokens = hold.estimate();
+                        ep.outlier.record_abandoned(&set.cfg().outlier, Instant::now(), tokens);
+                        self.disagg.count(&pool.name, "client_gone");
+                        return Err(closed);
+                    }
+                };
+                match sent {
+                    // Cut before any answer: most often a pooled connection the engine closed as the leg went out
+                    // (its keep-alive ran out), which the client cannot see coming. Sent again once, as the proxy
+                    // resends a stale reuse; an engine that died meanwhile refuses the resend, and the leg goes to
+                    // another prefill engine.
+                    Sent::Failed {
+                        timed_out: false,
+                        answered: false,
+                    } if !resent => {
+                        resent = true;
+                        self.resent_leg(&set, &ep);
+                    }
+                    sent => break sent,
                 }
             };
             let now = Instant::now();
@@ -358,7 +375,7 @@ impl Router {
                     });
                     return answer(ctx, ApiError::upstream_unreachable(&set.name));
                 }
-                Sent::Failed { timed_out } => {
+                Sent::Failed { timed_out, .. } => {
                     let kind = if timed_out { "timeout" } else { "reset" };
                     count_failure(&self.metrics, &set, &ep, kind, hold.estimate());
                     log::warn!(
@@ -413,6 +430,22 @@ impl Router {
         Some((ep, hold, placement))
     }
 
+    /// A prefill leg cut before any answer, sent again to the same endpoint: counted as a retry and logged, not as
+    /// the engine's failure (as the proxy's resend of a stale pooled connection).
+    fn resent_leg(&self, set: &Pool, ep: &Endpoint) {
+        self.metrics.unless_removed(&ep.removed, || {
+            self.metrics
+                .retries_total
+                .with_label_values(&[&*set.name, &ep.label])
+                .inc();
+        });
+        log::info!(
+            "pool {} endpoint {}: prefill leg cut before any answer (a pooled connection gone stale?); sending it again",
+            set.name,
+            ep.label
+        );
+    }
+
     /// Send the prefill leg to `ep` and read its answer: over TLS for an `https://` endpoint, else plain.
     async fn send_prefill(
         &self,
@@ -463,10 +496,18 @@ impl Router {
                     timed_out: false,
                     tls: Some(why),
                 },
-                Err(SideError::Timeout(_)) => Sent::Failed { timed_out: true },
-                Err(SideError::Failed(_) | SideError::TooLarge(_)) => {
-                    Sent::Failed { timed_out: false }
-                }
+                Err(SideError::Timeout(_)) => Sent::Failed {
+                    timed_out: true,
+                    answered: false,
+                },
+                Err(SideError::NoAnswer(_)) => Sent::Failed {
+                    timed_out: false,
+                    answered: false,
+                },
+                Err(SideError::Failed(_) | SideError::TooLarge(_)) => Sent::Failed {
+                    timed_out: false,
+                    answered: true,
+                },
             };
         }
         let mut req = self
@@ -494,6 +535,7 @@ impl Router {
             Err(e) => {
                 return Sent::Failed {
                     timed_out: e.is_timeout(),
+                    answered: false,
                 }
             }
         };
@@ -502,6 +544,7 @@ impl Router {
             Ok(b) => Sent::Answer(status, b),
             Err(e) => Sent::Failed {
                 timed_out: e.is_timeout(),
+                answered: true,
             },
         }
     }

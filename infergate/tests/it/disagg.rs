@@ -410,3 +410,42 @@ async fn a_session_keeps_its_prefill_engine_and_its_decode_engine() {
     assert_eq!(seen.len(), 1, "{seen:?}");
     f.router.wait_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_leg_on_a_pooled_connection_the_engine_closed_is_sent_again() {
+    let f = fleet(1, 1, nixl(0.05), "", "").await;
+    let base = f.router.url();
+    assert_eq!(post_chat(&base, chat_body(2_000, false, 2)).await, 200);
+    // The leg's connection stays pooled; the engine closes it (reading nothing) when the next leg goes out on it.
+    let poisoned = f.prefill[0].control.poison_idle_connections();
+    assert!(poisoned >= 1, "an idle pooled connection to poison");
+    // Before: 502 upstream_failed and a `reset` counted against the engine.
+    for stream in [false, true] {
+        assert_eq!(post_chat(&base, chat_body(2_100, stream, 2)).await, 200);
+        f.prefill[0].control.poison_idle_connections();
+    }
+    assert_eq!(f.prefill[0].stats().kv_params_issued, 3);
+    let m = f.router.metrics_text().await;
+    assert_eq!(
+        metric_sum(&m, "infergate_retries_total", &["pool=\"pd/prefill\""]),
+        2.0,
+        "one resend per cut leg"
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "infergate_endpoint_failures_total",
+            &["pool=\"pd/prefill\""]
+        ),
+        0.0
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "infergate_disagg_prefill_legs_total",
+            &["pool=\"pd\"", "outcome=\"served\""]
+        ),
+        Some(3.0)
+    );
+    f.router.wait_idle().await;
+}

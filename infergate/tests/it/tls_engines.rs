@@ -721,3 +721,34 @@ async fn an_engines_tls_client_trusts_the_ca_certificates_read_with_the_configur
     drop(r);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_leg_on_a_pooled_tls_connection_the_engine_closed_is_sent_again() {
+    let (dir, prefill, term, decode, tls) = prefill_behind_tls("engines-prefill-stale").await;
+    let prefill_url = format!("https://127.0.0.1:{}", term.addr.port());
+    // `max_retries: 0`: the resend is not a retry elsewhere.
+    let r = disagg_router(&prefill_url, &decode.url(), &tls, "200ms").await;
+    r.all_healthy().await;
+    assert_eq!(post_chat(&r.url(), chat_body(2_000, false, 2)).await, 200);
+    // The terminator's connection to the engine is the pooled TLS connection's: the engine resets it when the
+    // next leg goes out on it, and the terminator closes the TLS connection without an answer.
+    assert!(prefill.control.poison_idle_connections() >= 1);
+    assert_eq!(post_chat(&r.url(), chat_body(2_100, true, 2)).await, 200);
+    assert_eq!(prefill.stats().kv_params_issued, 2);
+    let m = r.metrics_text().await;
+    assert_eq!(
+        metric_sum(&m, "infergate_retries_total", &["pool=\"pd/prefill\""]),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "infergate_endpoint_failures_total",
+            &["pool=\"pd/prefill\""]
+        ),
+        0.0
+    );
+    r.wait_idle().await;
+    drop(r);
+    let _ = std::fs::remove_dir_all(dir);
+}
