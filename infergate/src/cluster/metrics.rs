@@ -100,7 +100,7 @@ impl ClusterMetrics {
         .expect("static metric definition");
         for p in pools {
             for s in SOURCES {
-                binding_lookups_total.with_label_values(&[p, s]);
+                binding_lookups_total.with_label_values(&[*p, s]);
             }
         }
         let errors_total = IntCounterVec::new(

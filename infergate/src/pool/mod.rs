@@ -437,7 +437,9 @@ impl Pools {
         });
         for p in &pools.pools {
             for cause in EVICTION_CAUSES {
-                pools.session_evictions.with_label_values(&[&p.name, cause]);
+                pools
+                    .session_evictions
+                    .with_label_values(&[&*p.name, cause]);
             }
             for e in p.endpoints().iter() {
                 metrics.add_endpoint(&p.name, &e.label, p.reasons());

@@ -112,7 +112,7 @@ impl Disagg {
             .filter(|p| p.disaggregation.is_some())
         {
             for o in OUTCOMES {
-                legs_total.with_label_values(&[&p.name, o]);
+                legs_total.with_label_values(&[p.name.as_str(), o]);
             }
             prefill_seconds.with_label_values(&[&p.name]);
             kv_transfer_seconds.with_label_values(&[&p.name]);
