@@ -14,6 +14,8 @@ echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+echo "== scripts/check-msrv.sh"
+scripts/check-msrv.sh
 echo "== cargo test"
 # Integration tests start engines and routers on loopback; two test threads suit a 2-core CI machine.
 cargo test --all-targets -- --test-threads=2
