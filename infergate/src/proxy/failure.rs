@@ -55,12 +55,7 @@ impl Router {
                 t.attempt_failed("stale pooled connection");
             }
             if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
-                self.metrics.unless_removed(&ep.removed, || {
-                    self.metrics
-                        .retries_total
-                        .with_label_values(&[&*pool.name, &ep.label])
-                        .inc();
-                });
+                self.count_retry(&pool.name, ep);
                 log::info!(
                     "pool {} endpoint {}: pooled connection went stale; retrying on a fresh connection",
                     pool.name,

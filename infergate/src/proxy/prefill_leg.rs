@@ -433,12 +433,7 @@ impl Router {
     /// A prefill leg cut before any answer, sent again to the same endpoint: counted as a retry and logged, not as
     /// the engine's failure (as the proxy's resend of a stale pooled connection).
     fn resent_leg(&self, set: &Pool, ep: &Endpoint) {
-        self.metrics.unless_removed(&ep.removed, || {
-            self.metrics
-                .retries_total
-                .with_label_values(&[&*set.name, &ep.label])
-                .inc();
-        });
+        self.count_retry(&set.name, ep);
         log::info!(
             "pool {} endpoint {}: prefill leg cut before any answer (a pooled connection gone stale?); sending it again",
             set.name,

@@ -284,14 +284,19 @@ impl Router {
         }
     }
 
-    /// An attempt of `pool` failed on `ep` and goes elsewhere: counted and logged.
-    pub(super) fn retried(&self, pool: &Pool, ep: &Endpoint, why: &str) {
+    /// A request of `pool` sent again after an attempt on `ep`: `infergate_retries_total`.
+    pub(super) fn count_retry(&self, pool: &str, ep: &Endpoint) {
         self.metrics.unless_removed(&ep.removed, || {
             self.metrics
                 .retries_total
-                .with_label_values(&[&*pool.name, &ep.label])
+                .with_label_values(&[pool, &ep.label])
                 .inc();
         });
+    }
+
+    /// An attempt of `pool` failed on `ep` and goes elsewhere: counted and logged.
+    pub(super) fn retried(&self, pool: &Pool, ep: &Endpoint, why: &str) {
+        self.count_retry(&pool.name, ep);
         log::warn!(
             "pool {} endpoint {}: {why}; trying another endpoint",
             pool.name,
