@@ -427,17 +427,9 @@ async fn a_prefill_leg_on_a_pooled_connection_the_engine_closed_is_sent_again() 
     assert_eq!(f.prefill[0].stats().kv_params_issued, 3);
     let m = f.router.metrics_text().await;
     assert_eq!(
-        metric_sum(&m, "infergate_retries_total", &["pool=\"pd/prefill\""]),
-        2.0,
-        "one resend per cut leg"
-    );
-    assert_eq!(
-        metric_sum(
-            &m,
-            "infergate_endpoint_failures_total",
-            &["pool=\"pd/prefill\""]
-        ),
-        0.0
+        retries_and_failures(&m, "pd/prefill"),
+        (2.0, 0.0),
+        "one resend per cut leg, no failure counted"
     );
     assert_eq!(
         metric_value(

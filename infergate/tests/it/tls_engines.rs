@@ -736,18 +736,7 @@ async fn a_prefill_leg_on_a_pooled_tls_connection_the_engine_closed_is_sent_agai
     assert_eq!(post_chat(&r.url(), chat_body(2_100, true, 2)).await, 200);
     assert_eq!(prefill.stats().kv_params_issued, 2);
     let m = r.metrics_text().await;
-    assert_eq!(
-        metric_sum(&m, "infergate_retries_total", &["pool=\"pd/prefill\""]),
-        1.0
-    );
-    assert_eq!(
-        metric_sum(
-            &m,
-            "infergate_endpoint_failures_total",
-            &["pool=\"pd/prefill\""]
-        ),
-        0.0
-    );
+    assert_eq!(retries_and_failures(&m, "pd/prefill"), (1.0, 0.0));
     r.wait_idle().await;
     drop(r);
     let _ = std::fs::remove_dir_all(dir);

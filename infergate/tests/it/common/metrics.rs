@@ -84,6 +84,16 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
+/// `pool`'s requests sent again and engine-owned failures in `text`: (`infergate_retries_total`,
+/// `infergate_endpoint_failures_total`), summed over its endpoints.
+pub fn retries_and_failures(text: &str, pool: &str) -> (f64, f64) {
+    let label = format!("pool=\"{pool}\"");
+    (
+        metric_sum(text, "infergate_retries_total", &[&label]),
+        metric_sum(text, "infergate_endpoint_failures_total", &[&label]),
+    )
+}
+
 /// Every endpoint's exported load gauges (prefill tokens, requests in flight) sum to zero.
 #[track_caller]
 pub fn assert_load_gauges_at_zero(text: &str) {
