@@ -217,6 +217,8 @@ impl Router {
         let key = session_key(&set, &session.req_header().headers, &ctx.scan);
         let started = Instant::now();
         let mut tried: Vec<u64> = Vec::new();
+        // Legs sent again to the same endpoint after a cut before any answer (see below).
+        let mut resends: usize = 0;
         loop {
             let first = tried.is_empty();
             let placed = {
@@ -270,6 +272,7 @@ impl Router {
                         answered: false,
                     } if !resent => {
                         resent = true;
+                        resends += 1;
                         self.resent_leg(&set, &ep);
                     }
                     sent => break sent,
@@ -320,7 +323,7 @@ impl Router {
                         ctx.prefill = Some(PrefillDone {
                             endpoint: ep.label.clone(),
                             took,
-                            retries: u32::try_from(tried.len()).unwrap_or(u32::MAX),
+                            retries: u32::try_from(tried.len() + resends).unwrap_or(u32::MAX),
                         });
                         return Ok(());
                     }

@@ -413,7 +413,22 @@ async fn a_session_keeps_its_prefill_engine_and_its_decode_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_leg_on_a_pooled_connection_the_engine_closed_is_sent_again() {
-    let f = fleet(1, 1, nixl(0.05), "", "").await;
+    let prefill = engines(1, nixl(0.05)).await;
+    let decode = engines(1, nixl(0.05)).await;
+    let log = std::env::temp_dir().join(format!("infergate-resent-leg-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let router = start_router(&format!(
+        "{}access_log: {{ format: json, path: \"{}\" }}\n",
+        disagg_yaml(&urls(&prefill), &urls(&decode), "", ""),
+        log.display()
+    ))
+    .await;
+    router.all_healthy().await;
+    let f = Fleet {
+        prefill,
+        decode,
+        router,
+    };
     let base = f.router.url();
     assert_eq!(post_chat(&base, chat_body(2_000, false, 2)).await, 200);
     // The leg's connection stays pooled; the engine closes it (reading nothing) when the next leg goes out on it.
@@ -440,4 +455,16 @@ async fn a_prefill_leg_on_a_pooled_connection_the_engine_closed_is_sent_again() 
         Some(3.0)
     );
     f.router.wait_idle().await;
+    // The access log counts the resend among the request's retries, as the metric does.
+    let retries: Vec<u64> = log_lines(&log, 3)
+        .await
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_default()["retries"]
+                .as_u64()
+                .unwrap_or(u64::MAX)
+        })
+        .collect();
+    assert_eq!(retries, [0, 1, 1]);
+    let _ = std::fs::remove_file(&log);
 }
