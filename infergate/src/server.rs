@@ -60,7 +60,8 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
     }
     crate::state_file::install(&mut server, &state.sessions());
     crate::cluster::install(&mut server, state.cluster.as_ref());
-    let hk_handle = crate::housekeeping::install(&mut server, &state);
+    let hk = crate::housekeeping::install(&mut server, &state);
+    let hk_handle = hk.health;
     let proxy_handle = server.add_service(proxy);
     proxy_handle.add_dependency(&hk_handle);
     let mut listening = vec![proxy_handle];
@@ -70,7 +71,9 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
             MetricsApp::new(state.clone()),
         );
         metrics.add_tcp(addr);
-        listening.push(server.add_service(metrics));
+        let metrics = server.add_service(metrics);
+        metrics.add_dependency(&hk.reloads);
+        listening.push(metrics);
     }
     // Bootstrap (readiness for daemon_wait_for_ready, the upgrade's sockets) runs after the fork: see lifecycle.
     let addrs: Vec<String> = state

@@ -15,9 +15,17 @@ use pingora_core::services::ServiceHandle;
 
 use crate::state::RouterState;
 
-/// Add the background services; the handle is the health checks', ready after their first round (the proxy
-/// waits for it: endpoints start unknown).
-pub fn install(server: &mut Server, state: &RouterState) -> ServiceHandle {
+/// What a listening service waits for before it accepts.
+pub struct Handles {
+    /// The health checks, ready after their first round (the proxy waits for it: endpoints start unknown).
+    pub health: ServiceHandle,
+    /// The SIGHUP handler, ready once installed: until then a SIGHUP would terminate the process, so no port may
+    /// answer before it (an operator or a script reloads as soon as the router answers).
+    pub reloads: ServiceHandle,
+}
+
+/// Add the background services.
+pub fn install(server: &mut Server, state: &RouterState) -> Handles {
     // SIGHUP first: its default action would terminate the process.
     let reloads = server.add_service(background_service(
         "infergate reloads",
@@ -58,5 +66,5 @@ pub fn install(server: &mut Server, state: &RouterState) -> ServiceHandle {
     ));
     health.add_dependency(&reloads);
     health.add_dependency(&tracing);
-    health
+    Handles { health, reloads }
 }
