@@ -63,6 +63,12 @@ async fn a_hung_engine_draws_no_traffic_from_impatient_clients() {
             &urls(&eng),
             &format!("{}{WITHIN}", sessions_yaml(100)),
         );
+        // One health check of the working engine late on a loaded machine must not leave the hung one alone in
+        // the pool (a CI run sent it 4 of 30): this test is about the hung engine, not about the checks.
+        let yaml = yaml.replace(
+            "timeout: 500ms, healthy_after: 1, unhealthy_after: 1",
+            "timeout: 2s, healthy_after: 1, unhealthy_after: 3",
+        );
         let router = start_router(&yaml).await;
         router.all_healthy().await;
         // Three sessions open while both engines work.
@@ -98,14 +104,15 @@ async fn a_hung_engine_draws_no_traffic_from_impatient_clients() {
             served += usize::from(status == 200);
         }
         let to_hung = generate_requests(&eng[0]);
+        let base = format!("http://{}", router.metrics_addr);
+        let status = get_json(&base, "/status.json").await;
         assert!(
             to_hung <= 3,
-            "{policy}: the hung engine received {to_hung} of 30 requests"
+            "{policy}: the hung engine received {to_hung} of 30 requests; {}",
+            status["pools"][0]["endpoints"]
         );
         assert!(served >= 27, "{policy}: {served} of 30 served");
         // The status page shows why it is passed over.
-        let base = format!("http://{}", router.metrics_addr);
-        let status = get_json(&base, "/status.json").await;
         let hung = &status["pools"][0]["endpoints"][0];
         assert!(
             hung["hung"] == true || hung["failed_requests_weighing"].as_u64() > Some(0),
