@@ -388,6 +388,56 @@ async fn sighup_rereads_the_token_file_and_a_bad_one_keeps_the_running_token() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A SIGHUP sent the moment the metrics port first answers reloads the router; it must not find the signal's
+/// default action (terminate) still in place. Several starts, each signalled as early as a client can.
+#[test]
+fn a_sighup_as_soon_as_the_metrics_port_answers_does_not_stop_the_router() {
+    use std::io::{Read, Write};
+    let dir = test_dir("early-hup");
+    for start in 0..6 {
+        let (listen, metrics) = (free_port(), free_port());
+        let conf = binary_conf(
+            &dir,
+            &format!("127.0.0.1:{listen}"),
+            &format!("127.0.0.1:{metrics}"),
+            "http://127.0.0.1:9",
+            "",
+        );
+        std::fs::write(dir.join("infergate.yaml"), conf).unwrap();
+        let mut router = spawn_router(&dir, &[]);
+        let began = Instant::now();
+        // As fast as a client can: the first bytes of an answer, then the signal at once.
+        loop {
+            let answered = std::net::TcpStream::connect(("127.0.0.1", metrics))
+                .and_then(|mut s| {
+                    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")?;
+                    let mut b = [0u8; 16];
+                    s.read(&mut b)
+                })
+                .is_ok_and(|n| n > 0);
+            if answered {
+                break;
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(20),
+                "start {start}: the metrics port never answered"
+            );
+        }
+        let _ = Command::new("kill")
+            .args(["-HUP", &router.0.id().to_string()])
+            .status();
+        std::thread::sleep(Duration::from_millis(300));
+        let exited = router.0.try_wait().ok().flatten();
+        let log = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+        assert!(
+            exited.is_none(),
+            "start {start}: a SIGHUP as the metrics port first answered ended the router ({exited:?})\n{log}"
+        );
+        drop(router);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_metrics_port_beyond_loopback_without_a_token_stops_the_start_before_any_port_is_bound() {
     let dir = test_dir("open");
