@@ -45,15 +45,22 @@ struct Fleet {
 }
 
 async fn fleet(p: usize, d: usize, cfg: SimConfig, prefill_extra: &str, extra: &str) -> Fleet {
+    fleet_with(p, d, cfg, prefill_extra, extra, "").await
+}
+
+/// `fleet`, with `top` appended at the config's top level.
+async fn fleet_with(
+    p: usize,
+    d: usize,
+    cfg: SimConfig,
+    prefill_extra: &str,
+    extra: &str,
+    top: &str,
+) -> Fleet {
     let prefill = engines(p, cfg.clone()).await;
     let decode = engines(d, cfg).await;
-    let router = start_router(&disagg_yaml(
-        &urls(&prefill),
-        &urls(&decode),
-        prefill_extra,
-        extra,
-    ))
-    .await;
+    let yaml = disagg_yaml(&urls(&prefill), &urls(&decode), prefill_extra, extra);
+    let router = start_router(&format!("{yaml}{top}")).await;
     router.all_healthy().await;
     Fleet {
         prefill,
@@ -413,22 +420,13 @@ async fn a_session_keeps_its_prefill_engine_and_its_decode_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_leg_on_a_pooled_connection_the_engine_closed_is_sent_again() {
-    let prefill = engines(1, nixl(0.05)).await;
-    let decode = engines(1, nixl(0.05)).await;
     let log = std::env::temp_dir().join(format!("infergate-resent-leg-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
-    let router = start_router(&format!(
-        "{}access_log: {{ format: json, path: \"{}\" }}\n",
-        disagg_yaml(&urls(&prefill), &urls(&decode), "", ""),
+    let access_log = format!(
+        "access_log: {{ format: json, path: \"{}\" }}\n",
         log.display()
-    ))
-    .await;
-    router.all_healthy().await;
-    let f = Fleet {
-        prefill,
-        decode,
-        router,
-    };
+    );
+    let f = fleet_with(1, 1, nixl(0.05), "", "", &access_log).await;
     let base = f.router.url();
     assert_eq!(post_chat(&base, chat_body(2_000, false, 2)).await, 200);
     // The leg's connection stays pooled; the engine closes it (reading nothing) when the next leg goes out on it.
