@@ -265,15 +265,17 @@ async fn a_client_gone_during_the_prefill_leg_aborts_it() {
     let base = f.router.url();
     let p = prefill_set(&f.router);
     let task = tokio::spawn(async move { send_chat(&base, chat_body(200_000, true, 4)).await });
+    // Wait for the engine's scheduler, not only the router's hold: a client gone while the router still sends the
+    // body leaves the engine nothing to abort.
+    let engine = &f.prefill[0];
     f.router
-        .wait_for("the prefill held", Duration::from_secs(5), |_| {
-            p.endpoints()[0].load.prefill_tokens() > 0
+        .wait_for("the prefill running", Duration::from_secs(5), |_| {
+            p.endpoints()[0].load.prefill_tokens() > 0 && engine.stats().requests > 0
         })
         .await;
     task.abort();
     let _ = task.await;
     // The router closed its connection to the prefill engine: the engine aborted the prefill.
-    let engine = &f.prefill[0];
     let start = std::time::Instant::now();
     while engine.stats().aborted == 0 {
         assert!(
