@@ -8,6 +8,7 @@ use serde_norway::Value;
 use super::walk::read_keys;
 use super::walk::{Field, Node};
 use super::ConfigError;
+use crate::tls;
 
 /// How often a replica publishes its load and reads its peers', by default.
 pub const DEFAULT_PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
@@ -173,21 +174,26 @@ fn redis_tls(
     let read = |f: &Field<'_>, p: &std::path::Path| {
         std::fs::read(p).map_err(|e| f.err(format!("cannot read `{}`: {e}", p.display())))
     };
+    // Each file is read once: what is checked here is what the Redis client is given.
     let root_cert = match &ca {
         Some(p) => {
-            crate::tls::read_ca(p).map_err(|r| ca_file.err(r))?;
-            Some(read(ca_file, p)?)
+            let pem = read(ca_file, p)?;
+            let certs = tls::parse_certs(p, &pem).map_err(|r| ca_file.err(r))?;
+            tls::ca_store(p, certs).map_err(|r| ca_file.err(r))?;
+            Some(pem)
         }
         None => None,
     };
     let client_tls = match (&cert, &key) {
         (None, None) => None,
         (Some(c), Some(k)) => {
-            crate::tls::read_certs(c).map_err(|r| cert_file.err(r))?;
-            crate::tls::load_cert(c, k).map_err(|r| key_file.err(r))?;
+            let (cert_pem, key_pem) = (read(cert_file, c)?, read(key_file, k)?);
+            let certs = tls::parse_certs(c, &cert_pem).map_err(|r| cert_file.err(r))?;
+            let pkey = tls::parse_key(k, &key_pem).map_err(|r| key_file.err(r))?;
+            tls::pair(c, certs, k, pkey).map_err(|r| key_file.err(r))?;
             Some(redis::ClientTlsConfig {
-                client_cert: read(cert_file, c)?,
-                client_key: read(key_file, k)?,
+                client_cert: cert_pem,
+                client_key: key_pem,
             })
         }
         (Some(_), None) => return Err(key_file.err("required with `cert_file`")),

@@ -33,8 +33,13 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
 
 /// Every certificate in the PEM file at `path`, in order; an error when there is none or one is malformed.
 pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = read(path)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
+    parse_certs(path, &read(path)?)
+}
+
+/// Every certificate in `pem`, the contents of the file at `path` (named in an error), as [`read_certs`] checks
+/// them.
+pub fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("`{}` is not valid PEM: {e}", path.display()))?;
     if certs.is_empty() {
@@ -57,8 +62,12 @@ pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 
 /// The private key in the PEM file at `path` (PKCS#8, PKCS#1 or SEC1).
 pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let pem = read(path)?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| match e {
+    parse_key(path, &read(path)?)
+}
+
+/// The private key in `pem`, the contents of the file at `path` (named in an error).
+pub fn parse_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
         rustls::pki_types::pem::Error::NoItemsFound => format!(
             "`{}` holds no private key (expected a PEM `-----BEGIN PRIVATE KEY-----` block)",
             path.display()
@@ -170,8 +179,21 @@ fn cert_info(der: &CertificateDer<'_>) -> CertInfo {
 
 /// Load the chain in `cert_file` and the key in `key_file`; the key must be the leaf certificate's.
 pub fn load_cert(cert_file: &Path, key_file: &Path) -> Result<LoadedCert, String> {
-    let certs = read_certs(cert_file)?;
-    let key = read_key(key_file)?;
+    pair(
+        cert_file,
+        read_certs(cert_file)?,
+        key_file,
+        read_key(key_file)?,
+    )
+}
+
+/// The chain `certs` (read from `cert_file`) with `key` (read from `key_file`); the key must be the leaf's.
+pub fn pair(
+    cert_file: &Path,
+    certs: Vec<CertificateDer<'static>>,
+    key_file: &Path,
+    key: PrivateKeyDer<'static>,
+) -> Result<LoadedCert, String> {
     let info = cert_info(&certs[0]);
     let key = CertifiedKey::from_der(certs, key, &provider()).map_err(|e| match e {
         rustls::Error::InconsistentKeys(_) => format!(

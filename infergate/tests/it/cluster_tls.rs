@@ -148,3 +148,54 @@ async fn replicas_share_sessions_through_redis_over_tls_and_one_trusting_another
     drop((a, b, c, redis));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// What the configuration check accepts is what the router uses: every TLS file of the Redis store (CA, client
+/// certificate, key) and the engines' CA is opened once while the configuration is read.
+#[test]
+fn each_tls_file_is_read_once_with_the_configuration() {
+    let Some(strace) = strace() else {
+        return;
+    };
+    let dir = tls_dir("read-once");
+    let ca = TestCa::new("redis CA");
+    let redis_ca = write(&dir, "redis-ca.pem", &ca.pem());
+    let (cert, key) = client_cert(&dir, &ca, "replica");
+    let engine_ca = write(&dir, "engine-ca.pem", &ca.pem());
+    let conf = write(
+        &dir,
+        "infergate.yaml",
+        &format!(
+            "listen: \"127.0.0.1:0\"\n\
+             cluster: {{ redis: \"rediss://127.0.0.1:9\", ca_file: \"{}\", cert_file: \"{}\", key_file: \"{}\" }}\n\
+             pools:\n  - name: a\n    tls: {{ ca_file: \"{}\", server_name: engine.internal }}\n    \
+             endpoints:\n      - url: https://127.0.0.1:9\n",
+            redis_ca.display(),
+            cert.display(),
+            key.display(),
+            engine_ca.display()
+        ),
+    );
+    let trace = dir.join("opens.trace");
+    let out = Command::new(strace)
+        .args(["-f", "-e", "trace=open,openat,openat2", "-o"])
+        .arg(&trace)
+        .arg(env!("CARGO_BIN_EXE_infergate"))
+        .arg("-t")
+        .arg("-c")
+        .arg(&conf)
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("strace runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let opens = std::fs::read_to_string(&trace).unwrap();
+    for file in [&redis_ca, &cert, &key, &engine_ca] {
+        let quoted = format!("\"{}\"", file.display());
+        let n = opens.lines().filter(|l| l.contains(&quoted)).count();
+        assert_eq!(n, 1, "{} opened {n} times:\n{opens}", file.display());
+    }
+}

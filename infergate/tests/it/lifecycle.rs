@@ -148,21 +148,9 @@ fn errors(log: &str) -> Vec<&str> {
 /// ready first every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parent_slow_after_the_fork_is_not_killed_by_the_daemon_ready_before_it() {
-    let Some(strace) = common::tool("strace") else {
+    let Some(strace) = common::strace() else {
         return;
     };
-    // A container without ptrace cannot run this test at all: say so rather than fail on the environment.
-    let probe = Command::new(&strace)
-        .args(["-o", "/dev/null", "-e", "trace=none", "true"])
-        .output()
-        .expect("strace runs");
-    if !probe.status.success() {
-        eprintln!(
-            "SKIPPED: strace cannot trace here: {}",
-            String::from_utf8_lossy(&probe.stderr)
-        );
-        return;
-    }
     let e = engines(1, time_scaled(0.05)).await;
     let (listen, metrics) = (free_port(), free_port());
     let mut s = Scratch::new("slow-parent");

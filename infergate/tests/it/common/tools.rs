@@ -33,6 +33,24 @@ pub fn tool(name: &str) -> Option<PathBuf> {
     )
 }
 
+/// strace, when it is installed and may trace here. A container without ptrace cannot run such a test at all:
+/// None then, after saying so, rather than failing on the environment.
+pub fn strace() -> Option<PathBuf> {
+    let strace = tool("strace")?;
+    let probe = Command::new(&strace)
+        .args(["-o", "/dev/null", "-e", "trace=none", "true"])
+        .output()
+        .expect("strace runs");
+    if !probe.status.success() {
+        eprintln!(
+            "SKIPPED: strace cannot trace here: {}",
+            String::from_utf8_lossy(&probe.stderr)
+        );
+        return None;
+    }
+    Some(strace)
+}
+
 /// Run a command (bounded by `timeout`), panicking with its output when it fails; its stdout.
 pub fn run(cmd: &mut Command, limit_secs: u32) -> String {
     let shown = format!("{cmd:?}");
