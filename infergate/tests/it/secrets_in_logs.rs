@@ -6,7 +6,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::{free_port, KillOnDrop};
+use crate::common::{free_port, wait_listening, KillOnDrop};
 use infergate_sim::{self as sim, SimConfig};
 
 const ENGINE_KEY: &str = "engine-key-7f3a9c1e5b";
@@ -95,6 +95,8 @@ async fn run_at_trace(uncap: bool) -> String {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The client port opens once the first health checks are done, which can be after the metrics port shows them.
+    wait_listening(([127, 0, 0, 1], listen).into()).await;
     // Retried: round_robin tries engine 0 first, which refuses; engine 1 serves.
     eng[0].control.set_fail_status(Some(503));
     assert_eq!(send(listen, "/v1/chat/completions", false).await, 200);
