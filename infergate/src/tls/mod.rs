@@ -194,7 +194,10 @@ pub fn pair(
     key_file: &Path,
     key: PrivateKeyDer<'static>,
 ) -> Result<LoadedCert, String> {
-    let info = cert_info(&certs[0]);
+    let Some(leaf) = certs.first() else {
+        return Err(format!("`{}` holds no certificate", cert_file.display()));
+    };
+    let info = cert_info(leaf);
     let key = CertifiedKey::from_der(certs, key, &provider()).map_err(|e| match e {
         rustls::Error::InconsistentKeys(_) => format!(
             "the key in `{}` does not belong to the first certificate in `{}`",

@@ -34,6 +34,12 @@ fn every_bad_file_is_named_with_its_reason() {
     let e = read_ca(&k).unwrap_err();
     assert!(e.contains("no certificate"), "{e}");
     assert_eq!(read_ca(&c).unwrap().len(), 1);
+    // A chain without a certificate is refused, naming its file (never indexed into).
+    let e = pair(&c, Vec::new(), &k, read_key(&k).unwrap()).unwrap_err();
+    assert!(
+        e.contains("no certificate") && e.contains(&c.display().to_string()),
+        "{e}"
+    );
 }
 
 #[test]
