@@ -233,6 +233,7 @@ fi
 
 # ---------------------------------------------------------------- engines and routers
 SIM_PID=""
+SIM_PORTS=""
 SIM_URLS=()
 # start_sim FLEET TIME_SCALE: FLEET is N, N-unequal or N-slowing (see the usage above).
 start_sim() {
@@ -258,9 +259,10 @@ start_sim() {
   done
   local csv
   csv=$(IFS=,; echo "${ports[*]}")
-  start_bg "$RUN_DIR/engine-sim.log" "$BIN/engine-sim" --ports "$csv" --time-scale "$ts" --max-recorded-requests 1 \
+  start_bg "$RUN_DIR/engine-sim.log" "$BIN/engine-sim" --ports "$csv" --time-scale "$ts" --max-recorded-requests 100000 \
     "${speed_args[@]+"${speed_args[@]}"}"
   SIM_PID=$LAST_PID
+  SIM_PORTS="${ports[*]}"
   SIM_URLS=()
   for p in "${ports[@]}"; do
     wait_owned "$p" "$SIM_PID" 10 || return 1
@@ -346,6 +348,12 @@ stop_all() {
     curl -s -m 5 "$ROUTER_METRICS" >"$RUN_DIR/router-metrics.txt" 2>/dev/null || true
   fi
   ROUTER_METRICS=""
+  # The engines' recorded requests (session header, body length): scripts/bench/tail.py attributes a peer's
+  # requests to engines with them.
+  for p in ${SIM_PORTS:-}; do
+    curl -s -m 10 "http://127.0.0.1:$p/sim/requests" >"$RUN_DIR/sim-requests-$p.json" 2>/dev/null || true
+  done
+  SIM_PORTS=""
   [ -n "$ROUTER_PID" ] && stop_pid "$ROUTER_PID"
   [ -n "$SIM_PID" ] && stop_pid "$SIM_PID"
   ROUTER_PID=""

@@ -8,20 +8,52 @@ Per trace: computed prompt tokens (prompt less cached) by kind of turn (first tu
 the session's previous endpoint, a follow-up that moved), the first turns over 60k computed tokens per endpoint,
 and, for the slowest 5% of requests by decode speed, the other requests' prefill tokens computed on the same
 endpoint during their decode (each prefill spread evenly over its dispatch-to-first-token time), by kind.
-Needs traces whose requests carry their endpoint (infergate's); for a peer every request reads as one endpoint.
+A trace whose requests carry no endpoint (a peer's) is attributed from engine-sim's recorded requests that bench.sh
+keeps beside it (sim-requests-<port>.json): each session's requests, in the order of their body length, are its
+turns in order. Also: prefill tokens computed beside each request's decode (median, 95th and 99th percentile), and
+how many first turns over 20k computed tokens the slowest 5% decoded beside.
 """
 import collections
+import glob
 import json
+import os
 import sys
 
 GIANT = 60_000
 KINDS = ("first", "stay", "moved")
 
 
+def attribute(path, rows):
+    """Sets each row's endpoint from engine-sim's records beside the trace; returns the rows it could attribute."""
+    turns = collections.defaultdict(list)
+    for f in glob.glob(os.path.join(os.path.dirname(path), "sim-requests-*.json")):
+        port = f.rsplit("-", 1)[1].split(".")[0]
+        with open(f) as fh:
+            for rec in json.load(fh):
+                session = dict(rec["headers"]).get("x-session-id")
+                if "completions" in rec["path"] and session is not None:
+                    turns[session].append((rec["body_len"], port))
+    by_session = collections.defaultdict(list)
+    for r in rows:
+        by_session[r["session"]].append(r)
+    kept = []
+    for session, rs in by_session.items():
+        ports = [p for _, p in sorted(turns.get(session, []))]
+        if len(ports) == len(rs):
+            for r, p in zip(sorted(rs, key=lambda r: r["turn"]), ports):
+                r["endpoint"] = p
+            kept += rs
+    if len(kept) < len(rows):
+        print(f"  ({len(rows) - len(kept)} of {len(rows)} requests not attributed to an engine: left out)")
+    return kept
+
+
 def load(path):
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     rows = [r for r in rows if r.get("error") is None]
+    if any(r.get("endpoint") is None for r in rows):
+        rows = attribute(path, rows)
     rows.sort(key=lambda r: r["sent_s"])
     last = {}
     for r in rows:
@@ -67,6 +99,11 @@ def report(path):
     seen = collections.Counter()
     for r in slow:
         seen.update(overlap(r, by_endpoint[r["endpoint"]]))
+    beside = sorted(sum(overlap(r, by_endpoint[r["endpoint"]]).values()) for r in decoded)
+    pct = lambda q: beside[int(q * (len(beside) - 1))] / 1e3
+    big = [sum(1 for o in by_endpoint[r["endpoint"]] if o is not r and o["kind"] == "first"
+               and o["computed"] > 20_000 and o["sent_s"] < r["end"] and o["first_byte"] > r["first_byte"])
+           for r in slow]
     name = path.rstrip("/").split("/")[-2]
     print(name)
     print("  computed tokens: " + ", ".join(
@@ -75,6 +112,8 @@ def report(path):
           + ", ".join(f"{e.rsplit(':', 1)[-1]} {giants[e]}" for e in sorted(by_endpoint)))
     print(f"  slowest 5% ({len(slow)}, mean {sum(r['decode_tok_s'] for r in slow) / len(slow):.1f} tok/s) overlapped, "
           "per request: " + ", ".join(f"{k} {seen[k] / len(slow) / 1e3:.0f}k" for k in KINDS))
+    print(f"  prefill computed beside a decode: median {pct(0.5):.0f}k, p95 {pct(0.95):.0f}k, p99 {pct(0.99):.0f}k; "
+          f"the slowest 5% decoded beside {sum(big) / len(slow):.2f} first turns over 20k each")
 
 
 if __name__ == "__main__":
