@@ -1,7 +1,8 @@
 //! The real binary's life as systemd drives it (conf/infergate.service): `-d` with `daemon_wait_for_ready`
 //! returns once the daemon serves; SIGHUP after a relative `-c` re-reads the file and names what it could not
 //! apply; the unit's reload (`-t`, `-u -d`, then SIGQUIT to the old instance) under steady keep-alive load fails
-//! no request and logs no error; SIGTERM lets a stream in flight finish; a parent slow after the fork is still
+//! no request and logs no error, and a request on a connection the old instance holds is answered after it stops
+//! accepting; SIGTERM lets a stream in flight finish; a parent slow after the fork is still
 //! released, not killed.
 //!
 //! Engines run in this process; routers are separate processes on loopback ports, their logs in files.
@@ -422,6 +423,63 @@ async fn graceful_upgrade_under_keep_alive_load_fails_no_request_and_logs_no_err
     }
     assert!(s.log("old.log").contains("listener sockets sent"));
 
+    signal(new, "TERM");
+    assert!(wait_gone(new, Duration::from_secs(15)).await.is_some());
+}
+
+/// At the end of Pingora's hand-over window the old instance stops accepting and used to drop at once every
+/// connection it had accepted that was waiting for a request, so a client that had just connected to it got a
+/// reset instead of an answer (the fault soak saw one such request). A connection the old instance holds is
+/// stretched here: its request is sent 100 ms after the old instance stopped accepting, and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_on_a_connection_the_old_instance_holds_is_answered_after_it_stops_accepting() {
+    let e = engines(1, time_scaled(0.05)).await;
+    let (listen, metrics) = (free_port(), free_port());
+    let mut s = Scratch::new("handover");
+    let text = router_conf(&s.dir, listen, metrics, &common::urls(&e), "")
+        .replace("grace_period_seconds: 1", "grace_period_seconds: 3");
+    std::fs::write(s.path("infergate.yaml"), text).unwrap();
+    let conf = s.path("infergate.yaml");
+    let conf = conf.to_str().unwrap();
+    let (status, _) = run_binary(&s.dir, &["-d", "-c", conf], &s.path("old.log"));
+    assert!(status.success(), "{status:?}\n{}", s.log("old.log"));
+    let old = s.daemon_pid();
+
+    // One answered request: the old instance has accepted the connection and waits on it for the next.
+    let body = chat_body(64, false, 2);
+    let req = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: 127.0.0.1:{listen}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes();
+    let mut conn = None;
+    assert_eq!(one_request(&mut conn, listen, &req).await, Ok(true));
+
+    let (status, _) = run_binary(&s.dir, &["-u", "-d", "-c", conf], &s.path("new.log"));
+    assert!(status.success(), "{status:?}\n{}", s.log("new.log"));
+    let new = s.daemon_pid();
+    signal(old, "QUIT");
+    let stopped = format!("Shutting down 127.0.0.1:{listen}");
+    let start = Instant::now();
+    while !s.log("old.log").contains(&stopped) {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the old instance never stopped accepting:\n{}",
+            s.log("old.log")
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let answer = one_request(&mut conn, listen, &req).await;
+    assert_eq!(
+        answer,
+        Ok(false),
+        "the request on the old instance's connection (answered with Connection: close)\n{}",
+        s.log("old.log")
+    );
+    assert!(wait_gone(old, Duration::from_secs(15)).await.is_some());
+    assert_eq!(errors(&s.log("old.log")), Vec::<&str>::new());
     signal(new, "TERM");
     assert!(wait_gone(new, Duration::from_secs(15)).await.is_some());
 }

@@ -80,6 +80,9 @@ use pingora_error::{Error, ErrorSource, ErrorType::*, OrErr, Result};
 
 const TASK_BUFFER_SIZE: usize = 4;
 
+/// infergate patch: how long a connection waiting for a request is kept once the service shuts down.
+const LAST_REQUEST_AFTER_SHUTDOWN: Duration = Duration::from_secs(1);
+
 /// Caps per-proxy padding and one-time shutdown fan-out on very large hosts.
 const MAX_SHUTDOWN_NOTIFY_SHARDS: usize = 256;
 
@@ -329,12 +332,20 @@ where
     {
         // phase 1 read request header
 
-        let res = tokio::select! {
-            biased; // biased select is cheaper, and we don't want to drop already buffered requests
-            res = downstream_session.read_request() => { res }
-            _ = self.await_shutdown() => {
-                // service shutting down, dropping the connection to stop more req from coming in
-                return None;
+        let res = {
+            let read = downstream_session.read_request();
+            tokio::pin!(read);
+            tokio::select! {
+                biased; // biased select is cheaper, and we don't want to drop already buffered requests
+                res = &mut read => { res }
+                _ = self.await_shutdown() => {
+                    // infergate patch: a connection accepted an instant before the listener stopped has its
+                    // request on the way; it gets a short while to arrive before the connection is dropped.
+                    match time::timeout(LAST_REQUEST_AFTER_SHUTDOWN, &mut read).await {
+                        Ok(res) => res,
+                        Err(_) => return None,
+                    }
+                }
             }
         };
         match res {
