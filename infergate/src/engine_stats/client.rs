@@ -45,10 +45,12 @@ type TlsClient = hyper_util::client::legacy::Client<HttpsConnector<HttpConnector
 /// How the router's own requests reach one engine. Cheap to clone (pooled connections are shared).
 #[derive(Clone)]
 pub enum SideClient {
-    /// `http://` + the endpoint's label, over the process's shared plain client.
+    /// `http://` + the endpoint's label, over the process's plain client for its connect timeout.
     Plain {
         client: reqwest::Client,
         base: String,
+        /// Its TCP connect timeout, named by [`SideError::ConnectTimeout`].
+        connect_timeout: Duration,
     },
     /// Connects to the endpoint's address; the pool's server name is sent as SNI (none for an IP address) and
     /// checked against the certificate. Not reqwest: its TLS features are process-wide (workspace Cargo.toml).
@@ -112,11 +114,11 @@ impl std::fmt::Display for SideError {
 }
 
 impl SideClient {
-    /// The client for the endpoint `label` ("host:port") at `addr`, over TLS when `tls` is set. Over TLS a TCP
-    /// connect gives up after `connect_timeout` (`timeouts.connect`, as proxied requests' and plain prefill legs'):
-    /// an engine that never answers the connect is unreachable, and a prefill leg goes to another engine instead
-    /// of waiting out the whole request's time. (Plain, the shared client's requests are bounded by their own
-    /// timeouts.) An error names what is wrong (a server name rustls refuses).
+    /// The client for the endpoint `label` ("host:port") at `addr`, over TLS when `tls` is set. A TCP connect
+    /// gives up after `connect_timeout` (`timeouts.connect`, as proxied requests' and plain prefill legs'): an
+    /// engine that never answers the connect is unreachable ([`SideError::ConnectTimeout`]), and a prefill leg goes
+    /// to another engine instead of waiting out the whole request's time. An error names what is wrong (a server
+    /// name rustls refuses).
     pub fn new(
         label: &str,
         addr: SocketAddr,
@@ -124,7 +126,7 @@ impl SideClient {
         connect_timeout: Duration,
     ) -> Result<SideClient, String> {
         let Some(tls) = tls else {
-            return Ok(SideClient::plain(label));
+            return Ok(SideClient::plain(label, connect_timeout));
         };
         let roots = match &tls.roots {
             Some(roots) => roots.clone(),
@@ -165,11 +167,12 @@ impl SideClient {
         })))
     }
 
-    /// Plain HTTP to `label` ("host:port").
-    pub fn plain(label: &str) -> SideClient {
+    /// Plain HTTP to `label` ("host:port"), connecting within `connect_timeout`.
+    pub fn plain(label: &str, connect_timeout: Duration) -> SideClient {
         SideClient::Plain {
-            client: super::shared_client().clone(),
+            client: plain_client(connect_timeout),
             base: format!("http://{label}"),
+            connect_timeout,
         }
     }
 
@@ -242,7 +245,13 @@ impl SideClient {
     ) -> Result<(u16, Bytes), SideError> {
         let answer = async {
             match self {
-                SideClient::Plain { client, base } => plain_send(client, base, req, limit).await,
+                SideClient::Plain {
+                    client,
+                    base,
+                    connect_timeout,
+                } => plain_send(client, base, req, limit)
+                    .await
+                    .map_err(|e| e.with_connect_timeout(*connect_timeout)),
                 SideClient::Tls(t) => t.send(req, limit).await,
             }
         };
@@ -250,6 +259,34 @@ impl SideClient {
             .await
             .unwrap_or(Err(SideError::Timeout(timeout)))
     }
+}
+
+impl SideError {
+    /// A connect timeout named by the client's own figure.
+    fn with_connect_timeout(self, t: Duration) -> SideError {
+        match self {
+            SideError::ConnectTimeout(_) => SideError::ConnectTimeout(t),
+            e => e,
+        }
+    }
+}
+
+/// The plain client connecting within `connect`: one per distinct timeout in the process (the pools' endpoints
+/// share its connections; a reload that changes `timeouts.connect` gets a new one).
+fn plain_client(connect: Duration) -> reqwest::Client {
+    static CLIENTS: LazyLock<parking_lot::Mutex<Vec<(Duration, reqwest::Client)>>> =
+        LazyLock::new(Default::default);
+    let mut clients = CLIENTS.lock();
+    if let Some((_, c)) = clients.iter().find(|(t, _)| *t == connect) {
+        return c.clone();
+    }
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(connect)
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new());
+    clients.push((connect, client.clone()));
+    client
 }
 
 /// Bytes of body [`SideClient::status`] reads at most (an error answer is well within).
@@ -380,7 +417,10 @@ impl TlsSide {
 
 /// A reqwest error without its URL (the caller logs the endpoint label) and never a header.
 fn describe_reqwest(e: reqwest::Error) -> SideError {
-    if e.is_connect() {
+    if e.is_connect() && (e.is_timeout() || timed_out(&e)) {
+        // The caller names its connect timeout (`with_connect_timeout`).
+        SideError::ConnectTimeout(Duration::ZERO)
+    } else if e.is_connect() {
         SideError::Connect(sources(&e))
     } else {
         SideError::Failed(sources(&e))
@@ -750,6 +790,34 @@ mod tests {
         assert!(took < Duration::from_millis(1500), "{took:?}");
         drop((queued, full));
         let _ = std::fs::remove_file(file);
+    }
+
+    #[tokio::test]
+    async fn a_plain_connect_never_answered_is_a_connect_timeout() {
+        let (full, queued) = full_accept_queue().await;
+        let addr = full.local_addr().unwrap();
+        let connect = Duration::from_millis(300);
+        let c = SideClient::new(&addr.to_string(), addr, None, connect).unwrap();
+        let started = std::time::Instant::now();
+        let e = c
+            .get("/", "*/*", None, Duration::from_secs(20), 1024)
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        // Not the request's whole timeout, and named as what it is (was: "timed out after 20s").
+        assert_eq!(e, SideError::ConnectTimeout(connect), "{e}");
+        assert!(took < Duration::from_millis(1500), "{took:?}");
+        drop((queued, full));
+        // A refused connect is still a connect failure.
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let gone_addr = gone.local_addr().unwrap();
+        drop(gone);
+        let c = SideClient::new(&gone_addr.to_string(), gone_addr, None, connect).unwrap();
+        let e = c
+            .get("/", "*/*", None, Duration::from_secs(5), 1024)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, SideError::Connect(_)), "{e}");
     }
 
     /// Answers every connection with a plain HTTP 200.

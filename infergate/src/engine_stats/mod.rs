@@ -12,9 +12,7 @@ mod scrape;
 
 pub use client::{SideClient, SideError};
 pub use parse::{parse, required_names, ParseError};
-pub use scrape::{
-    scrape_loop, scrape_once, shared_client, OutcomeSink, ScrapeTarget, MAX_METRICS_BYTES,
-};
+pub use scrape::{scrape_loop, scrape_once, OutcomeSink, ScrapeTarget, MAX_METRICS_BYTES};
 
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! The HTTP scrape loop: fetch each endpoint's `/metrics` every interval, parse it, log changes of condition.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{parse, required_names, ParseError, ScrapeOutcome, SideClient, SideError, StatsState};
@@ -46,17 +46,6 @@ impl ScrapeTarget {
 
 /// Largest metrics body accepted (a vLLM dump is tens of KiB).
 pub const MAX_METRICS_BYTES: usize = 16 << 20;
-
-/// The one HTTP client all scrapers share (connection pooling; no proxies: engines are on the private network).
-pub fn shared_client() -> &'static reqwest::Client {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new())
-    })
-}
 
 /// Scrape once: GET `path` (bearer key if any, whole-request timeout) and parse the body.
 pub async fn scrape_once(
@@ -265,7 +254,10 @@ mod tests {
                 });
             }
         });
-        (SideClient::plain(&addr.to_string()), rx)
+        (
+            SideClient::plain(&addr.to_string(), Duration::from_secs(2)),
+            rx,
+        )
     }
 
     fn target(
@@ -355,7 +347,7 @@ mod tests {
         }
         // Nothing listening.
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = SideClient::plain(&l.local_addr().unwrap().to_string());
+        let c = SideClient::plain(&l.local_addr().unwrap().to_string(), Duration::from_secs(2));
         drop(l);
         match scrape_once(&c, m, Some("k3y"), t, EngineKind::Vllm, "vllm:").await {
             ScrapeOutcome::Down(why) => {
@@ -372,7 +364,10 @@ mod tests {
     async fn scrape_times_out_after_the_interval() {
         // Accepts and never answers.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let c = SideClient::plain(&listener.local_addr().unwrap().to_string());
+        let c = SideClient::plain(
+            &listener.local_addr().unwrap().to_string(),
+            Duration::from_secs(2),
+        );
         let hold = tokio::spawn(async move {
             let mut socks = Vec::new();
             while let Ok((s, _)) = listener.accept().await {

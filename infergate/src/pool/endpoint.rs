@@ -81,12 +81,10 @@ impl Target {
         }
     }
 
-    /// Whether its client is the one `cfg` and `connect_timeout` would build (or failed to): the same address and
-    /// TLS settings, and over TLS the same connect timeout (a plain client has none of its own).
+    /// Whether its client is the one `cfg` and `connect_timeout` would build (or failed to): the same address,
+    /// TLS settings and connect timeout.
     fn side_fits(&self, cfg: &EndpointConfig, connect_timeout: Duration) -> bool {
-        self.addr == cfg.addr
-            && self.tls == cfg.tls
-            && (self.tls.is_none() || self.connect_timeout == connect_timeout)
+        self.addr == cfg.addr && self.tls == cfg.tls && self.connect_timeout == connect_timeout
     }
 
     /// How the router's own GETs reach it (plain, or TLS checked as requests are); why not if they cannot.

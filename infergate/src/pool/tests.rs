@@ -257,4 +257,11 @@ fn an_endpoints_side_client_is_built_with_its_target_kept_while_it_fits_and_trie
     w.tls = None;
     assert!(e.retarget(&w, hc, CONNECT));
     assert!(matches!(e.target().side(), Ok(SideClient::Plain { .. })));
+    // A plain client's connects give up after `timeouts.connect` too: another one rebuilds it.
+    assert!(!e.retarget(&w, hc, longer));
+    assert!(
+        matches!(e.target().side(), Ok(SideClient::Plain { connect_timeout, .. }) if *connect_timeout == longer),
+        "{:?}",
+        e.target().side()
+    );
 }
