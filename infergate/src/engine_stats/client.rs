@@ -249,25 +249,13 @@ impl SideClient {
                     client,
                     base,
                     connect_timeout,
-                } => plain_send(client, base, req, limit)
-                    .await
-                    .map_err(|e| e.with_connect_timeout(*connect_timeout)),
+                } => plain_send(client, base, *connect_timeout, req, limit).await,
                 SideClient::Tls(t) => t.send(req, limit).await,
             }
         };
         tokio::time::timeout(timeout, answer)
             .await
             .unwrap_or(Err(SideError::Timeout(timeout)))
-    }
-}
-
-impl SideError {
-    /// A connect timeout named by the client's own figure.
-    fn with_connect_timeout(self, t: Duration) -> SideError {
-        match self {
-            SideError::ConnectTimeout(_) => SideError::ConnectTimeout(t),
-            e => e,
-        }
     }
 }
 
@@ -348,6 +336,7 @@ impl Limit {
 async fn plain_send(
     client: &reqwest::Client,
     base: &str,
+    connect_timeout: Duration,
     r: SideRequest<'_>,
     limit: Limit,
 ) -> Result<(u16, Bytes), SideError> {
@@ -360,10 +349,11 @@ async fn plain_send(
     if r.method != Method::GET {
         req = req.body(r.body);
     }
-    let mut resp = req.send().await.map_err(describe_reqwest)?;
+    let describe = |e| describe_reqwest(e, connect_timeout);
+    let mut resp = req.send().await.map_err(describe)?;
     let status = resp.status().as_u16();
     let mut body = BytesMut::new();
-    while let Some(chunk) = resp.chunk().await.map_err(describe_reqwest)? {
+    while let Some(chunk) = resp.chunk().await.map_err(describe)? {
         if !limit.take(&mut body, &chunk)? {
             break;
         }
@@ -416,10 +406,10 @@ impl TlsSide {
 }
 
 /// A reqwest error without its URL (the caller logs the endpoint label) and never a header.
-fn describe_reqwest(e: reqwest::Error) -> SideError {
+/// `connect_timeout`: the client's, named by a connect that timed out.
+fn describe_reqwest(e: reqwest::Error, connect_timeout: Duration) -> SideError {
     if e.is_connect() && (e.is_timeout() || timed_out(&e)) {
-        // The caller names its connect timeout (`with_connect_timeout`).
-        SideError::ConnectTimeout(Duration::ZERO)
+        SideError::ConnectTimeout(connect_timeout)
     } else if e.is_connect() {
         SideError::Connect(sources(&e))
     } else {
