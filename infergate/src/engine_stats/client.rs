@@ -259,9 +259,11 @@ impl SideClient {
     }
 }
 
-/// The plain client connecting within `connect`: one per distinct timeout in the process (the pools' endpoints
-/// share its connections; a reload that changes `timeouts.connect` gets a new one).
-fn plain_client(connect: Duration) -> reqwest::Client {
+/// The router's own plain-HTTP client to engines (side requests here, disaggregated prefill legs), connecting
+/// within `connect`: one per distinct timeout in the process (the pools' endpoints share its connections; a reload
+/// that changes `timeouts.connect` gets a new one). An idle connection is dropped before an engine's keep-alive
+/// runs out (uvicorn's 5 s), so a request never lands on a connection the engine is closing.
+pub fn plain_client(connect: Duration) -> reqwest::Client {
     static CLIENTS: LazyLock<parking_lot::Mutex<Vec<(Duration, reqwest::Client)>>> =
         LazyLock::new(Default::default);
     let mut clients = CLIENTS.lock();
@@ -271,6 +273,8 @@ fn plain_client(connect: Duration) -> reqwest::Client {
     let client = reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(connect)
+        .pool_idle_timeout(IDLE_TIMEOUT)
+        .tcp_nodelay(true)
         .build()
         .unwrap_or_else(|_| reqwest::Client::new());
     clients.push((connect, client.clone()));
@@ -822,6 +826,55 @@ mod tests {
             }
         });
         (addr, task)
+    }
+
+    /// A keep-alive server that never closes a connection: its connections so far.
+    async fn keep_alive_server() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = conns.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                        while let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                            head.drain(..i + 4);
+                            let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                            if s.write_all(ok).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (addr, conns)
+    }
+
+    /// An engine closes a connection idle for its keep-alive (vLLM's uvicorn: 5 s); a side request sent on it just
+    /// then fails. The plain client drops its idle connections first, as the proxied path does.
+    #[tokio::test]
+    async fn a_plain_connection_idle_past_the_upstream_idle_timeout_is_not_reused() {
+        let (addr, conns) = keep_alive_server().await;
+        // A connect timeout of its own: a client (and pool) no other test shares.
+        let c = SideClient::plain(&addr.to_string(), Duration::from_millis(4_321));
+        let get = || c.get("/", "*/*", None, Duration::from_secs(5), 1024);
+        assert_eq!(get().await.unwrap().0, 200);
+        assert_eq!(get().await.unwrap().0, 200);
+        let count = || conns.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(count(), 1, "back to back, one kept connection");
+        tokio::time::sleep(IDLE_TIMEOUT + Duration::from_millis(300)).await;
+        assert_eq!(get().await.unwrap().0, 200);
+        // Was: 1 (reqwest's default keeps an idle connection 90 s).
+        assert_eq!(count(), 2, "a new connection after {IDLE_TIMEOUT:?} idle");
     }
 
     /// Run in a process of its own by the test below (nothing else there installs a crypto provider).

@@ -10,7 +10,7 @@ mod fixtures;
 mod parse;
 mod scrape;
 
-pub use client::{SideClient, SideError};
+pub use client::{plain_client, SideClient, SideError};
 pub use parse::{parse, required_names, ParseError};
 pub use scrape::{scrape_loop, scrape_once, OutcomeSink, ScrapeTarget, MAX_METRICS_BYTES};
 

@@ -14,7 +14,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_proxy::Session;
@@ -25,8 +24,7 @@ use super::ctx::Learned;
 use super::intake::session_key;
 use super::router::{count_failure, Leg};
 use super::{Ctx, Router};
-use crate::config::UPSTREAM_IDLE_TIMEOUT;
-use crate::engine_stats::SideError;
+use crate::engine_stats::{plain_client, SideError};
 use crate::errors::ApiError;
 use crate::ledger::{Hold, ReleaseCause};
 use crate::placement::policy::Placement;
@@ -48,11 +46,10 @@ pub(crate) struct PrefillDone {
     pub(super) retries: u32,
 }
 
-/// The prefill legs' HTTP client and series (pool-level: the per-endpoint ones are the prefill set's own).
+/// The prefill legs' series (pool-level: the per-endpoint ones are the prefill set's own). A plain `http://` prefill
+/// engine's leg goes through [`plain_client`], an `https://` one's through its endpoint's
+/// [`crate::engine_stats::SideClient`].
 pub(super) struct Disagg {
-    /// Plain `http://` prefill engines' (an `https://` one's leg goes through its endpoint's
-    /// [`crate::engine_stats::SideClient`]), with the `timeouts.connect` it was built with.
-    client: ArcSwap<(Duration, reqwest::Client)>,
     /// `infergate_disagg_prefill_seconds{pool}`: a served prefill leg, first dispatch to answer.
     prefill_seconds: HistogramVec,
     /// `infergate_disagg_kv_transfer_seconds{pool}`: a streamed decode leg's dispatch to its first output (the
@@ -74,8 +71,6 @@ pub(super) const OUTCOMES: [&str; 6] = [
 
 impl Disagg {
     pub(super) fn new(state: &crate::state::RouterState) -> Disagg {
-        let connect = state.cfg.timeouts.connect;
-        let client = ArcSwap::from_pointee((connect, leg_client(connect)));
         let buckets = vec![
             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
         ];
@@ -118,23 +113,10 @@ impl Disagg {
             kv_transfer_seconds.with_label_values(&[&p.name]);
         }
         Disagg {
-            client,
             prefill_seconds,
             kv_transfer_seconds,
             legs_total,
         }
-    }
-
-    /// The plain legs' client, its connects giving up after `connect` (`timeouts.connect` now: a reload that
-    /// changes it gets a new client, as it gets the https endpoints new ones).
-    fn client(&self, connect: Duration) -> reqwest::Client {
-        let cur = self.client.load();
-        if cur.0 == connect {
-            return cur.1.clone();
-        }
-        let client = leg_client(connect);
-        self.client.store(Arc::new((connect, client.clone())));
-        client
     }
 
     fn count(&self, pool: &str, outcome: &str) {
@@ -147,17 +129,6 @@ impl Disagg {
             .with_label_values(&[pool])
             .observe(elapsed.as_secs_f64());
     }
-}
-
-/// The client of plain prefill legs, connecting within `connect`.
-fn leg_client(connect: Duration) -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .connect_timeout(connect)
-        .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
-        .tcp_nodelay(true)
-        .build()
-        .unwrap_or_else(|_| reqwest::Client::new())
 }
 
 /// How one attempt of the leg went.
@@ -508,9 +479,8 @@ impl Router {
                 },
             };
         }
-        let mut req = self
-            .disagg
-            .client(t.connect)
+        // `timeouts.connect` now: a reload that changes it gets another client, as the https endpoints do.
+        let mut req = plain_client(t.connect)
             .post(format!("http://{}{path}", ep.addr()))
             .header(http::header::HOST, ep.label.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
