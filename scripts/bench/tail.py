@@ -10,8 +10,10 @@ and, for the slowest 5% of requests by decode speed, the other requests' prefill
 endpoint during their decode (each prefill spread evenly over its dispatch-to-first-token time), by kind.
 A trace whose requests carry no endpoint (a peer's) is attributed from engine-sim's recorded requests that bench.sh
 keeps beside it (sim-requests-<port>.json): each session's requests, in the order of their body length, are its
-turns in order. Also: prefill tokens computed beside each request's decode (median, 95th and 99th percentile), and
-how many first turns over 20k computed tokens the slowest 5% decoded beside.
+turns in order. Also: prefill tokens computed beside each request's decode (median, 95th and 99th percentile), how
+many first turns over 20k computed tokens the slowest 5% decoded beside, and how many other streams decoded and how
+many requests were in their prefill on the same engine during a decode (time-weighted), for the slowest 5% and for
+all.
 """
 import collections
 import glob
@@ -82,6 +84,20 @@ def overlap(victim, others):
     return got
 
 
+def company(victim, others):
+    """Other requests decoding, and in their prefill, during `victim`'s decode: time-weighted means."""
+    span = victim["end"] - victim["first_byte"]
+    if span <= 0:
+        return 0.0, 0.0
+    decoding = prefilling = 0.0
+    for o in others:
+        if o is victim:
+            continue
+        decoding += max(0.0, min(victim["end"], o["end"]) - max(victim["first_byte"], o["first_byte"]))
+        prefilling += max(0.0, min(victim["end"], o["first_byte"]) - max(victim["first_byte"], o["sent_s"]))
+    return decoding / span, prefilling / span
+
+
 def report(path):
     rows = load(path)
     by_kind = collections.Counter()
@@ -104,6 +120,9 @@ def report(path):
     big = [sum(1 for o in by_endpoint[r["endpoint"]] if o is not r and o["kind"] == "first"
                and o["computed"] > 20_000 and o["sent_s"] < r["end"] and o["first_byte"] > r["first_byte"])
            for r in slow]
+    mean = lambda xs: sum(xs) / max(1, len(xs))
+    slow_company = [company(r, by_endpoint[r["endpoint"]]) for r in slow]
+    all_company = [company(r, by_endpoint[r["endpoint"]]) for r in decoded]
     name = path.rstrip("/").split("/")[-2]
     print(name)
     print("  computed tokens: " + ", ".join(
@@ -114,6 +133,10 @@ def report(path):
           "per request: " + ", ".join(f"{k} {seen[k] / len(slow) / 1e3:.0f}k" for k in KINDS))
     print(f"  prefill computed beside a decode: median {pct(0.5):.0f}k, p95 {pct(0.95):.0f}k, p99 {pct(0.99):.0f}k; "
           f"the slowest 5% decoded beside {sum(big) / len(slow):.2f} first turns over 20k each")
+    print(f"  the slowest 5% lasted {mean([r['end'] - r['first_byte'] for r in slow]):.2f} s ({mean([r['chunks'] for r in slow]):.0f} "
+          f"chunks), beside {mean([d for d, _ in slow_company]):.1f} streams decoding and "
+          f"{mean([p for _, p in slow_company]):.1f} requests in their prefill (all decodes: "
+          f"{mean([d for d, _ in all_company]):.1f} and {mean([p for _, p in all_company]):.1f})")
 
 
 if __name__ == "__main__":
