@@ -112,6 +112,24 @@ fn router_conf(dir: &Path, listen: u16, metrics: u16, engines: &[String], extra:
     )
 }
 
+/// One engine at `speed` (engine-sim time scale), a scratch directory `name` and the router's config there with a
+/// grace period of `grace` seconds: the engine, the directory, the client and metrics ports.
+async fn one_engine_router(
+    name: &str,
+    speed: f64,
+    grace: u32,
+) -> (Vec<infergate_sim::EngineHandle>, Scratch, u16, u16) {
+    let e = engines(1, time_scaled(speed)).await;
+    let (listen, metrics) = (free_port(), free_port());
+    let s = Scratch::new(name);
+    let text = router_conf(&s.dir, listen, metrics, &common::urls(&e), "").replace(
+        "grace_period_seconds: 1",
+        &format!("grace_period_seconds: {grace}"),
+    );
+    std::fs::write(s.path("infergate.yaml"), text).unwrap();
+    (e, s, listen, metrics)
+}
+
 /// Run the binary in `dir` with `args`, its stderr (the daemon's log too) appended to `log`; its exit status and
 /// how long the command took (for `-d`: until the parent returned).
 fn run_binary(dir: &Path, args: &[&str], log: &Path) -> (ExitStatus, Duration) {
@@ -305,6 +323,17 @@ async fn one_request(conn: &mut Option<TcpStream>, port: u16, req: &[u8]) -> Res
     Ok(!head.contains("connection: close"))
 }
 
+/// A small non-streaming chat request to the router on `port`, as raw HTTP/1.1.
+fn tiny_chat(port: u16) -> Vec<u8> {
+    let body = chat_body(64, false, 2);
+    format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
 /// `clients` keep-alive clients sending requests back to back until `stop` is set.
 fn load(
     port: u16,
@@ -312,13 +341,7 @@ fn load(
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> (Arc<Tally>, Vec<tokio::task::JoinHandle<Vec<String>>>) {
     let tally = Arc::new(Tally::default());
-    let body = chat_body(64, false, 2);
-    let req = format!(
-        "POST {CHAT} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes();
+    let req = tiny_chat(port);
     let tasks = (0..clients)
         .map(|_| {
             let (tally, stop, req) = (tally.clone(), stop.clone(), req.clone());
@@ -433,12 +456,7 @@ async fn graceful_upgrade_under_keep_alive_load_fails_no_request_and_logs_no_err
 /// stretched here: its request is sent 100 ms after the old instance stopped accepting, and is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_on_a_connection_the_old_instance_holds_is_answered_after_it_stops_accepting() {
-    let e = engines(1, time_scaled(0.05)).await;
-    let (listen, metrics) = (free_port(), free_port());
-    let mut s = Scratch::new("handover");
-    let text = router_conf(&s.dir, listen, metrics, &common::urls(&e), "")
-        .replace("grace_period_seconds: 1", "grace_period_seconds: 3");
-    std::fs::write(s.path("infergate.yaml"), text).unwrap();
+    let (_e, mut s, listen, metrics) = one_engine_router("handover", 0.05, 3).await;
     let conf = s.path("infergate.yaml");
     let conf = conf.to_str().unwrap();
     let (status, _) = run_binary(&s.dir, &["-d", "-c", conf], &s.path("old.log"));
@@ -446,13 +464,7 @@ async fn a_request_on_a_connection_the_old_instance_holds_is_answered_after_it_s
     let old = s.daemon_pid();
 
     // One answered request: the old instance has accepted the connection and waits on it for the next.
-    let body = chat_body(64, false, 2);
-    let req = format!(
-        "POST {CHAT} HTTP/1.1\r\nhost: 127.0.0.1:{listen}\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes();
+    let req = tiny_chat(listen);
     let mut conn = None;
     assert_eq!(one_request(&mut conn, listen, &req).await, Ok(true));
 
@@ -487,12 +499,7 @@ async fn a_request_on_a_connection_the_old_instance_holds_is_answered_after_it_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_stream_in_flight_finish_within_the_grace_period() {
     // About 100 decode steps of 18 ms: a stream of nearly 2 s.
-    let e = engines(1, time_scaled(1.0)).await;
-    let (listen, metrics) = (free_port(), free_port());
-    let mut s = Scratch::new("sigterm");
-    let text = router_conf(&s.dir, listen, metrics, &common::urls(&e), "")
-        .replace("grace_period_seconds: 1", "grace_period_seconds: 5");
-    std::fs::write(s.path("infergate.yaml"), text).unwrap();
+    let (_e, mut s, listen, metrics) = one_engine_router("sigterm", 1.0, 5).await;
     let log = File::create(s.path("router.log")).unwrap();
     let mut child = Command::new(BIN)
         .args(["-c", s.path("infergate.yaml").to_str().unwrap()])
