@@ -113,12 +113,12 @@ fn router_conf(dir: &Path, listen: u16, metrics: u16, engines: &[String], extra:
 }
 
 /// One engine at `speed` (engine-sim time scale), a scratch directory `name` and the router's config there with a
-/// grace period of `grace` seconds: the engine, the directory, the client and metrics ports.
+/// grace period of `grace` seconds: the engine, the directory and the client port.
 async fn one_engine_router(
     name: &str,
     speed: f64,
     grace: u32,
-) -> (Vec<infergate_sim::EngineHandle>, Scratch, u16, u16) {
+) -> (Vec<infergate_sim::EngineHandle>, Scratch, u16) {
     let e = engines(1, time_scaled(speed)).await;
     let (listen, metrics) = (free_port(), free_port());
     let s = Scratch::new(name);
@@ -127,7 +127,7 @@ async fn one_engine_router(
         &format!("grace_period_seconds: {grace}"),
     );
     std::fs::write(s.path("infergate.yaml"), text).unwrap();
-    (e, s, listen, metrics)
+    (e, s, listen)
 }
 
 /// Run the binary in `dir` with `args`, its stderr (the daemon's log too) appended to `log`; its exit status and
@@ -456,7 +456,7 @@ async fn graceful_upgrade_under_keep_alive_load_fails_no_request_and_logs_no_err
 /// stretched here: its request is sent 100 ms after the old instance stopped accepting, and is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_on_a_connection_the_old_instance_holds_is_answered_after_it_stops_accepting() {
-    let (_e, mut s, listen, metrics) = one_engine_router("handover", 0.05, 3).await;
+    let (_e, mut s, listen) = one_engine_router("handover", 0.05, 3).await;
     let conf = s.path("infergate.yaml");
     let conf = conf.to_str().unwrap();
     let (status, _) = run_binary(&s.dir, &["-d", "-c", conf], &s.path("old.log"));
@@ -499,7 +499,7 @@ async fn a_request_on_a_connection_the_old_instance_holds_is_answered_after_it_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_stream_in_flight_finish_within_the_grace_period() {
     // About 100 decode steps of 18 ms: a stream of nearly 2 s.
-    let (_e, mut s, listen, metrics) = one_engine_router("sigterm", 1.0, 5).await;
+    let (_e, mut s, listen) = one_engine_router("sigterm", 1.0, 5).await;
     let log = File::create(s.path("router.log")).unwrap();
     let mut child = Command::new(BIN)
         .args(["-c", s.path("infergate.yaml").to_str().unwrap()])
