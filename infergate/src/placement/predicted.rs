@@ -14,8 +14,12 @@
 //! * **own prefill** `P = uncached / s`: the body less what `e` holds of it (the session's recorded size where it
 //!   is bound, the prefix index or the engine's own KV events elsewhere); a session move recomputes its context.
 //! * **ttft** `W + P`; **own decode** `D = answer tokens × seconds per token at the sequences there plus one`.
-//! * **stall** `decoding × P`: every step that carries this prefill is longer for each stream decoding there, by
-//!   about the prefill's share of the step, so each of them finishes about `P` later.
+//! * **stall** `running × P × (1 + κ·A)`: every step that carries this prefill is longer for each stream decoding
+//!   there, by about the prefill's share of the step, so each of them finishes about `P` later; the requests still
+//!   in their prefill count too (chunked prefill is FIFO: they finish theirs first and decode beside this one).
+//!   `A` is the prefill queued ahead, in seconds: the streams there are stalled by it already, and a stream stalled
+//!   by several long prefills is the slowest decode of all, so stacking prefill on prefill costs more than its sum
+//!   ([`STACKED_STALL_PER_SECOND`]).
 //! * **batch** `decoding × answer tokens × per-sequence step cost`: one more sequence in their steps.
 //! * **queued** `turns/s × P × (W + P / 2)`: session turns bound to `e` that arrive while this prefill waits or
 //!   runs queue behind it: those arriving during `W` wait all of `P`, those arriving during `P` half of it.
@@ -37,6 +41,12 @@ use super::Candidate;
 /// Prefill tokens a request placed elsewhere is taken to carry: its prompt and progress (waiting, prefilling
 /// or decoding) are unknown, and unknown is not idle, so the weight `load_aware` gives any request.
 pub const FOREIGN_REQUEST_TOKENS: u64 = super::REQUEST_WEIGHT_TOKENS;
+
+/// κ of the stall: a prefill behind `A` seconds of queued prefill stalls the streams there `1 + κ·A` times as
+/// much as behind none. Measured on the agent scenario at 4 equal engines (BENCHMARKS.md, "Stacked long first
+/// turns"): the slowest-5% decode is set by the few streams that sat beside several long first turns sent to one
+/// engine within a second.
+pub const STACKED_STALL_PER_SECOND: f64 = 4.0;
 
 /// Costs within this many seconds of each other are ties (broken at random).
 pub const TIE_SECONDS: f64 = 1e-6;
@@ -127,7 +137,7 @@ pub fn cost(c: &Candidate, uncached: u64, arrivals: f64, output_tokens: f64) -> 
         ),
         None => (0.0, 0.0),
     };
-    let stall = decoding * own;
+    let stall = running as f64 * own * (1.0 + STACKED_STALL_PER_SECOND * ahead);
     let queued = arrivals.max(0.0) * own * (wait + own / 2.0);
     let harm = stall + batch + queued;
     Some(Cost {
@@ -202,17 +212,23 @@ mod tests {
 
     #[test]
     fn cost_is_queue_plus_own_prefill_plus_decode_stall() {
-        let c = cand(10, 20_000, 10_000.0);
+        // Nothing queued ahead: each of the 10 streams there finishes 0.5 s later.
+        let c = cand(10, 0, 10_000.0);
         let k = cost(&c, 5_000, 0.0, 0.0).unwrap();
-        assert!((k.ttft - 2.5).abs() < 1e-9, "{k:?}");
-        // Each of the 10 streams decoding there finishes 0.5 s later.
+        assert!((k.ttft - 0.5).abs() < 1e-9, "{k:?}");
         assert!((k.harm - 5.0).abs() < 1e-9, "{k:?}");
-        assert!((k.total - 7.5).abs() < 1e-9, "{k:?}");
-        // Requests still waiting for their own prefill are not stalled by this one: it queues behind them.
+        assert!((k.total - 5.5).abs() < 1e-9, "{k:?}");
+        // Requests still in their own prefill count: they finish it first (FIFO) and decode beside this one.
         let mut c = c;
         c.prefilling = 4;
         let k = cost(&c, 5_000, 0.0, 0.0).unwrap();
-        assert!((k.harm - 3.0).abs() < 1e-9, "{k:?}");
+        assert!((k.harm - 5.0).abs() < 1e-9, "{k:?}");
+        // Behind 2 s of queued prefill: 1 + 4/s × 2 s = 9 times the stall, for streams that queue stalls already.
+        let c = cand(10, 20_000, 10_000.0);
+        let k = cost(&c, 5_000, 0.0, 0.0).unwrap();
+        assert!((k.ttft - 2.5).abs() < 1e-9, "{k:?}");
+        assert!((k.harm - 45.0).abs() < 1e-9, "{k:?}");
+        assert!((k.total - 47.5).abs() < 1e-9, "{k:?}");
         assert_eq!(
             cost(&Candidate::default(), 5, 0.0, 0.0),
             None,
@@ -279,6 +295,22 @@ mod tests {
             .0,
             1
         );
+    }
+
+    #[test]
+    fn a_long_prompt_is_not_stacked_behind_another_where_fewer_streams_decode() {
+        let mut rng = fastrand::Rng::with_seed(4);
+        // A 130k-token first turn (1.3 s). Endpoint 0: 4 streams and a 120k-token prompt queued (1.2 s); endpoint
+        // 1: 12 streams, nothing queued. Summed delay alone: 2.5 + 4 × 1.3 = 7.7 s against 1.3 + 12 × 1.3 = 16.9 s,
+        // and the four streams on 0 would sit beside both long prompts. With the queued 1.2 s weighing on the stall
+        // (× 5.8): 32.7 s against 16.9 s.
+        let cands = [cand(4, 120_000, 100_000.0), cand(12, 0, 100_000.0)];
+        let pricing = Pricing::prefill(&[130_000, 130_000]);
+        let (best, k) = cheapest(&cands, &pricing, &mut rng, |_, _| true).unwrap();
+        assert_eq!(best, 1);
+        assert!((k.total - 16.9).abs() < 1e-9, "{k:?}");
+        let there = cost(&cands[0], 130_000, 0.0, 0.0).unwrap();
+        assert!((there.total - 32.66).abs() < 1e-9, "{there:?}");
     }
 
     #[test]

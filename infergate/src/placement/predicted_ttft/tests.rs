@@ -308,9 +308,10 @@ fn a_ttft_budget_narrows_the_choice_and_says_when_nothing_fits() {
     let text = prompt("b", 43_200);
     let home = fx.serve(Some("b"), &text, &[cand(0, 0), cand(0, 0)]).index;
     let grown = prompt("b", 47_200);
-    // Home: 11k tokens queued (0.55 s) and the 1k of growth: 0.6 s to the first token, 0.05 s of stall to the
-    // stream decoding there. Elsewhere: all 11.8k tokens, 0.59 s. Moving saves too little: it stays.
-    let mut cands = [cand(0, 0), cand(0, 0)];
+    // Home: 11k tokens queued (0.55 s) and the 1k of growth: 0.6 s to the first token, and 0.16 s of stall to
+    // the stream there (0.05 s, 3.2 times behind the queue). Elsewhere: all 11.8k tokens, 0.59 s, and as long a
+    // stall to the stream decoding there: 1.18 s against 0.76 s. It stays.
+    let mut cands = [cand(1, 0), cand(1, 0)];
     cands[home] = cand(1, 11_000);
     let p = fx.place(Some("b"), &grown, &cands);
     assert_eq!((p.index, p.reason), (home, Reason::Sticky));
