@@ -209,6 +209,9 @@ async fn sighup_serves_a_renewed_certificate_to_new_connections_and_old_ones_kee
         metric_sum(m, "infergate_endpoint_healthy", &[]) == 1.0
     })
     .await;
+    // The metrics listener can answer before the client listener binds (the proxy starts after the first health
+    // round): a healthy endpoint on the metrics port is not yet a listening client port.
+    wait_listening(([127, 0, 0, 1], listen).into()).await;
 
     let (mut old, cn) = connect(listen, &ca_pem).await;
     assert_eq!(cn, "first");
