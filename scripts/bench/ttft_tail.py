@@ -4,7 +4,7 @@ figures behind BENCHMARKS.md's "Where the TTFT tail is".
 
     python3 scripts/bench/ttft_tail.py bench-out/<run>/agent-4-unequal-*/trace.jsonl
 
-Per trace: TTFT p95; the slowest 5% by kind of turn (first, a follow-up that stayed, one that moved) and by the
+Per trace: TTFT p95; the slowest 5% by kind of turn (first, headerless requests included; a follow-up that stayed, one that moved) and by the
 speed of the engine that served it (`4-unequal`: the second half of the engines at half speed; `2-slowing`: the
 last one, at its slowed speed; bench.sh's default knobs assumed), each with its mean computed tokens, own prefill
 (computed tokens at the engine's nominal speed) and wait (the rest); the context sizes of the follow-ups among them; and the TTFT p95 with every follow-up capped at
