@@ -30,6 +30,13 @@
 //! staying's: the recompute of the whole context elsewhere, and the stall and queue it causes there, are inside
 //! that total, so a move is taken only when the saving exceeds its cost.
 //!
+//! A turn **stuck** on its bound endpoint, one that would wait there at least [`STUCK_RATIO`] times as long as its
+//! whole recompute takes elsewhere, is in the time-to-first-token tail wherever the totals put it. It moves where
+//! that recompute is at most [`RESCUE_FREE_TOKENS`], priced as stalling no one ([`Pricing::rescue`]), when that
+//! saves more than the margin: a prefill of a step or two lengthens a step or two of the streams beside it, while
+//! the slowest decodes are the streams that sat beside long prefills for seconds (BENCHMARKS.md, "A stuck turn's
+//! short recompute").
+//!
 //! What is unknown is not free: without fresh engine stats the live counts stand (our requests and our peers'),
 //! and until every eligible endpoint's decode line is learned the decode terms are left out for all of them (the
 //! caller passes no answer length).
@@ -47,6 +54,15 @@ pub const FOREIGN_REQUEST_TOKENS: u64 = super::REQUEST_WEIGHT_TOKENS;
 /// turns"): the slowest-5% decode is set by the few streams that sat beside several long first turns sent to one
 /// engine within a second.
 pub const STACKED_STALL_PER_SECOND: f64 = 4.0;
+
+/// A turn is stuck on its bound endpoint when its predicted time to first token there is at least this many times
+/// its time to first token where it would be rescued. Measured on the agent scenario (BENCHMARKS.md): 3 takes the
+/// follow-ups queued behind a long prompt out of the TTFT tail; 6 rescues next to none.
+pub const STUCK_RATIO: f64 = 3.0;
+
+/// The longest recompute a stuck turn is rescued by, priced as stalling no one: two steps of vLLM's default
+/// 8,192-token batch.
+pub const RESCUE_FREE_TOKENS: u64 = 16_384;
 
 /// Costs within this many seconds of each other are ties (broken at random).
 pub const TIE_SECONDS: f64 = 1e-6;
@@ -87,13 +103,14 @@ pub fn tokens_ahead(c: &Candidate) -> u64 {
 }
 
 /// What the model needs of one request besides the candidates: `uncached[i]` tokens to compute on `cands[i]`,
-/// `arrivals[i]` session turns per second reaching it (missing: none), and the answer length expected (0: the
-/// decode terms are left out).
+/// `arrivals[i]` session turns per second reaching it (missing: none), the answer length expected (0: the decode
+/// terms are left out), and how many of its prefill tokens stall no one (0 but for a stuck turn's rescue).
 #[derive(Debug, Clone, Copy)]
 pub struct Pricing<'a> {
     pub uncached: &'a [u64],
     pub arrivals: &'a [f64],
     pub output_tokens: f64,
+    pub stall_free: u64,
 }
 
 impl<'a> Pricing<'a> {
@@ -103,14 +120,28 @@ impl<'a> Pricing<'a> {
             uncached,
             arrivals: &[],
             output_tokens: 0.0,
+            stall_free: 0,
         }
+    }
+
+    /// The same request priced as a stuck turn's rescue: its first [`RESCUE_FREE_TOKENS`] stall no one.
+    pub fn rescue(&self) -> Self {
+        Pricing {
+            stall_free: RESCUE_FREE_TOKENS,
+            ..*self
+        }
+    }
+
+    /// Whether the whole prefill on `cands[i]` is within the stall-free tokens (false for an unknown index).
+    pub fn stalls_no_one(&self, i: usize) -> bool {
+        self.uncached.get(i).is_some_and(|&u| u <= self.stall_free)
     }
 
     /// The cost of candidate `i`; None when it has no learned prefill line (or is out of range).
     pub fn cost(&self, i: usize, c: &Candidate) -> Option<Cost> {
         let uncached = *self.uncached.get(i)?;
         let arrivals = self.arrivals.get(i).copied().unwrap_or(0.0);
-        cost(c, uncached, arrivals, self.output_tokens)
+        cost(c, uncached, arrivals, self.output_tokens, self.stall_free)
     }
 
     /// The key candidates are ranked by: the total; None for a candidate without a learned prefill line.
@@ -120,8 +151,15 @@ impl<'a> Pricing<'a> {
 }
 
 /// The cost of placing `uncached` prefill tokens and an answer of `output_tokens` on `c`, with `arrivals` session
-/// turns per second reaching it; None until `c`'s prefill line is learned.
-pub fn cost(c: &Candidate, uncached: u64, arrivals: f64, output_tokens: f64) -> Option<Cost> {
+/// turns per second reaching it and the first `stall_free` prefill tokens left out of the stall; None until `c`'s
+/// prefill line is learned.
+pub fn cost(
+    c: &Candidate,
+    uncached: u64,
+    arrivals: f64,
+    output_tokens: f64,
+    stall_free: u64,
+) -> Option<Cost> {
     let fit = speed(c)?;
     let s = fit.tokens_per_second;
     let own = uncached as f64 / s;
@@ -137,7 +175,8 @@ pub fn cost(c: &Candidate, uncached: u64, arrivals: f64, output_tokens: f64) -> 
         ),
         None => (0.0, 0.0),
     };
-    let stall = running as f64 * own * (1.0 + STACKED_STALL_PER_SECOND * ahead);
+    let stalling = uncached.saturating_sub(stall_free) as f64 / s;
+    let stall = running as f64 * stalling * (1.0 + STACKED_STALL_PER_SECOND * ahead);
     let queued = arrivals.max(0.0) * own * (wait + own / 2.0);
     let harm = stall + batch + queued;
     Some(Cost {
@@ -194,6 +233,13 @@ pub fn should_move(stay: Cost, best: Cost, margin: f64) -> bool {
     best.total + margin * stay.total < stay.total
 }
 
+/// Whether a turn that would cost `stay` on its bound endpoint is stuck there and should be rescued to where it
+/// would cost `there`, both priced as a rescue ([`Pricing::rescue`]): it waits at home at least [`STUCK_RATIO`]
+/// times as long for its first token, and the move saves more than `margin` of staying's cost.
+pub fn should_rescue(stay: Cost, there: Cost, margin: f64) -> bool {
+    stay.ttft >= STUCK_RATIO * there.ttft && should_move(stay, there, margin)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,23 +260,23 @@ mod tests {
     fn cost_is_queue_plus_own_prefill_plus_decode_stall() {
         // Nothing queued ahead: each of the 10 streams there finishes 0.5 s later.
         let c = cand(10, 0, 10_000.0);
-        let k = cost(&c, 5_000, 0.0, 0.0).unwrap();
+        let k = cost(&c, 5_000, 0.0, 0.0, 0).unwrap();
         assert!((k.ttft - 0.5).abs() < 1e-9, "{k:?}");
         assert!((k.harm - 5.0).abs() < 1e-9, "{k:?}");
         assert!((k.total - 5.5).abs() < 1e-9, "{k:?}");
         // Requests still in their own prefill count: they finish it first (FIFO) and decode beside this one.
         let mut c = c;
         c.prefilling = 4;
-        let k = cost(&c, 5_000, 0.0, 0.0).unwrap();
+        let k = cost(&c, 5_000, 0.0, 0.0, 0).unwrap();
         assert!((k.harm - 5.0).abs() < 1e-9, "{k:?}");
         // Behind 2 s of queued prefill: 1 + 4/s × 2 s = 9 times the stall, for streams that queue stalls already.
         let c = cand(10, 20_000, 10_000.0);
-        let k = cost(&c, 5_000, 0.0, 0.0).unwrap();
+        let k = cost(&c, 5_000, 0.0, 0.0, 0).unwrap();
         assert!((k.ttft - 2.5).abs() < 1e-9, "{k:?}");
         assert!((k.harm - 45.0).abs() < 1e-9, "{k:?}");
         assert!((k.total - 47.5).abs() < 1e-9, "{k:?}");
         assert_eq!(
-            cost(&Candidate::default(), 5, 0.0, 0.0),
+            cost(&Candidate::default(), 5, 0.0, 0.0, 0),
             None,
             "no speed, no cost"
         );
@@ -309,7 +355,7 @@ mod tests {
         let (best, k) = cheapest(&cands, &pricing, &mut rng, |_, _| true).unwrap();
         assert_eq!(best, 1);
         assert!((k.total - 16.9).abs() < 1e-9, "{k:?}");
-        let there = cost(&cands[0], 130_000, 0.0, 0.0).unwrap();
+        let there = cost(&cands[0], 130_000, 0.0, 0.0, 0).unwrap();
         assert!((there.total - 32.66).abs() < 1e-9, "{there:?}");
     }
 
@@ -318,7 +364,7 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(3);
         // Bound endpoint 0: 1k growth behind 30k queued (1.55 s). Endpoint 1 idle but must recompute 60k (3 s).
         let cands = [cand(3, 30_000, 20_000.0), cand(0, 0, 20_000.0)];
-        let stay = cost(&cands[0], 1_000, 0.0, 0.0).unwrap();
+        let stay = cost(&cands[0], 1_000, 0.0, 0.0, 0).unwrap();
         let (best, k) = cheapest(
             &cands,
             &Pricing::prefill(&[1_000, 60_000]),
@@ -355,6 +401,43 @@ mod tests {
         assert!(!should_move(a, saving(0.0), 1.0));
     }
 
+    #[test]
+    fn a_stuck_turn_is_rescued_when_it_waits_three_times_as_long_at_home() {
+        // Home: 2 s of prefill queued, 2 streams; 1k tokens of growth. There: 20 streams, idle queue, 8k to recompute.
+        let home = cand(2, 40_000, 20_000.0);
+        let there = cand(20, 0, 20_000.0);
+        let pricing = Pricing::prefill(&[1_000, 8_000]);
+        let (stay, go) = (
+            pricing.cost(0, &home).unwrap(),
+            pricing.cost(1, &there).unwrap(),
+        );
+        // By the totals the 8k recompute's stall (20 × 0.4 s) outweighs the 2.05 s wait: no move.
+        assert!(!should_move(stay, go, MARGIN), "{stay:?} {go:?}");
+        // As a rescue its 8k tokens stall no one there, nor the 1k at home.
+        let rescue = pricing.rescue();
+        let (stay, go) = (
+            rescue.cost(0, &home).unwrap(),
+            rescue.cost(1, &there).unwrap(),
+        );
+        assert!((go.harm - 0.0).abs() < 1e-9 && (stay.harm - 0.0).abs() < 1e-9);
+        assert!(should_rescue(stay, go, MARGIN), "{stay:?} {go:?}");
+        // Beyond the free tokens the stall is priced again: 40k to recompute there.
+        let k = Pricing::prefill(&[1_000, 40_000])
+            .rescue()
+            .cost(1, &there)
+            .unwrap();
+        let stalling = (40_000 - RESCUE_FREE_TOKENS) as f64 / 20_000.0;
+        assert!((k.harm - 20.0 * stalling).abs() < 1e-9, "{k:?}");
+        // Only a recompute within the free tokens is a rescue.
+        assert!(rescue.stalls_no_one(1) && rescue.stalls_no_one(0) && !rescue.stalls_no_one(2));
+        assert!(!Pricing::prefill(&[1_000, 40_000]).rescue().stalls_no_one(1));
+        assert!(!pricing.stalls_no_one(1));
+        // Home only twice as slow as there: not stuck, whatever the totals.
+        let half = cand(2, 7_000, 20_000.0);
+        let stay = rescue.cost(0, &half).unwrap();
+        assert!(stay.ttft < STUCK_RATIO * go.ttft && !should_rescue(stay, go, MARGIN));
+    }
+
     fn decoding_at(mut c: Candidate, base: f64, per_seq: f64) -> Candidate {
         c.decode = Some(crate::placement::line::Line {
             intercept: base,
@@ -376,6 +459,7 @@ mod tests {
             uncached: &[2_000, 2_000],
             arrivals: &[],
             output_tokens: out,
+            stall_free: 0,
         };
         // Prefill alone: the idle one. A 100-token answer: 2 s more on endpoint 0.
         assert_eq!(
@@ -389,7 +473,7 @@ mod tests {
         assert!((k.decode - 2.0).abs() < 1e-9, "{k:?}");
         // The batch it joins: 0.25 ms per sequence, read at the sequences running there plus one.
         let c = decoding_at(cand(7, 0, 20_000.0), 0.02, 0.00025);
-        let k = cost(&c, 0, 0.0, 100.0).unwrap();
+        let k = cost(&c, 0, 0.0, 100.0, 0).unwrap();
         assert!(
             (k.decode - 100.0 * (0.02 + 0.00025 * 8.0)).abs() < 1e-9,
             "{k:?}"
@@ -411,6 +495,7 @@ mod tests {
             uncached,
             arrivals: &[3.0, 0.0],
             output_tokens: 0.0,
+            stall_free: 0,
         };
         // 100k tokens, 5 s: about 15 turns would queue behind it, 2.5 s each on average.
         let (i, k) = cheapest(&cands, &priced(&[100_000, 100_000]), &mut rng, |_, _| true).unwrap();
@@ -460,8 +545,8 @@ mod tests {
             own_at_sample: 2,
         });
         assert!(
-            cost(&busy, 10_000, 0.0, 0.0).unwrap().total
-                > cost(&fresh, 10_000, 0.0, 0.0).unwrap().total
+            cost(&busy, 10_000, 0.0, 0.0, 0).unwrap().total
+                > cost(&fresh, 10_000, 0.0, 0.0, 0).unwrap().total
         );
         // Load placed elsewhere counts: 30 foreign requests on endpoint 1 make it the costlier one.
         fresh.engine = Some(EngineLoad {
@@ -471,8 +556,8 @@ mod tests {
             own_at_sample: 2,
         });
         assert!(
-            cost(&busy, 10_000, 0.0, 0.0).unwrap().total
-                < cost(&fresh, 10_000, 0.0, 0.0).unwrap().total
+            cost(&busy, 10_000, 0.0, 0.0, 0).unwrap().total
+                < cost(&fresh, 10_000, 0.0, 0.0, 0).unwrap().total
         );
     }
 
@@ -482,7 +567,7 @@ mod tests {
         // Bound endpoint 0 (1k of growth to compute); endpoint 1 idle, where the 20k conversation is recomputed.
         let mut cands = [cand(1, 0, 20_000.0), cand(0, 0, 20_000.0)];
         let uncached = [1_000, 20_000];
-        let stay = cost(&cands[0], uncached[0], 0.0, 0.0).unwrap();
+        let stay = cost(&cands[0], uncached[0], 0.0, 0.0, 0).unwrap();
         let (best, k) =
             cheapest(&cands, &Pricing::prefill(&uncached), &mut rng, |_, _| true).unwrap();
         assert!(
@@ -496,7 +581,7 @@ mod tests {
             kv_usage: 0.5,
             own_at_sample: 1,
         });
-        let stay = cost(&cands[0], uncached[0], 0.0, 0.0).unwrap();
+        let stay = cost(&cands[0], uncached[0], 0.0, 0.0, 0).unwrap();
         // Their prefill is taken to be ahead of the turn: 7 × 16384 tokens at 20k/s, about 5.8 s.
         assert!(
             (stay.ttft - (1_000.0 + 7.0 * 16_384.0) / 20_000.0).abs() < 1e-9,

@@ -16,7 +16,8 @@ use super::policy::{
     Evictions, PlaceRequest, Placement, PlacementPolicy, Prediction, SessionHooks, Snapshot, Ticket,
 };
 use super::predicted::{
-    all_decode_learned, all_learned, should_move, tokens_ahead, Cost, Pricing, TIE_SECONDS,
+    all_decode_learned, all_learned, should_move, should_rescue, tokens_ahead, Cost, Pricing,
+    TIE_SECONDS,
 };
 use super::prefix::PrefixIndex;
 use super::sessions::{lineage_of, SessionCommit, SessionRequest, SessionSlot, SESSION_REASONS};
@@ -163,6 +164,7 @@ impl PlacementPolicy for PredictedTtft {
                 uncached: &uncached,
                 arrivals: &arrivals,
                 output_tokens,
+                stall_free: 0,
             };
             let budget = req.ttft_budget.filter(|b| b.is_finite() && *b >= 0.0);
             self.by_cost(
@@ -248,7 +250,7 @@ impl PlacementPolicy for PredictedTtft {
 impl PredictedTtft {
     /// The cost-based decision (every eligible endpoint's throughput is learned): the session ladder ranked by
     /// predicted cost, where a turn spills off a bound endpoint at its limit and otherwise moves only when that
-    /// saves more than the move margin.
+    /// saves more than the move margin, or when it is stuck there and its rescue does (`predicted`).
     #[allow(clippy::too_many_arguments)]
     fn by_cost(
         &self,
@@ -283,14 +285,13 @@ impl PredictedTtft {
             ),
             _ => (None, false),
         };
-        let total = pricing.total();
-        let ranked = |i: usize, c: &super::Candidate| {
+        let ranked = |p: &Pricing, i: usize, c: &super::Candidate| {
             if any_fits && !fits(i, c) {
                 return None;
             }
-            total(i, c)
+            p.total()(i, c)
         };
-        let ladder = Ladder::new(cands, TIE_SECONDS, ranked);
+        let ladder = Ladder::new(cands, TIE_SECONDS, |i, c| ranked(pricing, i, c));
         let sessions = self.sessions.is_on();
         let (index, reason) = match sreq.as_ref().filter(|_| sessions) {
             None => {
@@ -315,8 +316,19 @@ impl PredictedTtft {
                 let stay = pricing.cost(b, &cands[b])?;
                 let best = l.cheapest(rng, |i, c| i == b || !c.kv_full())?;
                 let saves = pricing.cost(best, &cands[best])?;
-                (best != b && should_move(stay, saves, self.move_margin()))
-                    .then_some((best, Reason::Migrate))
+                if best != b && should_move(stay, saves, self.move_margin()) {
+                    return Some((best, Reason::Migrate));
+                }
+                // Not worth a move by the totals: a stuck turn whose recompute is short stalls no one there.
+                let rescue = pricing.rescue();
+                let best = Ladder::new(cands, TIE_SECONDS, |i, c| ranked(&rescue, i, c))
+                    .cheapest(rng, |i, c| i == b || !c.kv_full())?;
+                let stay = rescue.cost(b, &cands[b])?;
+                let there = rescue.cost(best, &cands[best])?;
+                (best != b
+                    && rescue.stalls_no_one(best)
+                    && should_rescue(stay, there, self.move_margin()))
+                .then_some((best, Reason::Migrate))
             })?,
         };
         Some(Pick {
