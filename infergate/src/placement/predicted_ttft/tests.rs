@@ -186,44 +186,26 @@ fn a_session_moves_only_when_the_saving_beats_the_recompute() {
 #[test]
 fn a_turn_stuck_behind_a_long_prompt_is_rescued_beside_a_busy_batch() {
     let mut fx = Fx::new();
-    let short = prompt("short", 32_000); // 8k tokens
-    let home = fx
-        .serve(Some("short"), &short, &[cand(0, 0), cand(0, 0)])
-        .index;
-    let mut next = short.clone();
-    next.extend_from_slice(&prompt("turn", 2_000));
-    // Home: a 40k-token prompt queued (2 s). The other endpoint: 20 streams decoding, nothing queued. By the
-    // totals the 8.5k-token recompute there (0.43 s) stalls 20 streams (8.5 s) against a 2.25 s stay; but the turn
-    // would wait home more than 3 times as long as there, and a prefill of two steps stalls no one's tail: move.
-    let mut cands = [cand(20, 0), cand(20, 0)];
-    cands[home] = cand(1, 40_000);
-    let p = fx.place(Some("short"), &next, &cands);
-    assert_eq!((p.index, p.reason), (1 - home, Reason::Migrate));
+    // The other endpoint: 20 streams decoding, nothing queued. Home: `queued` prefill tokens ahead.
+    let mut turn = |key: &str, bytes: usize, queued: u64| {
+        let text = prompt(key, bytes);
+        let home = fx.serve(Some(key), &text, &[cand(0, 0), cand(0, 0)]).index;
+        let mut next = text.clone();
+        next.extend_from_slice(&prompt("turn", 2_000));
+        let mut cands = [cand(20, 0), cand(20, 0)];
+        cands[home] = cand(1, queued);
+        let p = fx.place(Some(key), &next, &cands);
+        (p.index == home, p.reason)
+    };
+    // 8.5k tokens to recompute (0.43 s) against 2 s queued: by the totals its stall on 20 streams (8.5 s) outweighs
+    // the 2.25 s stay; but the turn would wait home more than 3 times as long, and two steps stall no one's tail.
+    assert_eq!(turn("short", 32_000, 40_000), (false, Reason::Migrate));
     // Behind 20k tokens (1 s), not 3 times the 0.43 s there: not stuck, it stays.
-    cands[home] = cand(1, 20_000);
-    let p = fx.place(Some("short"), &next, &cands);
-    assert_eq!((p.index, p.reason), (home, Reason::Sticky));
-    // A long session is never stuck that way: recomputing 60k tokens (3 s) is slower than the queue at home.
-    let long = prompt("long", 240_000);
-    let home = fx
-        .serve(Some("long"), &long, &[cand(0, 0), cand(0, 0)])
-        .index;
-    let mut next = long.clone();
-    next.extend_from_slice(&prompt("turn", 2_000));
-    let mut cands = [cand(20, 0), cand(20, 0)];
-    cands[home] = cand(1, 40_000);
-    let p = fx.place(Some("long"), &next, &cands);
-    assert_eq!((p.index, p.reason), (home, Reason::Sticky));
-    // Nor past two batch steps: 24.5k tokens to recompute (1.2 s) against 10 s queued at home would stall the 20
-    // streams there for more than a step or two.
-    let mid = prompt("mid", 96_000);
-    let home = fx.serve(Some("mid"), &mid, &[cand(0, 0), cand(0, 0)]).index;
-    let mut next = mid.clone();
-    next.extend_from_slice(&prompt("turn", 2_000));
-    let mut cands = [cand(20, 0), cand(20, 0)];
-    cands[home] = cand(1, 200_000);
-    let p = fx.place(Some("mid"), &next, &cands);
-    assert_eq!((p.index, p.reason), (home, Reason::Sticky));
+    assert_eq!(turn("short2", 32_000, 20_000), (true, Reason::Sticky));
+    // Past two batch steps: 24.5k tokens (1.2 s) against 10 s queued would stall the 20 streams for longer.
+    assert_eq!(turn("mid", 96_000, 200_000), (true, Reason::Sticky));
+    // A long session: recomputing 60.5k tokens (3 s) is slower than the queue at home.
+    assert_eq!(turn("long", 240_000, 40_000), (true, Reason::Sticky));
 }
 
 #[test]
