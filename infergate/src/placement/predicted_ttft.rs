@@ -321,6 +321,9 @@ impl PredictedTtft {
                 }
                 // Not worth a move by the totals: a stuck turn whose recompute is short stalls no one there.
                 let rescue = pricing.rescue();
+                if !(0..cands.len()).any(|i| i != b && rescue.stalls_no_one(i)) {
+                    return None; // no short recompute anywhere: skip repricing (most turns of long sessions)
+                }
                 let best = Ladder::new(cands, TIE_SECONDS, |i, c| ranked(&rescue, i, c))
                     .cheapest(rng, |i, c| i == b || !c.kv_full())?;
                 let stay = rescue.cost(b, &cands[b])?;
