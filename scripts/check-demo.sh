@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the demo the way a user would, non-interactively: scripts/demo.sh --short --no-wait on this build's debug
 # binaries, on free loopback ports. Checks that the output has no escape codes (stdout is not a terminal), that the
-# live view printed frames with prefill peaks, that the router made a move (migrate, spill or fallback) under the
+# live view printed frames with prefill peaks, that the router made a move (migrate, rescue, spill or fallback) under the
 # pressure moment, that the summary compares predicted_ttft with round_robin (TTFT p95, slowest-5% decode, cache hit
 # share; which is ahead is measured in BENCHMARKS.md, never asserted here), and that no demo process is left.
 # scripts/test.sh runs it after the cargo tests (about a minute).
@@ -20,7 +20,7 @@ fail() { cat "$OUT"; echo "check-demo: $*" >&2; exit 1; }
 if grep -q $'\x1b' "$OUT"; then fail "escape codes in output that is not a terminal"; fi
 grep -q '^predicted_ttft .* elapsed.*sessions [0-9]* of 12 done' "$OUT" || fail "no progress in the live view"
 grep -Eq '^127\.0\.0\.1:[0-9]+ +[0-9]+ +([0-9]+\+[0-9]+|-) +[1-9][0-9]{4,} #' "$OUT" || fail "no prefill peak of 10k+ tokens in a frame"
-grep -E '^moves {2,}migrate [0-9]+, spill [0-9]+, fallback [0-9]+ ' "$OUT" | grep -Eq '(migrate|spill|fallback) [1-9]' ||
+grep -E '^moves {2,}migrate [0-9]+, rescue [0-9]+, spill [0-9]+, fallback [0-9]+ ' "$OUT" | grep -Eq '(migrate|rescue|spill|fallback) [1-9]' ||
   fail "the summary shows no move"
 grep -Eq '^ +predicted_ttft \+ sessions +round_robin$' "$OUT" || fail "no round_robin comparison"
 grep -Eq '^TTFT p95 \(lower is better\) +[0-9]+ ms +[0-9]+ ms$' "$OUT" || fail "no TTFT p95 of both runs"

@@ -2,7 +2,7 @@
 # The demo: builds infergate, starts four simulated vLLM engines and the router (conf/demo.yaml, policy predicted_ttft
 # with sessions) and drives agent sessions with two moments of real pressure (long cold prompts arriving at once;
 # another tenant flooding one engine directly) while a live view shows each endpoint's load, the peak of prefill
-# tokens in flight and the moves the router makes (migrate, spill, fallback). Then the same workload (same seed,
+# tokens in flight and the moves the router makes (migrate, rescue, spill, fallback). Then the same workload (same seed,
 # fresh engines) runs once more under round_robin, the summary compares the two, and the router stays up on
 # http://127.0.0.1:8000 until Ctrl-C. Every process it starts is stopped on exit or Ctrl-C; all on 127.0.0.1.
 #

@@ -6,7 +6,7 @@ live:    polls the router's /status.json and /metrics once a second while loadge
          running+waiting (its busiest sample since the last frame; other tenants' requests included), the PEAK of
          prefill tokens in flight since the last frame (status.json's prefill_tokens_peak, a 2 s window polled
          every second, so nothing between frames is missed) and the placements by reason since the last frame;
-         moves (migrate, spill, fallback) are listed as they happen. On a terminal the frame is redrawn in place
+         moves (migrate, rescue, spill, fallback) are listed as they happen. On a terminal the frame is redrawn in place
          every 2 s; otherwise (piped, in a test) a compact frame is printed every 6 s, without escape codes.
          --mode line: one progress line per frame instead (the comparison run).
 summary: the same workload under predicted_ttft with sessions and under round_robin, side by side.
@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.request
 
-MOVES = ("migrate", "spill", "fallback")
+MOVES = ("migrate", "rescue", "spill", "fallback")
 REASONS = ("new_session", "sticky") + MOVES
 PLACEMENT = re.compile(r'^infergate_placements_total\{([^}]*)\}\s+(\S+)', re.M)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -270,7 +270,7 @@ def summary(a):
         m = t.get("moves", {})
         return ", ".join(f"{r} {m.get(r, 0)}" for r in MOVES)
 
-    w = max(34, max(len(l) for l, _, _ in runs) + 2)
+    w = max(34, max(len(l) for l, _, _ in runs) + 2, max(len(moves(t)) for _, _, t in runs) + 2)
     rows = [("", [l for l, _, _ in runs]), ("sessions completed", [done(r) for _, r, _ in runs]),
             ("TTFT p95 (lower is better)", [ttft(r) for _, r, _ in runs]),
             ("slowest 5% decode, mean", [decode(r) for _, r, _ in runs]),

@@ -193,17 +193,17 @@ def placement_section(out_dir, runs, fleet, seed):
     if not table:
         return []
     out = ["infergate placement reasons (`infergate_placements_total`, %s engines, seed %s):\n" % (fleet, seed)]
-    out.append("| policy | " + " | ".join(reasons) + " | moved (spill + migrate) |")
+    out.append("| policy | " + " | ".join(reasons) + " | moved (spill + migrate + rescue) |")
     out.append("|---|" + "---:|" * (len(reasons) + 1))
     for d, c in table:
         total = sum(c.values())
-        moved = c.get("spill", 0) + c.get("migrate", 0)
+        moved = c.get("spill", 0) + c.get("migrate", 0) + c.get("rescue", 0)
         out.append(
             "| %s | %s | %s |"
             % (
                 d["_policy"],
                 " | ".join("%d" % c.get(r, 0) for r in reasons),
-                "%d (%.1f%% of placements)" % (moved, 100.0 * moved / total) if total and ("spill" in c or "migrate" in c) else "-",
+                "%d (%.1f%% of placements)" % (moved, 100.0 * moved / total) if total and ("spill" in c or "migrate" in c or "rescue" in c) else "-",
             )
         )
     out.append("")
@@ -485,12 +485,12 @@ def scenario_section(out_dir, scenario, runs, fleet, targets):
     if rows:
         out.append(
             "infergate placement reasons (`infergate_placements_total`, summed over the seeds); turns moved: spills "
-            "and migrations over the follow-up turns (sticky + spill + migrate):\n"
+            "migrations and rescues over the follow-up turns (sticky + spill + migrate + rescue):\n"
         )
         out.append("| policy | " + " | ".join(reasons) + " | turns moved |")
         out.append("|---|" + "---:|" * (len(reasons) + 1))
         for pol, c in rows:
-            moved = c.get("spill", 0) + c.get("migrate", 0)
+            moved = c.get("spill", 0) + c.get("migrate", 0) + c.get("rescue", 0)
             follow = moved + c.get("sticky", 0)
             out.append(
                 "| %s | %s | %s |"

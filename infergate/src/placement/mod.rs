@@ -199,6 +199,9 @@ reasons! {
     NewSession = "new_session",
     Sticky = "sticky",
     Migrate = "migrate",
+    /// A turn stuck behind a long prefill on its bound endpoint, moved where its short recompute stalls no one
+    /// (`predicted_ttft`): a move the totals alone would not make.
+    Rescue = "rescue",
     Spill = "spill",
     Fallback = "fallback",
     Headerless = "headerless",

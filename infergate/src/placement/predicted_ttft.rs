@@ -20,11 +20,23 @@ use super::predicted::{
     TIE_SECONDS,
 };
 use super::prefix::PrefixIndex;
-use super::sessions::{lineage_of, SessionCommit, SessionRequest, SessionSlot, SESSION_REASONS};
+use super::sessions::{lineage_of, SessionCommit, SessionRequest, SessionSlot};
 use super::Reason;
 use crate::config::{
     Policy, PolicyConfig, PoolConfig, PrefixConfig, SessionsConfig, DEFAULT_MOVE_MARGIN,
 };
+
+/// The reasons it gives with sessions, in the order the metrics and the status page list them: the session
+/// table's and its own `rescue`.
+const REASONS: [Reason; 7] = [
+    Reason::NewSession,
+    Reason::Sticky,
+    Reason::Migrate,
+    Reason::Rescue,
+    Reason::Spill,
+    Reason::Fallback,
+    Reason::Headerless,
+];
 
 pub struct PredictedTtft {
     sessions: SessionSlot,
@@ -93,7 +105,7 @@ impl PlacementPolicy for PredictedTtft {
 
     fn reasons(&self) -> &'static [Reason] {
         if self.sessions.is_on() {
-            &SESSION_REASONS
+            &REASONS
         } else {
             &[Reason::Predicted, Reason::LoadAware]
         }
@@ -331,7 +343,7 @@ impl PredictedTtft {
                 (best != b
                     && rescue.stalls_no_one(best)
                     && should_rescue(stay, there, self.move_margin()))
-                .then_some((best, Reason::Migrate))
+                .then_some((best, Reason::Rescue))
             })?,
         };
         Some(Pick {
