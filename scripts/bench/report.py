@@ -14,6 +14,8 @@ import platform
 import subprocess
 
 PEERS = ("vllm-router", "smg")
+# Placement reasons that send a session's turn off its bound endpoint.
+MOVES = ("spill", "migrate", "rescue")
 
 
 def sh(*cmd):
@@ -197,13 +199,13 @@ def placement_section(out_dir, runs, fleet, seed):
     out.append("|---|" + "---:|" * (len(reasons) + 1))
     for d, c in table:
         total = sum(c.values())
-        moved = c.get("spill", 0) + c.get("migrate", 0) + c.get("rescue", 0)
+        moved = sum(c.get(r, 0) for r in MOVES)
         out.append(
             "| %s | %s | %s |"
             % (
                 d["_policy"],
                 " | ".join("%d" % c.get(r, 0) for r in reasons),
-                "%d (%.1f%% of placements)" % (moved, 100.0 * moved / total) if total and ("spill" in c or "migrate" in c or "rescue" in c) else "-",
+                "%d (%.1f%% of placements)" % (moved, 100.0 * moved / total) if total and any(r in c for r in MOVES) else "-",
             )
         )
     out.append("")
@@ -490,7 +492,7 @@ def scenario_section(out_dir, scenario, runs, fleet, targets):
         out.append("| policy | " + " | ".join(reasons) + " | turns moved |")
         out.append("|---|" + "---:|" * (len(reasons) + 1))
         for pol, c in rows:
-            moved = c.get("spill", 0) + c.get("migrate", 0) + c.get("rescue", 0)
+            moved = sum(c.get(r, 0) for r in MOVES)
             follow = moved + c.get("sticky", 0)
             out.append(
                 "| %s | %s | %s |"
