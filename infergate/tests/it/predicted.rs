@@ -258,12 +258,16 @@ async fn with_move_margin_1_a_session_waits_out_the_flood_on_its_engine() {
         .await;
     assert_eq!(chat_requests(&f.eng[bound]), before[bound] + 1);
     let m = f.router.metrics_text().await;
-    for moved in ["reason=\"migrate\"", "reason=\"rescue\""] {
-        assert_eq!(
-            metric_sum(&m, "infergate_placements_total", &[moved]),
-            0.0,
-            "{m}"
-        );
+    // Neither kind of move, and both series exist (at zero) for every endpoint.
+    for e in &f.eng {
+        let ep = format!("endpoint=\"{}\"", e.addr);
+        for moved in ["reason=\"migrate\"", "reason=\"rescue\""] {
+            assert_eq!(
+                metric_value(&m, "infergate_placements_total", &[&ep, moved]),
+                Some(0.0),
+                "{moved} {m}"
+            );
+        }
     }
     assert_eq!(chat_requests(&f.eng[1 - bound]), before[1 - bound]);
     // The flood's clients give up; the engine frees their slots and serves the turn.
