@@ -24,7 +24,12 @@
 //! * **queued** `turns/s × P × (W + P / 2)`: session turns bound to `e` that arrive while this prefill waits or
 //!   runs queue behind it: those arriving during `W` wait all of `P`, those arriving during `P` half of it.
 //!
-//! `total = ttft + D + stall + batch + queued`: the seconds this placement adds to everyone's completion,
+//! * **failed** `F = (debt requests × FOREIGN_REQUEST_TOKENS − debt tokens) / s`, at least 0: requests that failed
+//!   there (or whose client left unanswered) since it last served one weigh as unknown requests do, however
+//!   little of their prompts it had to compute, so an engine that takes cached follow-ups and never answers does
+//!   not look idle.
+//!
+//! `total = ttft + F + D + stall + batch + queued`: the seconds this placement adds to everyone's completion,
 //! including its own. The endpoint with the lowest total wins (ties at random). A session stays on its bound
 //! endpoint unless another one's total is lower by more than the move margin (`sessions.move_margin`) of
 //! staying's: the recompute of the whole context elsewhere, and the stall and queue it causes there, are inside
@@ -79,7 +84,7 @@ pub struct Cost {
     /// The delay it adds to others: streams decoding there stalled by its prefill and slowed by its sequence,
     /// and session turns arriving behind its prefill.
     pub harm: f64,
-    /// All of it.
+    /// All of it, with the weight of the requests that failed there (not in `ttft`: no wait is known).
     pub total: f64,
 }
 
@@ -100,6 +105,14 @@ fn speed(c: &Candidate) -> Option<Fitted> {
 pub fn tokens_ahead(c: &Candidate) -> u64 {
     let foreign = c.foreign_requests().saturating_mul(FOREIGN_REQUEST_TOKENS);
     c.live_prefill_tokens().saturating_add(foreign)
+}
+
+/// The failed requests' weight beyond their own prefill tokens (**failed** above), in tokens. Placement only: the
+/// prediction and its learning sample take the tokens there are ([`tokens_ahead`]).
+fn debt_beyond_tokens(c: &Candidate) -> u64 {
+    c.debt_requests
+        .saturating_mul(FOREIGN_REQUEST_TOKENS)
+        .saturating_sub(c.debt_tokens)
 }
 
 /// What the model needs of one request besides the candidates: `uncached[i]` tokens to compute on `cands[i]`,
@@ -166,6 +179,7 @@ pub fn cost(
     let ahead = tokens_ahead(c) as f64 / s;
     let wait = fit.overhead_seconds + ahead;
     let ttft = wait + own;
+    let failed = debt_beyond_tokens(c) as f64 / s;
     let running = c.request_load();
     let decoding = running.saturating_sub(c.prefilling) as f64;
     let (decode, batch) = match c.decode.filter(|_| output_tokens > 0.0) {
@@ -184,7 +198,7 @@ pub fn cost(
         queued_ahead: ahead,
         decode,
         harm,
-        total: ttft + decode + harm,
+        total: ttft + failed + decode + harm,
     })
 }
 

@@ -367,3 +367,29 @@ fn a_ttft_budget_narrows_the_choice_and_says_when_nothing_fits() {
     let p = fx.place(Some("b"), &grown, &cands);
     assert!(p.ticket.predicted.unwrap().beyond_budget);
 }
+
+#[test]
+fn failed_requests_weigh_as_queued_work_even_when_their_prompts_were_cached() {
+    // Engine 0 accepted three requests and never answered them; their prompts were cached there, so their debt
+    // carries no prefill tokens. It must not look idle (issue 27: a hung engine draws no traffic).
+    let mut fx = Fx::new();
+    let even = [cand(0, 0), cand(0, 0)];
+    let first = prompt("s1", 8_000);
+    let home = fx.serve(Some("s1"), &first, &even).index;
+    let mut cands = [cand(0, 0), cand(0, 0)];
+    cands[home].debt_requests = 3;
+    let mut second = first.clone();
+    second.extend_from_slice(&prompt("more", 200));
+    for _ in 0..50 {
+        // A request without the header whose prompt is cached there too.
+        let p = fx.place(None, &second, &cands);
+        assert_eq!((p.index, p.reason), (1 - home, Reason::Headerless));
+        // The session bound there leaves it, whatever its cache.
+        let p = fx.place(Some("s1"), &second, &cands);
+        assert_eq!((p.index, p.reason), (1 - home, Reason::Migrate));
+    }
+    // The prediction and its sample count only the tokens there are: the debt weighs in the choice alone.
+    cands[1 - home].eligible = false;
+    let p = fx.place(None, &prompt("x", 400), &cands);
+    assert_eq!(p.ticket.prediction().map(|(_, ahead)| ahead), Some(0));
+}
