@@ -370,8 +370,8 @@ fn a_ttft_budget_narrows_the_choice_and_says_when_nothing_fits() {
 
 #[test]
 fn failed_requests_weigh_as_queued_work_even_when_their_prompts_were_cached() {
-    // Engine 0 accepted three requests and never answered them; their prompts were cached there, so their debt
-    // carries no prefill tokens. It must not look idle (issue 27: a hung engine draws no traffic).
+    // The session's engine accepted three requests and never answered them; their prompts were cached there, so
+    // their debt carries no prefill tokens. It must not look idle (issue 27: a hung engine draws no traffic).
     let mut fx = Fx::new();
     let even = [cand(0, 0), cand(0, 0)];
     let first = prompt("s1", 8_000);
