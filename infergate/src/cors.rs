@@ -2,7 +2,10 @@
 //! may read each answer. Off by default; the engines' own CORS headers never reach the client either way, so the
 //! router's setting is the only one in effect.
 
+use http::HeaderValue;
 use pingora_http::{RequestHeader, ResponseHeader};
+
+use crate::header_case::Headers;
 
 use crate::config::CorsOrigins;
 
@@ -65,11 +68,11 @@ pub fn requested_headers(req: &RequestHeader) -> RequestedHeaders<'_> {
 pub fn apply(
     cfg: &CorsOrigins,
     req: &RequestHeader,
-    resp: &mut ResponseHeader,
+    resp: &mut (impl Headers + ?Sized),
 ) -> pingora_error::Result<()> {
-    // Header edits are costly in Pingora's case-preserving map: only when the engine sent some.
+    // Only when the engine sent some.
     if resp
-        .headers
+        .map()
         .contains_key(http::header::ACCESS_CONTROL_ALLOW_ORIGIN)
     {
         for name in [
@@ -80,7 +83,7 @@ pub fn apply(
             http::header::ACCESS_CONTROL_EXPOSE_HEADERS,
             http::header::ACCESS_CONTROL_MAX_AGE,
         ] {
-            resp.remove_header(&name);
+            resp.remove(&name);
         }
     }
     if let Some(allow) = allow_origin(cfg, req) {
@@ -89,12 +92,24 @@ pub fn apply(
     Ok(())
 }
 
-fn allow_headers(resp: &mut ResponseHeader, allow: &str) -> pingora_error::Result<()> {
-    resp.insert_header("access-control-allow-origin", allow)?;
-    resp.insert_header("access-control-expose-headers", EXPOSED)?;
+fn allow_headers(resp: &mut (impl Headers + ?Sized), allow: &str) -> pingora_error::Result<()> {
+    let invalid = |_| {
+        pingora_error::Error::explain(
+            pingora_error::ErrorType::InvalidHTTPHeader,
+            "invalid origin",
+        )
+    };
+    resp.set(
+        &http::header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_str(allow).map_err(invalid)?,
+    )?;
+    resp.set(
+        &http::header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static(EXPOSED),
+    )?;
     if allow != "*" {
         // The answer depends on the request's origin: a shared cache must not serve it to another.
-        resp.append_header("vary", "Origin")?;
+        resp.append(&http::header::VARY, HeaderValue::from_static("Origin"))?;
     }
     Ok(())
 }

@@ -7,11 +7,12 @@
 
 use std::net::IpAddr;
 
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 use pingora_core::protocols::l4::socket::SocketAddr;
-use pingora_http::RequestHeader;
+use pingora_error::OrErr;
 
 use crate::config::Cidr;
+use crate::header_case::Headers;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
@@ -122,20 +123,17 @@ pub fn compute(
 
 /// Rewrite the three headers of an upstream request (see [`compute`]).
 pub fn apply(
-    req: &mut RequestHeader,
+    req: &mut (impl Headers + ?Sized),
     peer: Option<IpAddr>,
     trusted: &[Cidr],
 ) -> pingora_error::Result<()> {
     let h = {
+        let map = req.map();
         // Looked up by `HeaderName`: a `&str` name is parsed again at every lookup.
         let all = |name: &HeaderName| -> Vec<&[u8]> {
-            req.headers
-                .get_all(name)
-                .iter()
-                .map(|v| v.as_bytes())
-                .collect()
+            map.get_all(name).iter().map(|v| v.as_bytes()).collect()
         };
-        let real_ip = req.headers.get(&X_REAL_IP).map(|v| v.as_bytes());
+        let real_ip = map.get(&X_REAL_IP).map(|v| v.as_bytes());
         compute(
             peer,
             trusted,
@@ -145,26 +143,29 @@ pub fn apply(
         )
     };
     match h.x_forwarded_for {
-        Some(v) => req.insert_header("x-forwarded-for", v)?,
-        None if req.headers.contains_key(&X_FORWARDED_FOR) => {
-            req.remove_header(&X_FORWARDED_FOR);
-        }
-        None => {}
+        Some(v) => req.set(&X_FORWARDED_FOR, value(v)?)?,
+        None => req.remove(&X_FORWARDED_FOR),
     }
-    req.insert_header("forwarded", h.forwarded)?;
+    req.set(&http::header::FORWARDED, value(h.forwarded)?)?;
     match h.x_real_ip {
-        Some(v) => req.insert_header("x-real-ip", v)?,
-        None if req.headers.contains_key(&X_REAL_IP) => {
-            req.remove_header(&X_REAL_IP);
-        }
-        None => {}
+        Some(v) => req.set(&X_REAL_IP, value(v)?)?,
+        None => req.remove(&X_REAL_IP),
     }
     Ok(())
+}
+
+/// A header value from bytes the client sent (already valid header bytes) and addresses; no copy.
+fn value(v: Vec<u8>) -> pingora_error::Result<HeaderValue> {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(v)).or_err(
+        pingora_error::ErrorType::InvalidHTTPHeader,
+        "invalid client address header",
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pingora_http::RequestHeader;
 
     #[test]
     fn ip_text_matches_display() {
@@ -276,30 +277,44 @@ mod tests {
 
     #[test]
     fn apply_rewrites_the_upstream_request() {
-        let mut req = RequestHeader::build("POST", b"/v1/completions", None).unwrap();
-        req.append_header("x-forwarded-for", "198.51.100.1")
-            .unwrap();
-        req.append_header("X-Forwarded-For", "192.0.2.4").unwrap();
-        req.append_header("x-real-ip", "1.1.1.1").unwrap();
-        apply(&mut req, ip("127.0.0.1"), &[]).unwrap();
-        let get = |n: &str| -> Vec<&str> {
-            req.headers
-                .get_all(n)
-                .iter()
-                .map(|v| v.to_str().unwrap())
-                .collect()
-        };
-        assert_eq!(
-            get("x-forwarded-for"),
-            ["198.51.100.1, 192.0.2.4, 127.0.0.1"]
-        );
-        assert_eq!(get("forwarded"), ["for=127.0.0.1"]);
-        assert_eq!(get("x-real-ip"), ["127.0.0.1"]);
+        // Through Pingora's methods (a request that keeps its case map) and on the header map itself.
+        for direct in [false, true] {
+            let mut req = RequestHeader::build("POST", b"/v1/completions", None).unwrap();
+            req.append_header("x-forwarded-for", "198.51.100.1")
+                .unwrap();
+            req.append_header("X-Forwarded-For", "192.0.2.4").unwrap();
+            req.append_header("x-real-ip", "1.1.1.1").unwrap();
+            let peer = ip("127.0.0.1");
+            if direct {
+                crate::header_case::edit_request(&mut req, |h| apply(h, peer, &[])).unwrap();
+            } else {
+                apply(&mut req, peer, &[]).unwrap();
+            }
+            assert_eq!(req.has_case(), !direct);
+            let get = |n: &str| -> Vec<&str> {
+                req.headers
+                    .get_all(n)
+                    .iter()
+                    .map(|v| v.to_str().unwrap())
+                    .collect()
+            };
+            assert_eq!(
+                get("x-forwarded-for"),
+                ["198.51.100.1, 192.0.2.4, 127.0.0.1"]
+            );
+            assert_eq!(get("forwarded"), ["for=127.0.0.1"]);
+            assert_eq!(get("x-real-ip"), ["127.0.0.1"]);
 
-        let mut req = RequestHeader::build("GET", b"/v1/models/x", None).unwrap();
-        req.append_header("x-real-ip", "1.1.1.1").unwrap();
-        apply(&mut req, None, &[]).unwrap();
-        assert!(req.headers.get("x-forwarded-for").is_none());
-        assert!(req.headers.get("x-real-ip").is_none());
+            let mut req = RequestHeader::build("GET", b"/v1/models/x", None).unwrap();
+            req.append_header("x-real-ip", "1.1.1.1").unwrap();
+            if direct {
+                crate::header_case::edit_request(&mut req, |h| apply(h, None, &[])).unwrap();
+            } else {
+                apply(&mut req, None, &[]).unwrap();
+            }
+            assert!(req.headers.get("x-forwarded-for").is_none());
+            assert!(req.headers.get("x-real-ip").is_none());
+            assert_eq!(req.headers.get("forwarded").unwrap(), "for=unknown");
+        }
     }
 }

@@ -12,6 +12,7 @@ use http::HeaderName;
 use pingora_http::RequestHeader;
 
 use crate::errors::ApiError;
+use crate::header_case::Headers;
 
 /// Check the request's framing; the error the client gets when it breaks a rule.
 pub fn screen(req: &RequestHeader) -> Result<(), ApiError> {
@@ -78,18 +79,18 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 
 /// Remove every header whose name `drop` picks from a request: one pass over the names the request carries, not
 /// one lookup per candidate name (a lookup by a `&str` parses the name first; most requests carry none of them).
-pub fn remove_matching(req: &mut RequestHeader, drop: impl Fn(&HeaderName) -> bool) {
-    let found: Vec<HeaderName> = req.headers.keys().filter(|k| drop(k)).cloned().collect();
+pub fn remove_matching(req: &mut (impl Headers + ?Sized), drop: impl Fn(&HeaderName) -> bool) {
+    let found: Vec<HeaderName> = req.map().keys().filter(|k| drop(k)).cloned().collect();
     for name in &found {
-        req.remove_header(name);
+        req.remove(name);
     }
 }
 
 /// Remove the hop-by-hop headers (and those `Connection` names) from a request about to be forwarded. Costs one
 /// pass over the request's header names when none is present, the common case.
-pub fn strip_hop_by_hop(req: &mut RequestHeader) {
+pub fn strip_hop_by_hop(req: &mut (impl Headers + ?Sized)) {
     let named: Vec<String> = req
-        .headers
+        .map()
         .get_all(http::header::CONNECTION)
         .iter()
         .flat_map(|v| tokens(v.as_bytes()))

@@ -6,35 +6,128 @@
 //! lower case, so the second map only costs: every insert the router makes (request id, client address, endpoint)
 //! parses, allocates and may grow both, and Pingora copies both for the upstream request.
 
+use http::{HeaderMap, HeaderName, HeaderValue};
+use pingora_error::{ErrorType, OrErr, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
+
+/// Header edits the router makes: on the header map itself where the message has no case map, through Pingora's
+/// methods where it keeps one. Pingora's `insert_header` parses the name again and copies a custom one on every
+/// call; the map takes a parsed name as it is.
+pub trait Headers {
+    /// The headers as they stand.
+    fn map(&self) -> &HeaderMap;
+    /// Replace every value of `name` with `value`.
+    fn set(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()>;
+    /// Add `value` after the values `name` has.
+    fn append(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()>;
+    /// Remove every value of `name`.
+    fn remove(&mut self, name: &HeaderName);
+}
+
+impl Headers for HeaderMap {
+    fn map(&self) -> &HeaderMap {
+        self
+    }
+    fn set(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
+        self.try_insert(name.clone(), value)
+            .map(drop)
+            .or_err(ErrorType::InvalidHTTPHeader, "too many headers")
+    }
+    fn append(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
+        self.try_append(name.clone(), value)
+            .map(drop)
+            .or_err(ErrorType::InvalidHTTPHeader, "too many headers")
+    }
+    fn remove(&mut self, name: &HeaderName) {
+        HeaderMap::remove(self, name);
+    }
+}
+
+impl Headers for RequestHeader {
+    fn map(&self) -> &HeaderMap {
+        &self.headers
+    }
+    fn set(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
+        self.insert_header(name.clone(), value)
+    }
+    fn append(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
+        self.append_header(name.clone(), value).map(drop)
+    }
+    fn remove(&mut self, name: &HeaderName) {
+        self.remove_header(name);
+    }
+}
+
+impl Headers for ResponseHeader {
+    fn map(&self) -> &HeaderMap {
+        &self.headers
+    }
+    fn set(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
+        self.insert_header(name.clone(), value)
+    }
+    fn append(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
+        self.append_header(name.clone(), value).map(drop)
+    }
+    fn remove(&mut self, name: &HeaderName) {
+        self.remove_header(name);
+    }
+}
+
+/// Whether `req`'s target comes back byte for byte from its URI (origin-form, UTF-8): then the request can be
+/// rebuilt from its parts without changing what goes on the wire.
+fn target_from_uri(req: &RequestHeader) -> bool {
+    let from_uri = req.uri.path_and_query().map_or("/", |p| p.as_str());
+    req.raw_path_is_utf8() && req.raw_path() == from_uri.as_bytes()
+}
+
+/// Run `edit` on `req`'s headers, dropping its case map on the way: directly on the header map, unless the
+/// request-target is one the URI does not reproduce (absolute-form, not UTF-8), which keeps the case map and goes
+/// through Pingora's methods.
+pub fn edit_request<R>(req: &mut RequestHeader, edit: impl FnOnce(&mut dyn Headers) -> R) -> R {
+    if !target_from_uri(req) {
+        return edit(req);
+    }
+    let end_stream = req.send_end_stream();
+    let placeholder = RequestHeader::from(http::Request::new(()).into_parts().0);
+    let mut parts = http::request::Parts::from(std::mem::replace(req, placeholder));
+    let out = edit(&mut parts.headers);
+    *req = RequestHeader::from(parts);
+    if let Some(end_stream) = end_stream {
+        req.set_send_end_stream(end_stream);
+    }
+    out
+}
 
 /// Drop `req`'s case map. A request-target the URI does not reproduce byte for byte (absolute-form, not UTF-8)
 /// keeps it: rebuilding from the URI would change the target.
 pub fn plain_request(req: &mut RequestHeader) {
-    let from_uri = req.uri.path_and_query().map_or("/", |p| p.as_str());
-    if !req.has_case() || !req.raw_path_is_utf8() || req.raw_path() != from_uri.as_bytes() {
-        return;
+    if req.has_case() {
+        edit_request(req, |_| ());
     }
-    let placeholder = RequestHeader::from(http::Request::new(()).into_parts().0);
-    let parts = http::request::Parts::from(std::mem::replace(req, placeholder));
-    *req = RequestHeader::from(parts);
 }
 
-/// Drop `resp`'s case map; a reason phrase other than the status's own is kept.
-pub fn plain_response(resp: &mut ResponseHeader) {
-    if !resp.has_case() {
-        return;
-    }
+/// Run `edit` on `resp`'s headers directly on the header map, dropping its case map; a reason phrase other than
+/// the status's own is kept.
+pub fn edit_response<R>(resp: &mut ResponseHeader, edit: impl FnOnce(&mut dyn Headers) -> R) -> R {
     let reason = resp
         .get_reason_phrase()
         .filter(|r| Some(*r) != resp.status.canonical_reason())
         .map(str::to_string);
     let placeholder = ResponseHeader::from(http::Response::new(()).into_parts().0);
-    let parts = http::response::Parts::from(std::mem::replace(resp, placeholder));
+    let mut parts = http::response::Parts::from(std::mem::replace(resp, placeholder));
+    let out = edit(&mut parts.headers);
     *resp = ResponseHeader::from(parts);
     if reason.is_some() {
         // Cannot fail: the phrase came from a parsed response.
         let _ = resp.set_reason_phrase(reason.as_deref());
+    }
+    out
+}
+
+/// Drop `resp`'s case map; a reason phrase other than the status's own is kept.
+pub fn plain_response(resp: &mut ResponseHeader) {
+    if resp.has_case() {
+        edit_response(resp, |_| ());
     }
 }
 
@@ -105,6 +198,62 @@ mod tests {
         plain_response(&mut resp);
         assert!(!resp.has_case());
         assert_eq!(resp.get_reason_phrase(), Some("Slow Down"));
+        assert_eq!(resp.headers.get("retry-after").unwrap(), "2");
+    }
+
+    #[test]
+    fn edits_go_to_the_map_and_keep_the_target_version_and_end_stream() {
+        let mut req = RequestHeader::build("POST", b"/v1/chat/completions?x=1", None).unwrap();
+        req.set_version(http::Version::HTTP_2);
+        req.set_send_end_stream(false);
+        req.append_header("X-Multi", "a").unwrap();
+        let name = HeaderName::from_static("x-request-id");
+        edit_request(&mut req, |h| {
+            h.set(&name, HeaderValue::from_static("r1")).unwrap();
+            h.append(&name, HeaderValue::from_static("r2")).unwrap();
+            h.remove(&HeaderName::from_static("x-multi"));
+        });
+        assert!(!req.has_case());
+        assert_eq!(req.raw_path(), b"/v1/chat/completions?x=1");
+        assert_eq!(req.version, http::Version::HTTP_2);
+        assert_eq!(req.send_end_stream(), Some(false));
+        let ids: Vec<_> = req.headers.get_all(&name).iter().collect();
+        assert_eq!(ids, ["r1", "r2"]);
+        assert!(req.headers.get("x-multi").is_none());
+    }
+
+    #[test]
+    fn a_target_the_uri_would_not_reproduce_is_edited_through_pingora() {
+        let mut req =
+            RequestHeader::build("POST", b"http://engine:8000/v1/completions", None).unwrap();
+        req.append_header("X-A", "1").unwrap();
+        edit_request(&mut req, |h| {
+            h.set(
+                &HeaderName::from_static("x-b"),
+                HeaderValue::from_static("2"),
+            )
+            .unwrap()
+        });
+        assert!(req.has_case());
+        assert_eq!(req.raw_path(), b"http://engine:8000/v1/completions");
+        assert_eq!(wire_req(&req), "X-A: 1\r\nx-b: 2\r\n");
+    }
+
+    #[test]
+    fn a_response_edited_on_the_map_keeps_an_unusual_reason() {
+        let mut resp = ResponseHeader::build(429, None).unwrap();
+        resp.set_reason_phrase(Some("Slow Down")).unwrap();
+        resp.append_header("Retry-After", "2").unwrap();
+        edit_response(&mut resp, |h| {
+            h.set(
+                &HeaderName::from_static("x-request-id"),
+                HeaderValue::from_static("r"),
+            )
+            .unwrap()
+        });
+        assert!(!resp.has_case());
+        assert_eq!(resp.get_reason_phrase(), Some("Slow Down"));
+        assert_eq!(resp.headers.get("x-request-id").unwrap(), "r");
         assert_eq!(resp.headers.get("retry-after").unwrap(), "2");
     }
 }

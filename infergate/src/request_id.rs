@@ -6,7 +6,7 @@
 //! later hook (and Pingora's copy of the request sent upstream) sees one value. W3C `traceparent` and `tracestate`
 //! are not touched: Pingora forwards every request header the router does not rewrite.
 
-use pingora_http::RequestHeader;
+use crate::header_case::Headers;
 
 /// The header carrying the id, in both directions.
 pub const HEADER: &str = "x-request-id";
@@ -26,38 +26,39 @@ pub fn is_valid(v: &[u8]) -> bool {
 
 /// A new id: 128 random bits as 32 lower-case hex digits.
 pub fn generate() -> String {
+    String::from_utf8(generate_bytes().to_vec()).unwrap_or_default()
+}
+
+/// [`generate`]'s digits.
+fn generate_bytes() -> [u8; 32] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let n = fastrand::u128(..);
     // By hand: `format!` costs more than the rest of `assign` on every request.
-    let mut id = String::with_capacity(32);
-    for i in 0..32 {
-        id.push(char::from(HEX[(n >> (4 * (31 - i))) as usize & 0xf]));
-    }
-    id
+    std::array::from_fn(|i| HEX[(n >> (4 * (31 - i))) as usize & 0xf])
 }
 
-/// The request's id: the client's single valid `x-request-id`, else a new one. The header is then set to exactly
-/// that value (an invalid or repeated client header is replaced), and the id returned.
-pub fn assign(req: &mut RequestHeader) -> String {
-    let mut values = req.headers.get_all(&NAME).iter();
-    let client = match (values.next(), values.next()) {
-        (Some(v), None) if is_valid(v.as_bytes()) => v.to_str().ok().map(str::to_string),
-        _ => None,
-    };
-    if let Some(id) = client {
-        return id;
+/// Give the request its id: the client's single valid `x-request-id` is kept, anything else (none, invalid,
+/// repeated) is replaced by a new one, so the header then holds exactly one valid id.
+pub fn assign(req: &mut dyn Headers) {
+    let mut values = req.map().get_all(&NAME).iter();
+    if let (Some(v), None) = (values.next(), values.next()) {
+        if is_valid(v.as_bytes()) {
+            return;
+        }
     }
-    let id = generate();
-    // A generated id is hex: always a valid header value.
-    if req.insert_header(HEADER, id.as_str()).is_err() {
-        req.remove_header(HEADER);
+    // Hex digits: always a valid header value.
+    if let Ok(id) = http::HeaderValue::from_bytes(&generate_bytes()) {
+        if req.set(&NAME, id).is_err() {
+            req.remove(&NAME);
+        }
     }
-    id
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use pingora_http::RequestHeader;
 
     fn req(ids: &[&[u8]]) -> RequestHeader {
         let mut r = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
@@ -90,11 +91,12 @@ mod tests {
     #[test]
     fn a_sane_client_id_is_kept() {
         let mut r = req(&[b"client-42:abc/DEF"]);
-        assert_eq!(assign(&mut r), "client-42:abc/DEF");
+        assign(&mut r);
         assert_eq!(header_values(&r), [b"client-42:abc/DEF".to_vec()]);
         let longest = "x".repeat(MAX_LEN);
         let mut r = req(&[longest.as_bytes()]);
-        assert_eq!(assign(&mut r), longest);
+        assign(&mut r);
+        assert_eq!(header_values(&r), [longest.into_bytes()]);
     }
 
     #[test]
@@ -108,10 +110,19 @@ mod tests {
             vec!["caf\u{e9}".as_bytes()],
             vec![b"a".as_slice(), b"b".as_slice()],
         ] {
-            let mut r = req(&ids);
-            let id = assign(&mut r);
-            assert_eq!(id.len(), 32, "{ids:?}");
-            assert_eq!(header_values(&r), [id.into_bytes()], "{ids:?}");
+            for direct in [false, true] {
+                let mut r = req(&ids);
+                if direct {
+                    crate::header_case::edit_request(&mut r, assign);
+                    assert!(!r.has_case());
+                } else {
+                    assign(&mut r);
+                }
+                let values = header_values(&r);
+                assert_eq!(values.len(), 1, "{ids:?}");
+                assert_eq!(values[0].len(), 32, "{ids:?}");
+                assert!(is_valid(&values[0]), "{ids:?}");
+            }
         }
     }
 }

@@ -133,6 +133,8 @@ pub struct Endpoint {
     pub pool: Arc<str>,
     /// "host:port", the `endpoint` metric label.
     pub label: String,
+    /// [`Self::label`] as a header value (the upstream `Host`, `x-infergate-endpoint`), built once.
+    pub label_value: http::HeaderValue,
     pub host: String,
     target: ArcSwap<Target>,
     pub load: Arc<EndpointLoad>,
@@ -182,6 +184,9 @@ impl Endpoint {
             id: NEXT_ENDPOINT_ID.fetch_add(1, Ordering::Relaxed),
             pool,
             label: cfg.label.clone(),
+            // A label is host:port, always a valid header value; the fallback only keeps this infallible.
+            label_value: http::HeaderValue::from_str(&cfg.label)
+                .unwrap_or_else(|_| http::HeaderValue::from_static("invalid")),
             host: cfg.host.clone(),
             target,
             load: Arc::new(EndpointLoad::default()),

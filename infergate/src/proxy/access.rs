@@ -3,11 +3,11 @@
 //! whose facts also end the request's spans.
 
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
-use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
 use super::{Ctx, Router};
 use crate::access_log::Line;
+use crate::header_case::Headers;
 use crate::placement::sessions::session_hash;
 use crate::request_id;
 
@@ -17,10 +17,14 @@ pub const ENDPOINT_HEADER: &str = "x-infergate-endpoint";
 /// In a disaggregated pool, the header naming the endpoint that ran the prefill leg (`endpoint_header` too).
 pub const PREFILL_ENDPOINT_HEADER: &str = "x-infergate-prefill-endpoint";
 
+static ENDPOINT_NAME: http::HeaderName = http::HeaderName::from_static(ENDPOINT_HEADER);
+static PREFILL_ENDPOINT_NAME: http::HeaderName =
+    http::HeaderName::from_static(PREFILL_ENDPOINT_HEADER);
+
 /// Set the request's id on a response: the value `request_id::assign` left in the request header.
-pub(super) fn echo_request_id(session: &Session, resp: &mut ResponseHeader) -> Result<()> {
+pub(super) fn echo_request_id(session: &Session, resp: &mut (impl Headers + ?Sized)) -> Result<()> {
     if let Some(id) = session.req_header().headers.get(&request_id::NAME) {
-        resp.insert_header(request_id::HEADER, id.clone())?;
+        resp.set(&request_id::NAME, id.clone())?;
     }
     Ok(())
 }
@@ -31,18 +35,21 @@ impl Router {
     pub(super) fn trace_headers(
         &self,
         session: &Session,
-        resp: &mut ResponseHeader,
+        resp: &mut dyn Headers,
         ctx: &Ctx,
+        cfg: &crate::config::Config,
     ) -> Result<()> {
-        let cfg = self.current();
         echo_request_id(session, resp)?;
         crate::cors::apply(&cfg.cors_allowed_origins, session.req_header(), resp)?;
         if cfg.endpoint_header {
             if let Some(ep) = &ctx.endpoint {
-                resp.insert_header(ENDPOINT_HEADER, ep.label.as_str())?;
+                resp.set(&ENDPOINT_NAME, ep.label_value.clone())?;
             }
             if let Some(p) = &ctx.prefill {
-                resp.insert_header(PREFILL_ENDPOINT_HEADER, p.endpoint.as_str())?;
+                let v = http::HeaderValue::from_str(&p.endpoint).map_err(|_| {
+                    Error::explain(ErrorType::InvalidHTTPHeader, "invalid endpoint label")
+                })?;
+                resp.set(&PREFILL_ENDPOINT_NAME, v)?;
             }
         }
         Ok(())

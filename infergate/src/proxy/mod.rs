@@ -155,8 +155,8 @@ impl ProxyHttp for Router {
         // write to a client that stopped reading gives up after timeouts.client_write.
         let t = &self.current().timeouts;
         crate::clients::header_received(session, t.client_idle, t.client_write);
-        crate::header_case::plain_request(session.req_header_mut());
-        crate::request_id::assign(session.req_header_mut());
+        // The case map goes (header_case) and the request id is set in the same edit.
+        crate::header_case::edit_request(session.req_header_mut(), crate::request_id::assign);
         // A client may send the next request before reading this response (RFC 9112 §9.3.2): serve them in
         // order instead of dropping the connection and the requests behind it.
         if let pingora_core::protocols::http::ServerSession::H1(s) = session.as_downstream_mut() {
@@ -220,8 +220,12 @@ impl ProxyHttp for Router {
     ) -> Result<()> {
         // A request in flight when a drain starts: its client reconnects instead of reusing this connection.
         crate::lifecycle::close_if_draining(session);
-        self.trace_headers(session, resp, ctx)?;
-        self.route_receipt(ctx, resp)
+        let cfg = self.current();
+        // Every header edit in one pass over the map itself (header_case).
+        crate::header_case::edit_response(resp, |h| {
+            self.trace_headers(session, h, ctx, &cfg)?;
+            self.route_receipt(ctx, h, &cfg)
+        })
     }
 
     fn response_body_filter(

@@ -4,14 +4,17 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use pingora_error::Result;
-use pingora_http::ResponseHeader;
+use pingora_error::{Error, ErrorType, Result};
+
+use crate::header_case::Headers;
 
 use super::{Ctx, Router};
 use crate::request::CallKind;
 
 /// The response header carrying the route receipt.
 pub const ROUTE_HEADER: &str = "x-infergate-route";
+
+static ROUTE_NAME: http::HeaderName = http::HeaderName::from_static(ROUTE_HEADER);
 
 /// Where a request went and why. Rendered as `pool=chat; endpoint=10.0.0.5:8000; reason=sticky;
 /// predicted_ttft_ms=812; tokens=5120; attempts=1` (absent facts are left out).
@@ -92,18 +95,24 @@ impl Router {
 
     /// Put the route receipt on a proxied answer when the client may see it (`route_receipt`); otherwise make sure
     /// the answer carries none (an engine's own header of that name included).
-    pub(super) fn route_receipt(&self, ctx: &Ctx, resp: &mut ResponseHeader) -> Result<()> {
+    pub(super) fn route_receipt(
+        &self,
+        ctx: &Ctx,
+        resp: &mut dyn Headers,
+        cfg: &crate::config::Config,
+    ) -> Result<()> {
         let key = Some(ctx.admission.key()).filter(|k| *k != crate::admission::NO_KEY);
-        let allowed = self.current().route_receipt.for_key(key);
+        let allowed = cfg.route_receipt.for_key(key);
         match allowed.then(|| self.route(ctx)).flatten() {
             Some(route) => {
-                resp.insert_header(ROUTE_HEADER, route.header_value())?;
+                let v =
+                    http::HeaderValue::from_maybe_shared(bytes::Bytes::from(route.header_value()))
+                        .map_err(|_| {
+                            Error::explain(ErrorType::InvalidHTTPHeader, "invalid route receipt")
+                        })?;
+                resp.set(&ROUTE_NAME, v)?;
             }
-            None => {
-                if resp.headers.contains_key(ROUTE_HEADER) {
-                    resp.remove_header(ROUTE_HEADER);
-                }
-            }
+            None => resp.remove(&ROUTE_NAME),
         }
         Ok(())
     }

@@ -15,12 +15,14 @@ use super::router::{non_streaming_release, Leg};
 use super::Ctx;
 use super::{first_output, Router};
 use crate::forwarded;
+use crate::header_case::Headers;
 use crate::ledger::ReleaseCause;
 use crate::pool::Pool;
 use crate::request::CallKind;
 
 /// The client's Anthropic-style key header.
 static X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
 impl Router {
     pub(super) async fn choose_peer(
@@ -146,59 +148,14 @@ impl Router {
         req: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        // Header edits are costly in Pingora's case-preserving map: touch only what must change.
-        let mut client_authorization = false;
-        if let Some(ep) = &ctx.endpoint {
-            if req.headers.get(http::header::HOST).map(|h| h.as_bytes())
-                != Some(ep.label.as_bytes())
-            {
-                req.insert_header("host", ep.label.as_str())?;
-            }
-            match ep.api_key() {
-                Some(key) => req.insert_header("authorization", format!("Bearer {key}"))?,
-                // The client's key is for the router, never for the engine.
-                None => client_authorization = true,
-            }
-        }
-        let held_body = ctx.body.is_some();
-        // One pass over the client's header names: its Anthropic-style key is for the router too; the router
-        // answered `Expect` itself and holds the whole body (sent with one exact length, no Transfer-Encoding); it
-        // reads the start of answers (the first output, a stored response's id): plain bytes, always.
-        crate::framing::remove_matching(req, |name| {
-            (client_authorization && *name == http::header::AUTHORIZATION)
-                || *name == X_API_KEY
-                || *name == http::header::EXPECT
-                || *name == http::header::ACCEPT_ENCODING
-                || (held_body && *name == http::header::TRANSFER_ENCODING)
-        });
-        // The client's connection is not the engine's: Connection, Upgrade (an ignored h2c offer), Keep-Alive, TE,
-        // Proxy-Authorization and whatever Connection names stay here.
-        crate::framing::strip_hop_by_hop(req);
-        if let Some(b) = &ctx.body {
-            let len = b.bytes.len().to_string();
-            let same = req
-                .headers
-                .get_all(http::header::CONTENT_LENGTH)
-                .iter()
-                .count()
-                == 1
-                && req
-                    .headers
-                    .get(http::header::CONTENT_LENGTH)
-                    .map(|v| v.as_bytes())
-                    == Some(len.as_bytes());
-            if !same {
-                req.insert_header("content-length", len)?;
-            }
-        }
+        let peer = forwarded::peer_ip(session.client_addr());
+        let cfg = self.current();
+        // Every header edit in one pass over the map itself (header_case).
+        crate::header_case::edit_request(req, |h| {
+            upstream_headers(h, ctx, peer, &cfg.trusted_proxies)
+        })?;
         if let Some(t) = &ctx.target {
             t.set_upstream_target(req)?;
-        }
-        let peer = forwarded::peer_ip(session.client_addr());
-        forwarded::apply(req, peer, &self.current().trusted_proxies)?;
-        if let Some(t) = &ctx.trace {
-            // The engine continues the trace under this attempt (vLLM: --otlp-traces-endpoint).
-            req.insert_header("traceparent", t.traceparent())?;
         }
         Ok(())
     }
@@ -274,4 +231,61 @@ impl Router {
         // A 4xx is the client's: the engine works (`settle` counts the success once the answer has ended).
         Ok(())
     }
+}
+
+/// The headers an engine gets: Host, the engine's key (never the client's), one Content-Length for the held
+/// body, no hop-by-hop headers, the client-address headers and the attempt's traceparent.
+fn upstream_headers(
+    h: &mut dyn Headers,
+    ctx: &Ctx,
+    peer: Option<std::net::IpAddr>,
+    trusted: &[crate::config::Cidr],
+) -> Result<()> {
+    let mut client_authorization = false;
+    if let Some(ep) = &ctx.endpoint {
+        if h.map().get(http::header::HOST) != Some(&ep.label_value) {
+            h.set(&http::header::HOST, ep.label_value.clone())?;
+        }
+        match ep.api_key() {
+            Some(key) => h.set(
+                &http::header::AUTHORIZATION,
+                value(format!("Bearer {key}"))?,
+            )?,
+            // The client's key is for the router, never for the engine.
+            None => client_authorization = true,
+        }
+    }
+    let held_body = ctx.body.is_some();
+    // One pass over the client's header names: its Anthropic-style key is for the router too; the router
+    // answered `Expect` itself and holds the whole body (sent with one exact length, no Transfer-Encoding); it
+    // reads the start of answers (the first output, a stored response's id): plain bytes, always.
+    crate::framing::remove_matching(h, |name| {
+        (client_authorization && *name == http::header::AUTHORIZATION)
+            || *name == X_API_KEY
+            || *name == http::header::EXPECT
+            || *name == http::header::ACCEPT_ENCODING
+            || (held_body && *name == http::header::TRANSFER_ENCODING)
+    });
+    // The client's connection is not the engine's: Connection, Upgrade (an ignored h2c offer), Keep-Alive, TE,
+    // Proxy-Authorization and whatever Connection names stay here.
+    crate::framing::strip_hop_by_hop(h);
+    if let Some(b) = &ctx.body {
+        let len = http::HeaderValue::from(b.bytes.len());
+        let mut sent = h.map().get_all(http::header::CONTENT_LENGTH).iter();
+        if (sent.next(), sent.next()) != (Some(&len), None) {
+            h.set(&http::header::CONTENT_LENGTH, len)?;
+        }
+    }
+    forwarded::apply(h, peer, trusted)?;
+    if let Some(t) = &ctx.trace {
+        // The engine continues the trace under this attempt (vLLM: --otlp-traces-endpoint).
+        h.set(&TRACEPARENT, value(t.traceparent())?)?;
+    }
+    Ok(())
+}
+
+/// A header value the router built (a key, a trace id), without copying it.
+fn value(v: String) -> Result<http::HeaderValue> {
+    http::HeaderValue::from_maybe_shared(bytes::Bytes::from(v))
+        .map_err(|_| Error::explain(ErrorType::InvalidHTTPHeader, "invalid header value"))
 }
