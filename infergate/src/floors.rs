@@ -11,6 +11,7 @@ pub const FLOORS: &[(&str, &[&str])] = &[
             "request",
             "request_id",
             "header_case",
+            "live",
             "fnv",
             "ledger",
             "paths",

@@ -21,6 +21,7 @@ pub mod kv_events;
 pub mod ledger;
 pub mod lifecycle;
 pub mod listen;
+pub mod live;
 pub mod logging;
 pub mod metrics;
 pub mod metrics_port;

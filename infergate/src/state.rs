@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-
 use crate::admission::Admission;
 use crate::config::Config;
 use crate::ledger::Ledger;
+use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::pool::Pools;
 use crate::tokens::Tokenizing;
@@ -20,7 +19,7 @@ pub struct RouterState {
     pub cfg: Arc<Config>,
     /// The configuration in effect: `cfg` plus what reloads applied (`reload`). Settings read per request come
     /// from here (`current`).
-    live: Arc<ArcSwap<Config>>,
+    live: Arc<Live<Config>>,
     pub pools: Arc<Pools>,
     pub ledger: Arc<Ledger>,
     pub metrics: Arc<Metrics>,
@@ -57,22 +56,23 @@ impl RouterState {
             cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),
             pools,
             admission: Admission::new(&cfg, &metrics),
-            live: Arc::new(ArcSwap::from_pointee(cfg.clone())),
+            live: Arc::new(Live::new(cfg.clone())),
             cfg: Arc::new(cfg),
             ledger: Ledger::new(),
             metrics,
         }
     }
 
-    /// The configuration in effect (cheap: no lock, no clone); read it per request, a reload may swap it.
-    pub fn current(&self) -> arc_swap::Guard<Arc<Config>> {
+    /// The configuration in effect (cheap: no lock, no clone of the configuration); read it per request, a reload
+    /// may swap it.
+    pub fn current(&self) -> Arc<Config> {
         self.live.load()
     }
 
     /// Make `cfg` the configuration in effect (`reload` made it: new values where they apply, running ones where
     /// they do not).
     pub(crate) fn set_current(&self, cfg: Config) {
-        self.live.store(Arc::new(cfg));
+        self.live.store(cfg);
     }
 }
 

@@ -117,6 +117,9 @@ pub struct Config {
     pub route_receipt: RouteReceipt,
 }
 
+// Read on every request through `live::Live`.
+crate::live::live_slot!(Config);
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timeouts {
     /// TCP connect to an endpoint (default 2s): proxied requests, prefill legs and, over TLS, the router's own.

@@ -54,6 +54,9 @@ pub struct PoolConfig {
     pub prefill_of: Option<String>,
 }
 
+// Read on every request through `live::Live`.
+crate::live::live_slot!(PoolConfig);
+
 /// A pool's `tokenizer`: the model directory, loaded and checked when the file is read (start or reload).
 #[derive(Debug, Clone)]
 pub struct TokenizerConfig {

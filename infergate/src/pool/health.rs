@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use pingora_load_balancing::health_check::HealthCheck;
@@ -164,7 +163,7 @@ fn is_connect_failure(e: &pingora_error::ErrorType) -> bool {
 /// Runs each endpoint's own HTTP check (its path, Host and API key) and keeps infergate's health state.
 pub(super) struct EndpointHealthCheck {
     /// The pool's settings, shared with it: a reload's `health_check` keys apply from the next check.
-    pub(super) pool_cfg: Arc<ArcSwap<PoolConfig>>,
+    pub(super) pool_cfg: Arc<crate::live::Live<PoolConfig>>,
     pub(super) membership: Arc<Membership>,
     /// The pool's health panic as last logged, so that entering and leaving it are logged once each.
     pub(super) panic_logged: AtomicBool,
@@ -201,7 +200,7 @@ impl HealthCheck for EndpointHealthCheck {
             );
         };
         let current = ep.target();
-        let hc = self.pool_cfg.load_full();
+        let hc = self.pool_cfg.load();
         let hc = &hc.health_check;
         // A little past the checker's own connect timeout (`timeout`), so that a connect that hangs is reported
         // as one, not as a slow answer.

@@ -25,6 +25,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+
+use crate::live::Live;
 use parking_lot::{Mutex, RwLock};
 use pingora_load_balancing::selection::RoundRobin;
 use pingora_load_balancing::{Backend, Backends, LoadBalancer};
@@ -47,7 +49,7 @@ pub struct Pool {
     pub name: Arc<str>,
     /// The settings in effect, read per request and by the health checks; a reload swaps in new ones
     /// (`reconfigure`).
-    cfg: Arc<ArcSwap<PoolConfig>>,
+    cfg: Arc<Live<PoolConfig>>,
     /// The current endpoints: readers take a snapshot without a lock; a reload swaps in a new list.
     endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     membership: Arc<Membership>,
@@ -70,7 +72,7 @@ impl Pool {
     /// `connect_timeout`: `timeouts.connect`, for its endpoints' own TLS clients.
     pub fn new(cfg: &PoolConfig, connect_timeout: Duration) -> Arc<Pool> {
         let membership = Arc::new(Membership::default());
-        let shared_cfg = Arc::new(ArcSwap::from_pointee(cfg.clone()));
+        let shared_cfg = Arc::new(Live::new(cfg.clone()));
         let backends = Backends::new(Box::new(SharedMembership(membership.clone())));
         let mut lb = LoadBalancer::<RoundRobin>::from_backends(backends);
         lb.set_health_check(Box::new(EndpointHealthCheck {
@@ -97,7 +99,7 @@ impl Pool {
     }
 
     /// The pool's settings in effect (cheap: no lock, no clone). Read them per request: a reload may swap them.
-    pub fn cfg(&self) -> arc_swap::Guard<Arc<PoolConfig>> {
+    pub fn cfg(&self) -> Arc<PoolConfig> {
         self.cfg.load()
     }
 
@@ -110,7 +112,7 @@ impl Pool {
         new: &PoolConfig,
         now: Instant,
     ) -> Result<Option<String>, &'static str> {
-        let old = self.cfg.load_full();
+        let old = self.cfg.load();
         let mut next = new.clone();
         let policy = if old.policy != new.policy
             || old.prefill.bytes_per_token != new.prefill.bytes_per_token
@@ -122,7 +124,7 @@ impl Pool {
         if policy.is_err() {
             next.policy = old.policy.clone();
         }
-        self.cfg.store(Arc::new(next));
+        self.cfg.store(next);
         policy
     }
 
