@@ -90,6 +90,8 @@ pub struct EndpointHandles {
     ok: IntCounter,
     request_duration: Histogram,
     time_to_first_byte: Histogram,
+    /// `infergate_placements_total{reason}`, by `Reason::index`, each on its first placement.
+    placements: [OnceLock<IntCounter>; Reason::ALL.len()],
 }
 
 /// Tells one [`Metrics`] from another (tests build several), for [`EndpointHandles`].
@@ -397,6 +399,7 @@ impl Metrics {
                 .with_label_values(&[ep.pool, ep.endpoint, "200"]),
             request_duration: self.request_duration.with_label_values(&l),
             time_to_first_byte: self.time_to_first_byte.with_label_values(&l),
+            placements: std::array::from_fn(|_| OnceLock::new()),
         });
         (h.metrics == self.id).then_some(h)
     }
@@ -424,6 +427,20 @@ impl Metrics {
                     .observe(predicted - measured.as_secs_f64());
             });
         }
+    }
+
+    /// A placement on `ep` for `reason` (`infergate_placements_total`; not for a departed endpoint).
+    pub fn count_placement(&self, ep: EndpointSeries, reason: Reason) {
+        self.unless_removed(ep.removed, || {
+            let series = || {
+                self.placements_total
+                    .with_label_values(&[ep.pool, ep.endpoint, reason.as_str()])
+            };
+            match self.handles(&ep) {
+                Some(h) => h.placements[reason.index()].get_or_init(series).inc(),
+                None => series().inc(),
+            }
+        });
     }
 
     /// Count a finished request of `ep` by its final status `code` and observe its duration since `started`.

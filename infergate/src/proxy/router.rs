@@ -412,12 +412,7 @@ impl Router {
 
     /// A generate request's placement: counted by reason, shown on the status page, told to the policy.
     pub(super) fn count_placement(&self, pool: &Pool, ep: &Endpoint, p: &Placement, now: Instant) {
-        self.metrics.unless_removed(&ep.removed, || {
-            self.metrics
-                .placements_total
-                .with_label_values(&[&*pool.name, &ep.label, p.reason.as_str()])
-                .inc();
-        });
+        self.metrics.count_placement(ep.series(), p.reason);
         pool.recent.record(ep.id, p.reason, now);
         pool.policy.dispatched(ep.id, &p.ticket, now);
     }
