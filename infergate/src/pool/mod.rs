@@ -263,20 +263,17 @@ impl Pool {
         // something eligible survives it; in a health panic, ejected and hung endpoints are out regardless: the
         // checks fail and so do requests, and an engine that never answers must not hold clients for the whole
         // header timeout (they get a 503 at once).
-        let state: Vec<[bool; 3]> = views
-            .iter()
-            .map(|v| [v.ejected, v.saturated, v.hung])
-            .collect();
+        let state = |v: &crate::outlier::View| [v.ejected, v.saturated, v.hung];
         for which in 0..3 {
             let strict = gate.panic && which != 1;
             if strict
                 || cands
                     .iter()
-                    .zip(&state)
-                    .any(|(c, s)| c.eligible && !s[which])
+                    .zip(&views)
+                    .any(|(c, v)| c.eligible && !state(v)[which])
             {
-                for (c, s) in cands.iter_mut().zip(&state) {
-                    c.eligible &= !s[which];
+                for (c, v) in cands.iter_mut().zip(&views) {
+                    c.eligible &= !state(v)[which];
                 }
             }
         }

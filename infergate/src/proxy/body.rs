@@ -63,15 +63,19 @@ impl BodyBudget {
         if units == 0 {
             return Ok(());
         }
-        let wait = until.saturating_duration_since(Instant::now());
-        let permit = match tokio::time::timeout(
-            wait,
-            self.permits.clone().acquire_many_owned(units),
-        )
-        .await
-        {
-            Ok(Ok(p)) => p,
-            _ => return Err(ApiError::router_busy()),
+        // Room now, the common case: no clock, no timer.
+        let permit = match self.permits.clone().try_acquire_many_owned(units) {
+            Ok(p) => p,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(ApiError::router_busy()),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                let wait = until.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(wait, self.permits.clone().acquire_many_owned(units))
+                    .await
+                {
+                    Ok(Ok(p)) => p,
+                    _ => return Err(ApiError::router_busy()),
+                }
+            }
         };
         match into {
             Some(p) => p.merge(permit),

@@ -365,6 +365,10 @@ fn push_bounded(buf: &mut Vec<u8>, raw: &[u8], max: usize) {
 
 /// Unescape the simple JSON escapes; enough for model names.
 fn unescape(raw: &[u8]) -> String {
+    // The common case, plain UTF-8 without escapes: one check, one copy.
+    if let (Ok(s), None) = (std::str::from_utf8(raw), memchr::memchr(b'\\', raw)) {
+        return s.to_owned();
+    }
     let s = String::from_utf8_lossy(raw);
     if !s.contains('\\') {
         return s.into_owned();
