@@ -43,35 +43,27 @@ impl Headers for HeaderMap {
     }
 }
 
-impl Headers for RequestHeader {
-    fn map(&self) -> &HeaderMap {
-        &self.headers
-    }
-    fn set(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
-        self.insert_header(name.clone(), value)
-    }
-    fn append(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
-        self.append_header(name.clone(), value).map(drop)
-    }
-    fn remove(&mut self, name: &HeaderName) {
-        self.remove_header(name);
-    }
+/// Pingora's two message types: through their own methods, which keep a case map in step.
+macro_rules! through_pingora {
+    ($($t:ty),*) => {$(
+        impl Headers for $t {
+            fn map(&self) -> &HeaderMap {
+                &self.headers
+            }
+            fn set(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
+                self.insert_header(name.clone(), value)
+            }
+            fn append(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
+                self.append_header(name.clone(), value).map(drop)
+            }
+            fn remove(&mut self, name: &HeaderName) {
+                self.remove_header(name);
+            }
+        }
+    )*};
 }
 
-impl Headers for ResponseHeader {
-    fn map(&self) -> &HeaderMap {
-        &self.headers
-    }
-    fn set(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
-        self.insert_header(name.clone(), value)
-    }
-    fn append(&mut self, name: &HeaderName, value: HeaderValue) -> Result<()> {
-        self.append_header(name.clone(), value).map(drop)
-    }
-    fn remove(&mut self, name: &HeaderName) {
-        self.remove_header(name);
-    }
-}
+through_pingora!(RequestHeader, ResponseHeader);
 
 /// Whether `req`'s target comes back byte for byte from its URI (origin-form, UTF-8): then the request can be
 /// rebuilt from its parts without changing what goes on the wire.
