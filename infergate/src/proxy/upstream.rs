@@ -247,10 +247,12 @@ fn upstream_headers(
             h.set(&http::header::HOST, ep.label_value.clone())?;
         }
         match ep.api_key() {
-            Some(key) => h.set(
-                &http::header::AUTHORIZATION,
-                value(format!("Bearer {key}"))?,
-            )?,
+            Some(key) => {
+                let mut v = value(format!("Bearer {key}"))?;
+                // Kept out of every Debug print of the request (Pingora's, ours).
+                v.set_sensitive(true);
+                h.set(&http::header::AUTHORIZATION, v)?
+            }
             // The client's key is for the router, never for the engine.
             None => client_authorization = true,
         }
