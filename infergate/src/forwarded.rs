@@ -121,15 +121,56 @@ pub fn compute(
     }
 }
 
+/// The three headers, in the order of [`Values`].
+static NAMES: [&HeaderName; 3] = [&X_FORWARDED_FOR, &http::header::FORWARDED, &X_REAL_IP];
+
+/// The three values as header values: X-Forwarded-For, Forwarded, X-Real-IP.
+type Values = [Option<HeaderValue>; 3];
+
+impl ForwardHeaders {
+    fn into_values(self) -> pingora_error::Result<Values> {
+        Ok([
+            self.x_forwarded_for.map(value).transpose()?,
+            Some(value(self.forwarded)?),
+            self.x_real_ip.map(value).transpose()?,
+        ])
+    }
+}
+
+/// The values for a request that carried none of the three headers. They depend on the peer alone, and the
+/// requests of a keep-alive connection (or of a load balancer) come from one peer, so each thread keeps the last
+/// peer's values: a request then costs three reference counts instead of building three strings.
+fn values_for_peer(peer: Option<IpAddr>) -> pingora_error::Result<Values> {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(Option<IpAddr>, Values)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some((p, v)) = &*last {
+            if *p == peer {
+                return Ok(v.clone());
+            }
+        }
+        // Nothing sent, so nothing to trust: the trusted networks do not matter.
+        let v = compute(peer, &[], &[], &[], None).into_values()?;
+        *last = Some((peer, v.clone()));
+        Ok(v)
+    })
+}
+
 /// Rewrite the three headers of an upstream request (see [`compute`]).
 pub fn apply(
     req: &mut (impl Headers + ?Sized),
     peer: Option<IpAddr>,
     trusted: &[Cidr],
 ) -> pingora_error::Result<()> {
-    let h = {
-        let map = req.map();
-        // Looked up by `HeaderName`: a `&str` name is parsed again at every lookup.
+    let map = req.map();
+    // Looked up by `HeaderName`: a `&str` name is parsed again at every lookup.
+    let sent = NAMES.map(|n| map.contains_key(n));
+    let values = if sent == [false; 3] {
+        values_for_peer(peer)?
+    } else {
         let all = |name: &HeaderName| -> Vec<&[u8]> {
             map.get_all(name).iter().map(|v| v.as_bytes()).collect()
         };
@@ -141,15 +182,14 @@ pub fn apply(
             &all(&http::header::FORWARDED),
             real_ip,
         )
+        .into_values()?
     };
-    match h.x_forwarded_for {
-        Some(v) => req.set(&X_FORWARDED_FOR, value(v)?)?,
-        None => req.remove(&X_FORWARDED_FOR),
-    }
-    req.set(&http::header::FORWARDED, value(h.forwarded)?)?;
-    match h.x_real_ip {
-        Some(v) => req.set(&X_REAL_IP, value(v)?)?,
-        None => req.remove(&X_REAL_IP),
+    for ((name, v), sent) in NAMES.into_iter().zip(values).zip(sent) {
+        match v {
+            Some(v) => req.set(name, v)?,
+            None if sent => req.remove(name),
+            None => {}
+        }
     }
     Ok(())
 }
@@ -315,6 +355,37 @@ mod tests {
             assert!(req.headers.get("x-forwarded-for").is_none());
             assert!(req.headers.get("x-real-ip").is_none());
             assert_eq!(req.headers.get("forwarded").unwrap(), "for=unknown");
+        }
+    }
+
+    #[test]
+    fn a_request_without_the_headers_gets_its_own_peer() {
+        // The values kept for the last peer never leak to another peer's request.
+        let get = |req: &RequestHeader, n: &str| {
+            req.headers.get(n).map(|v| v.to_str().unwrap().to_string())
+        };
+        for (peer, xff, fwd) in [
+            (ip("192.0.2.1"), Some("192.0.2.1"), "for=192.0.2.1"),
+            (ip("192.0.2.1"), Some("192.0.2.1"), "for=192.0.2.1"),
+            (
+                ip("2001:db8::1"),
+                Some("2001:db8::1"),
+                "for=\"[2001:db8::1]\"",
+            ),
+            (None, None, "for=unknown"),
+            (
+                ip("198.51.100.20"),
+                Some("198.51.100.20"),
+                "for=198.51.100.20",
+            ),
+        ] {
+            let mut req = RequestHeader::build("POST", b"/v1/completions", None).unwrap();
+            crate::header_case::edit_request(&mut req, |h| apply(h, peer, &nets(&["0.0.0.0/0"])))
+                .unwrap();
+            assert_eq!(get(&req, "x-forwarded-for").as_deref(), xff);
+            assert_eq!(get(&req, "forwarded").as_deref(), Some(fwd));
+            assert_eq!(get(&req, "x-real-ip").as_deref(), xff);
+            assert_eq!(req.headers.len(), 1 + 2 * usize::from(xff.is_some()));
         }
     }
 }
