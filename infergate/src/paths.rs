@@ -147,13 +147,26 @@ impl Target {
 /// Whether `path` is already normal: path-safe bytes only (so nothing to decode and nothing to re-encode), no
 /// empty, `.` or `..` segment, no trailing `/` but the root's. Every request target an SDK sends is.
 fn is_normal(path: &[u8]) -> bool {
-    path == b"/"
-        || (path.first() == Some(&b'/')
-            && path.last() != Some(&b'/')
-            && path.iter().all(|&b| is_path_safe(b))
-            && path[1..]
-                .split(|&b| b == b'/')
-                .all(|seg| !matches!(seg, b"" | b"." | b"..")))
+    if path == b"/" {
+        return true;
+    }
+    let Some(rest) = path.strip_prefix(b"/") else {
+        return false;
+    };
+    // One pass over the bytes: it runs on every request.
+    let bad_segment = |seg: &[u8]| matches!(seg, b"" | b"." | b"..");
+    let mut start = 0;
+    for (i, &b) in rest.iter().enumerate() {
+        if b == b'/' {
+            if bad_segment(&rest[start..i]) {
+                return false;
+            }
+            start = i + 1;
+        } else if !is_path_safe(b) {
+            return false;
+        }
+    }
+    !bad_segment(&rest[start..])
 }
 
 /// Normalise a raw request target (`/v1/chat/completions?x=1`).
