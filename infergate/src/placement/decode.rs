@@ -50,10 +50,14 @@ impl DecodeFit {
 /// samples.
 pub fn fleet_decode_lines(fits: &[DecodeFit]) -> Vec<Option<Line>> {
     let own: Vec<Option<Line>> = fits.iter().map(DecodeFit::own_line).collect();
+    // Every endpoint with its own line (the steady state): no fleet shape needed.
+    if own.iter().all(Option::is_some) {
+        return own;
+    }
     let shape = median_by(own.iter().flatten().copied().collect(), |l| l.slope);
-    fits.iter()
-        .zip(own)
-        .map(|(f, line)| {
+    own.into_iter()
+        .zip(fits)
+        .map(|(line, f)| {
             line.or_else(|| shape.and_then(|s| f.0.scaled(s)))
                 .or_else(|| f.0.level())
         })

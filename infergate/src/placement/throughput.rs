@@ -103,11 +103,15 @@ impl ThroughputFit {
 /// the shape; an engine that is slower on short prompts is still read slower, in proportion.
 pub fn fleet_lines(fits: &[ThroughputFit]) -> Vec<Option<Fitted>> {
     let own: Vec<Option<Fitted>> = fits.iter().map(ThroughputFit::own_line).collect();
+    // Every endpoint with its own line (the steady state): no fleet shape needed.
+    if own.iter().all(Option::is_some) {
+        return own;
+    }
     let learned: Vec<Line> = own.iter().flatten().map(|f| f.line()).collect();
     let shape = median_by(learned, |l| -l.slope).map(Fitted::of);
-    fits.iter()
-        .zip(own)
-        .map(|(f, line)| {
+    own.into_iter()
+        .zip(fits)
+        .map(|(line, f)| {
             line.or_else(|| shape.and_then(|s| f.scaled(s)))
                 .or_else(|| f.through_origin())
         })
