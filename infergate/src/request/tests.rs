@@ -251,3 +251,28 @@ fn prompt_is_bounded() {
     let s = scan(br#"{"prompt":"aaaaaaaaaaaaaaaaaaaa"}"#, 8);
     assert_eq!(s.prompt.len(), 8);
 }
+
+#[test]
+fn escapes_anywhere_in_a_string() {
+    // An escaped quote and backslash at offsets 10 to 19 of a value, whole and cut at every byte.
+    for pad in 10..20 {
+        let name = format!("{}\\\"x\\\\y", "a".repeat(pad));
+        let body = format!(r#"{{"model":"{name}","prompt":"p"}}"#);
+        let s = scan(body.as_bytes(), 1 << 20);
+        assert_eq!(
+            s.model,
+            Some(format!("{}\"x\\y", "a".repeat(pad))),
+            "pad {pad}"
+        );
+        assert_eq!(s.prompt, b"p", "pad {pad}");
+        assert!(s.complete);
+        for cut in 0..body.len() {
+            let s = scan(&body.as_bytes()[..cut], 1 << 20);
+            assert!(!s.complete, "pad {pad} cut {cut}");
+            assert!(
+                s.model.is_none() || cut > 9 + name.len(),
+                "pad {pad} cut {cut}"
+            );
+        }
+    }
+}
