@@ -39,10 +39,7 @@ impl Router {
         ctx: &Ctx,
         cfg: &crate::config::Config,
     ) -> Result<()> {
-        match &ctx.request_id {
-            Some(id) => resp.set(&request_id::NAME, id.clone())?,
-            None => echo_request_id(session, resp)?,
-        }
+        echo_request_id(session, resp)?;
         crate::cors::apply(&cfg.cors_allowed_origins, session.req_header(), resp)?;
         if cfg.endpoint_header {
             if let Some(ep) = &ctx.endpoint {

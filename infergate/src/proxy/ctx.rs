@@ -17,8 +17,6 @@ use crate::tokens::PromptTokens;
 /// Per-request state. `Default` is the state before `request_filter`.
 #[derive(Default)]
 pub struct Ctx {
-    /// The request's id as `request_id::assign` left it in the request header (echoed without a lookup).
-    pub(super) request_id: Option<http::HeaderValue>,
     pub(super) kind: CallKind,
     /// The screened request: its normalised target and how it is allowed.
     pub(super) target: Option<Screened>,

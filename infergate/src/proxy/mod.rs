@@ -150,14 +150,13 @@ impl ProxyHttp for Router {
         Box::default()
     }
 
-    async fn early_request_filter(&self, session: &mut Session, ctx: &mut Box<Ctx>) -> Result<()> {
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Box<Ctx>) -> Result<()> {
         // The header is in: its deadline is off, a kept-alive connection may idle timeouts.client_idle, and a
         // write to a client that stopped reading gives up after timeouts.client_write.
         let t = &self.current().timeouts;
         crate::clients::header_received(session, t.client_idle, t.client_write);
         // The case map goes (header_case) and the request id is set in the same edit.
-        ctx.request_id =
-            crate::header_case::edit_request(session.req_header_mut(), crate::request_id::assign);
+        crate::header_case::edit_request(session.req_header_mut(), crate::request_id::assign);
         // A client may send the next request before reading this response (RFC 9112 §9.3.2): serve them in
         // order instead of dropping the connection and the requests behind it.
         if let pingora_core::protocols::http::ServerSession::H1(s) = session.as_downstream_mut() {
