@@ -108,8 +108,9 @@ impl PolicyConfig {
 pub struct SessionsConfig {
     /// Lower-cased header names, in the order they are looked for: the first a request carries (non-empty) names its
     /// session. A list serves clients that name sessions differently from one pool (Claude Code sends
-    /// `x-claude-code-session-id` on every request).
-    pub headers: Vec<String>,
+    /// `x-claude-code-session-id` on every request). Parsed once: a lookup by text would parse the name again on
+    /// every request.
+    pub headers: Vec<http::HeaderName>,
     pub ttl: Duration,
     pub max_sessions: usize,
     /// predicted_ttft: a session moves only when the move's predicted cost is lower than staying's by more than
@@ -133,7 +134,9 @@ pub const DEFAULT_MOVE_MARGIN: f64 = 0.1;
 impl Default for SessionsConfig {
     fn default() -> Self {
         SessionsConfig {
-            headers: DEFAULT_SESSION_HEADERS.map(String::from).to_vec(),
+            headers: DEFAULT_SESSION_HEADERS
+                .map(http::HeaderName::from_static)
+                .to_vec(),
             ttl: Duration::from_secs(2 * 3600),
             max_sessions: 100_000,
             move_margin: DEFAULT_MOVE_MARGIN,
@@ -187,11 +190,11 @@ impl SessionsConfig {
 }
 
 /// `sessions.header`: one header name or a non-empty list of them, each valid and listed once.
-fn session_headers(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {
-    let one = |item: &Field<'_>| -> Result<String, ConfigError> {
+fn session_headers(f: &Field<'_>) -> Result<Vec<http::HeaderName>, ConfigError> {
+    let one = |item: &Field<'_>| -> Result<http::HeaderName, ConfigError> {
         let raw = item.string()?.trim();
         match http::HeaderName::from_bytes(raw.as_bytes()) {
-            Ok(h) => Ok(h.as_str().to_string()),
+            Ok(h) => Ok(h),
             Err(_) => Err(item.err(format!(
                 "`{raw}` is not a valid HTTP header name (letters, digits and -_.!#$%&'*+^`|~ only)"
             ))),
@@ -203,7 +206,7 @@ fn session_headers(f: &Field<'_>) -> Result<Vec<String>, ConfigError> {
     if seq.is_empty() {
         return Err(f.err("at least one header name is required"));
     }
-    let mut headers: Vec<String> = Vec::new();
+    let mut headers: Vec<http::HeaderName> = Vec::new();
     for (i, v) in seq.iter().enumerate() {
         let item = f.item(i, v);
         let h = one(&item)?;

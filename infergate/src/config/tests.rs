@@ -164,7 +164,7 @@ pools:
     assert_eq!(
         p.policy.sessions(),
         Some(&SessionsConfig {
-            headers: vec!["x-conversation".into()],
+            headers: vec![http::HeaderName::from_static("x-conversation")],
             ttl: Duration::from_secs(600),
             max_sessions: 5,
             move_margin: 0.1,
@@ -245,7 +245,7 @@ fn shipped_config_files_parse() {
     assert_eq!(p.policy.kind(), Policy::PredictedTtft);
     assert_eq!(
         p.policy.sessions().map(|s| s.headers.clone()),
-        Some(vec!["x-session-id".to_string()])
+        Some(vec![http::HeaderName::from_static("x-session-id")])
     );
     assert!(p.engine_stats.is_some());
     let labels: Vec<&str> = p.endpoints.iter().map(|e| e.label.as_str()).collect();

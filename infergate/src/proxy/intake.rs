@@ -146,7 +146,7 @@ fn find_session_key<'a>(
     let header = s
         .headers
         .iter()
-        .filter_map(|h| headers.get(h.as_str()))
+        .filter_map(|h| headers.get(h))
         .map(|v| v.as_bytes())
         .find(|v| !v.is_empty());
     if let Some(v) = header {

@@ -14,7 +14,7 @@ fn policy() -> PredictedTtft {
 
 fn sessions(move_margin: f64) -> SessionsConfig {
     SessionsConfig {
-        headers: vec!["x-session-id".into()],
+        headers: vec![http::HeaderName::from_static("x-session-id")],
         ttl: Duration::from_secs(3600),
         max_sessions: 100,
         move_margin,
