@@ -24,6 +24,9 @@ use limits::{Denied, KeyLimiter, Limit};
 use metrics::AdmissionMetrics;
 use queue::PoolQueue;
 
+/// The Anthropic-style key header (parsed once: a lookup by text parses the name on every request).
+pub static X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 /// The `key` label of requests without a (valid) client key: auth off, or refused with 401.
 pub const NO_KEY: &str = "-";
 
@@ -159,14 +162,15 @@ impl Admission {
     /// Check the request's key (`Authorization: Bearer KEY` or `x-api-key: KEY`) when auth is on: 401 when it is
     /// missing or wrong.
     pub fn authenticate(&self, headers: &http::HeaderMap, pass: &mut Pass) -> Result<(), ApiError> {
-        let Some(table) = self.keys.load_full() else {
+        let keys = self.keys.load();
+        let Some(table) = keys.as_ref() else {
             return Ok(());
         };
         let presented = Presented::from_headers(
             headers
                 .get(http::header::AUTHORIZATION)
                 .map(|v| v.as_bytes()),
-            headers.get("x-api-key").map(|v| v.as_bytes()),
+            headers.get(&X_API_KEY).map(|v| v.as_bytes()),
         );
         if presented.is_empty() {
             return Err(ApiError::missing_api_key());

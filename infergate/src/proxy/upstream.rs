@@ -14,14 +14,13 @@ use super::ctx::Attempt;
 use super::router::{non_streaming_release, Leg};
 use super::Ctx;
 use super::{first_output, Router};
+use crate::admission::X_API_KEY;
 use crate::forwarded;
 use crate::header_case::Headers;
 use crate::ledger::ReleaseCause;
 use crate::pool::Pool;
 use crate::request::CallKind;
 
-/// The client's Anthropic-style key header.
-static X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
 static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
 impl Router {
