@@ -24,7 +24,10 @@
 # again with these seeds), AGENT_MAX_SECONDS (120), BURST_SEEDS ("1 2 3 4 5"),
 # INFERGATE_BIN (the router binary to measure, default the release build; for A/B runs of two builds),
 # INFERGATE_POOL_EXTRA (one more line of infergate's pool, e.g. 'ttft_budget: { default: 400ms, when_over: place }'),
-# OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), ENGINE_STATS_INTERVAL (200ms), SHARED_PREFIX_TOKENS (16000),
+# OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), OVERHEAD_REPEAT (1: the overhead list runs this many times,
+# each time with fresh processes, and the report gives each router's median and the median of the ratios to the
+# floor of the same pass: a process's CPU per request moves by up to a fifth from one start to the next on a
+# shared machine), ENGINE_STATS_INTERVAL (200ms), SHARED_PREFIX_TOKENS (16000),
 # SCENARIO_TABLES (0; 1: one table per scenario and fleet with means over every seed run, ratios to the best peer
 # per metric and issue 26's targets, instead of the single-seed matrix).
 #
@@ -70,6 +73,7 @@ AGENT_MAX_SECONDS=${AGENT_MAX_SECONDS:-120}
 BURST_SEEDS=${BURST_SEEDS:-"1 2 3 4 5"}
 OVERHEAD_REQUESTS=${OVERHEAD_REQUESTS:-20000}
 OVERHEAD_CONCURRENCY=${OVERHEAD_CONCURRENCY:-8}
+OVERHEAD_REPEAT=${OVERHEAD_REPEAT:-1}
 ENGINE_STATS_INTERVAL=${ENGINE_STATS_INTERVAL:-200ms}
 SHARED_PREFIX_TOKENS=${SHARED_PREFIX_TOKENS:-16000}
 UNEQUAL_SPEED=${UNEQUAL_SPEED:-0.5}
@@ -484,16 +488,18 @@ OVERHEAD=(
   "smg cache_aware"
 )
 want overhead || OVERHEAD=()
+for pass in $(seq 1 "$OVERHEAD_REPEAT"); do
 for entry in "${OVERHEAD[@]+"${OVERHEAD[@]}"}"; do
   set -- $entry
   router=$1 policy=$2
   skipped "$router" "$policy" && continue
   NAME="overhead-$router-$policy"
+  [ "$pass" -gt 1 ] && NAME="$NAME-pass$pass"
   LABEL="$router|$policy|1"
   RUN_SEED=0
   RUN_DIR="$OUT/$NAME"
   mkdir -p "$RUN_DIR"
-  log "overhead: $router $policy"
+  log "overhead: $router $policy (pass $pass of $OVERHEAD_REPEAT)"
   if ! start_sim 1 0; then record_failure "engine-sim: $REASON"; stop_all; continue; fi
   if ! start_router "$router" "$policy"; then record_failure "$REASON"; stop_all; continue; fi
   if ! "$BIN/loadgen" --scenario overhead --field-order messages-first --url "$ROUTER_URL" \
@@ -505,6 +511,7 @@ for entry in "${OVERHEAD[@]+"${OVERHEAD[@]}"}"; do
     grep -E "^(direct|router|added)" "$RUN_DIR/loadgen.txt" | sed 's/^/    /' >&2 || true
   fi
   stop_all
+done
 done
 
 # ---------------------------------------------------------------- report

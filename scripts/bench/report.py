@@ -11,6 +11,8 @@ import glob
 import json
 import os
 import platform
+import re
+import statistics
 import subprocess
 
 PEERS = ("vllm-router", "smg")
@@ -582,6 +584,45 @@ def burst_section(runs, targets):
     return out
 
 
+def overhead_pass(d):
+    """Which pass of the overhead list a run belongs to (OVERHEAD_REPEAT): 1 unless its file says `-passN`."""
+    m = re.search(r"-pass(\d+)\.json$", d.get("_file", ""))
+    return int(m.group(1)) if m else 1
+
+
+def floor_ratios(runs, targets, cpu):
+    """Each infergate policy's router CPU per request over the floor's of the same pass: the median and range over
+    the passes, and issue 26's target for the recommended policy (at most 1.2x)."""
+    floors = {overhead_pass(d): cpu(d) for d in runs if d["_router"] == "floor" and "failed" not in d and cpu(d)}
+    out = []
+    for policy in sorted({d["_policy"] for d in runs if d["_router"] == "infergate"}):
+        ratios = sorted(
+            cpu(d) / floors[overhead_pass(d)]
+            for d in runs
+            if d["_router"] == "infergate" and d["_policy"] == policy and "failed" not in d and cpu(d)
+            and overhead_pass(d) in floors
+        )
+        if not ratios:
+            continue
+        mid = statistics.median(ratios)
+        out.append(
+            "- infergate %s over the floor of the same pass, router CPU per request: median **%s×** over %d pass%s (%s)"
+            % (policy, f(mid, 2), len(ratios), "" if len(ratios) == 1 else "es", ", ".join(f(r, 2) for r in ratios))
+        )
+        if policy == "predicted_ttft":
+            res = "met" if mid <= 1.2 else "missed"
+            targets.append(
+                (
+                    "overhead: infergate predicted_ttft router CPU ≤ 1.2× the floor's",
+                    res,
+                    "median %s× over %d pass%s" % (f(mid, 2), len(ratios), "" if len(ratios) == 1 else "es"),
+                )
+            )
+    if out:
+        out.append("")
+    return out
+
+
 def overhead_section(runs, targets, args):
     out = ["## Router overhead: tiny non-streaming requests, 1 engine, no simulated time\n"]
     if not runs:
@@ -594,36 +635,51 @@ def overhead_section(runs, targets, args):
         "router, engine) shares the same %s cores, so requests/s is a CPU-bound figure.\n"
         % (args.overhead_concurrency, args.overhead_requests, os.cpu_count())
     )
+    cpu = lambda d: (d.get("overhead") or {}).get("router_cpu_us_per_request")  # noqa: E731
+    groups = {}
+    for d in runs:
+        groups.setdefault((d["_router"], d["_policy"]), []).append(d)
+    passes = max(len(g) for g in groups.values())
+    if passes > 1:
+        out.append(
+            "The list ran %d times, each time with fresh processes (`OVERHEAD_REPEAT`): a row is the pass with the "
+            "median router CPU per request, and the CPU range spans every pass.\n" % passes
+        )
     out.append(
         "| router | policy | direct req/s | router req/s | router/direct | direct p50 ms | router p50 ms | added p50 ms "
-        "| added p99 ms | router CPU µs/request | router CPU cores | errors |"
+        "| added p99 ms | router CPU µs/request | router CPU cores | errors |" + (" CPU µs range |" if passes > 1 else "")
     )
-    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for d in sorted(runs, key=order_key):
-        if "failed" in d:
-            out.append("| %s | %s | failed: %s ||||||||||" % (d["_router"], d["_policy"], d["failed"].replace("|", "/")))
+    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if passes > 1 else ""))
+    for key in sorted(groups, key=lambda k: order_key(groups[k][0])):
+        g = groups[key]
+        ok_runs = sorted((d for d in g if "failed" not in d and cpu(d) is not None), key=cpu)
+        if not ok_runs:
+            d = g[0]
+            out.append("| %s | %s | failed: %s ||||||||||" % (d["_router"], d["_policy"], d.get("failed", "no figure").replace("|", "/")))
             continue
+        d = ok_runs[(len(ok_runs) - 1) // 2]
         o = d.get("overhead") or {}
         dr = o.get("direct") or {}
         rr = o.get("router") or {}
-        out.append(
-            "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |"
-            % (
-                d["_router"],
-                d["_policy"],
-                f(dr.get("requests_per_s"), 0),
-                f(rr.get("requests_per_s"), 0),
-                f(o.get("rps_ratio"), 2),
-                f(pct(dr, "latency_ms", "p50"), 3),
-                f(pct(rr, "latency_ms", "p50"), 3),
-                f(o.get("added_p50_ms"), 3),
-                f(o.get("added_p99_ms"), 3),
-                f(o.get("router_cpu_us_per_request"), 1),
-                f(o.get("router_cpu_cores"), 2),
-                (dr.get("errors") or 0) + (rr.get("errors") or 0),
-            )
+        row = "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |" % (
+            d["_router"],
+            d["_policy"],
+            f(dr.get("requests_per_s"), 0),
+            f(rr.get("requests_per_s"), 0),
+            f(o.get("rps_ratio"), 2),
+            f(pct(dr, "latency_ms", "p50"), 3),
+            f(pct(rr, "latency_ms", "p50"), 3),
+            f(o.get("added_p50_ms"), 3),
+            f(o.get("added_p99_ms"), 3),
+            f(o.get("router_cpu_us_per_request"), 1),
+            f(o.get("router_cpu_cores"), 2),
+            (dr.get("errors") or 0) + (rr.get("errors") or 0),
         )
+        if passes > 1:
+            row += " %s–%s (%d of %d) |" % (f(cpu(ok_runs[0]), 1), f(cpu(ok_runs[-1]), 1), len(ok_runs), len(g))
+        out.append(row)
     out.append("")
+    out.extend(floor_ratios(runs, targets, cpu))
     ok = [d for d in runs if "failed" not in d]
     ig = next((d for d in ok if d["_router"] == "infergate" and d["_policy"] == "load_aware"), None)
     vr = [d for d in ok if d["_router"] == "vllm-router"]
@@ -632,7 +688,6 @@ def overhead_section(runs, targets, args):
         best_vr = max(vr, key=rps)
         ratio = rps(ig) / rps(best_vr) if rps(best_vr) else None
         res = "met" if ratio is not None and ratio >= 1.3 else "missed"
-        cpu = lambda d: (d.get("overhead") or {}).get("router_cpu_us_per_request")  # noqa: E731
         detail = "infergate load_aware %s req/s vs vllm-router %s %s req/s: %s×" % (
             f(rps(ig), 0),
             best_vr["_policy"],
