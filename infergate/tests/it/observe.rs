@@ -198,6 +198,73 @@ async fn every_series_exists_at_zero_from_start_and_leaves_with_its_endpoint() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recommended_policy_exports_every_reason_it_gives_from_the_start() {
+    // predicted_ttft declares its reasons in a list of its own: a reason it gives but does not declare would
+    // appear only once used, and a rate() over it would miss its first placements.
+    let engines = engines(2, SimConfig::default()).await;
+    let extra = format!("{}{}", sessions_yaml(1000), ENGINE_STATS);
+    let router = start_router(&pool_yaml("predicted_ttft", &urls(&engines), &extra)).await;
+    router.all_healthy().await;
+    let declared: BTreeSet<&str> = router.state.pools.pools[0]
+        .reasons()
+        .iter()
+        .map(|r| r.as_str())
+        .collect();
+    for reason in ["new_session", "sticky", "migrate", "headerless"] {
+        assert!(declared.contains(reason), "{reason} not in {declared:?}");
+    }
+    let m = router.metrics_text().await;
+    for ep in labels_of(&router) {
+        let e = format!("endpoint=\"{ep}\"");
+        for reason in &declared {
+            let r = format!("reason=\"{reason}\"");
+            assert_eq!(
+                metric_value(&m, "infergate_placements_total", &[&e, &r]),
+                Some(0.0),
+                "placements {reason} {ep}"
+            );
+        }
+    }
+    // Sessions opening and continuing, and requests without a session: every reason counted was declared.
+    for i in 0..12 {
+        let body = chat_body(1500 + i * 50, i % 2 == 0, 2);
+        let status = if i % 4 == 3 {
+            post_chat(&router.url(), body).await
+        } else {
+            post_chat_in_session(&router.url(), &format!("s{}", i % 3), body).await
+        };
+        assert_eq!(status, 200, "request {i}");
+    }
+    let m = router
+        .metrics_when(|m| metric_sum(m, "infergate_placements_total", &[]) >= 12.0)
+        .await;
+    let counted: BTreeSet<String> = m
+        .lines()
+        .filter(|l| l.starts_with("infergate_placements_total{"))
+        // Counted: the router's own reasons (a stored response's engine) exist at zero beside the policy's.
+        .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) > Some(0.0))
+        .filter_map(|l| {
+            l.split("reason=\"")
+                .nth(1)?
+                .split('"')
+                .next()
+                .map(String::from)
+        })
+        .collect();
+    assert!(
+        counted.contains("new_session") && counted.contains("headerless"),
+        "{counted:?}"
+    );
+    for reason in &counted {
+        assert!(
+            declared.contains(reason.as_str()),
+            "{reason} counted, not declared: {declared:?}"
+        );
+    }
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_ends_after_its_endpoint_left_does_not_bring_its_series_back() {
     let engines = engines(2, slow_prefill()).await;
     let router = router_for(&engines).await;
