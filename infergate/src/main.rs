@@ -6,10 +6,12 @@ use std::process::ExitCode;
 use infergate::cli::{self, Command};
 use pingora_core::server::RunArgs;
 
-/// mimalloc instead of glibc's malloc: a request allocates and frees a few hundred small blocks (header maps, the
+mod alloc;
+
+/// mimalloc instead of glibc's malloc: a request allocates and frees a hundred small blocks (header maps, the
 /// body, Pingora's tasks), and glibc's allocator spent about a fifth of the router's instructions on them.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: alloc::MiMalloc = alloc::MiMalloc;
 
 fn main() -> ExitCode {
     let opt = match cli::parse(std::env::args_os().collect()) {
