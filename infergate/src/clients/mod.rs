@@ -3,10 +3,11 @@
 //!
 //! What Pingora 0.9.1 offers and what is added here:
 //!
-//! - **Idle keep-alive connections** use Pingora's own keep-alive timeout: after each request header,
-//!   [`header_received`] sets the session's keep-alive to `timeouts.client_idle`, which Pingora carries to the
-//!   next request on the connection and applies to the wait for its first bytes (it closes the connection
-//!   quietly when that expires). Pingora's default keeps HTTP/1.1 connections forever.
+//! - **Idle keep-alive connections** (Pingora's default keeps HTTP/1.1 connections forever) wait at most
+//!   `timeouts.client_idle` for their next request: [`GuardedStream`] times the wait on the same timer as its
+//!   header deadline and then ends the stream, which Pingora takes as the client closing between requests and
+//!   closes quietly. (Pingora's own keep-alive timeout would do the same with a timer registered per wait; it is
+//!   what a connection that is not guarded gets.)
 //! - **The request header** has no whole-header deadline in Pingora: its read timeouts (`read_timeout`, the
 //!   keep-alive timeout) apply to each read, so a client sending one byte a second never times out. The
 //!   connection's stream is wrapped in a [`GuardedStream`] whose reads fail once `timeouts.request_header` has

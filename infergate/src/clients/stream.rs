@@ -23,10 +23,13 @@ use pingora_proxy::Session;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::{ClientStats, EVICT_MIN_WAIT};
+use crate::config::DEFAULT_CLIENT_IDLE;
 
 pub(super) const ARMED: u8 = 0;
 pub(super) const IDLE: u8 = 1;
 pub(super) const OFF: u8 = 2;
+/// Idle, its deadline not yet set: the first read sets it (the hook that begins the wait cannot reach the timer).
+pub(super) const IDLE_NEW: u8 = 3;
 
 /// What a gate shares with its connections' streams.
 pub(super) struct Shared {
@@ -88,10 +91,12 @@ impl Shared {
 /// One connection's state, shared by its stream, the proxy hooks and the gate's queue of waiting connections.
 #[derive(Default)]
 pub(super) struct Conn {
-    /// `ARMED` (a request header is being read against the deadline), `IDLE` (between keep-alive requests:
-    /// Pingora's idle timeout applies; the first byte read arms the deadline), `OFF` (the header is in; the body
-    /// and the response have their own timeouts).
+    /// `ARMED` (a request header is being read against the deadline), `IDLE` / `IDLE_NEW` (between keep-alive
+    /// requests, against `idle_ms`; the first byte read arms the header deadline), `OFF` (the header is in; the
+    /// body and the response have their own timeouts).
     pub(super) phase: AtomicU8,
+    /// `timeouts.client_idle` in milliseconds, as the configuration had it when the last request header arrived.
+    pub(super) idle_ms: AtomicU64,
     /// Closed to make room: reads fail while the connection waits (not during a request).
     pub(super) evicted: AtomicBool,
     /// The number of its latest entry in the gate's queue of waiting connections.
@@ -107,12 +112,16 @@ impl Conn {
     }
 }
 
-/// A client connection's stream whose reads fail once a request header is overdue, or once the connection is
-/// closed to make room while it waits.
+/// A client connection's stream whose reads fail once a request header is overdue, end once the connection has
+/// been idle too long between requests, and fail once it is closed to make room while it waits.
 pub struct GuardedStream {
     inner: Stream,
     conn: Arc<Conn>,
     header_timeout: Duration,
+    /// When the header being read is overdue (`ARMED`).
+    header_due: tokio::time::Instant,
+    /// The one timer: the end of the idle wait (`IDLE`), or `header_due` once a header read has had to wait.
+    /// A header that arrives in one read never touches it, so a request costs it no more than one extension.
     deadline: Pin<Box<tokio::time::Sleep>>,
     expired: bool,
     shared: Arc<Shared>,
@@ -130,6 +139,7 @@ impl GuardedStream {
             inner,
             conn,
             header_timeout,
+            header_due: tokio::time::Instant::now() + header_timeout,
             deadline: Box::pin(tokio::time::sleep(header_timeout)),
             expired: false,
             shared,
@@ -156,6 +166,21 @@ impl GuardedStream {
             )
         })
     }
+
+    /// The header missed `header_due`: fail this read and every later one, counted once.
+    fn overdue(&mut self) -> Poll<io::Result<()>> {
+        if !self.expired {
+            self.expired = true;
+            self.shared.stats.header_timeouts.inc();
+        }
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "request header not received within {:?} (timeouts.request_header)",
+                self.header_timeout
+            ),
+        )))
+    }
 }
 
 impl std::fmt::Debug for GuardedStream {
@@ -170,12 +195,18 @@ impl std::fmt::Debug for GuardedStream {
 /// `early_request_filter`: the request header is in, so its deadline is off; and the connection, if it is kept
 /// alive, waits at most `idle` for its next request (Pingora keeps HTTP/1.1 connections forever by default); a write
 /// to the client that makes no progress for `write` fails the request (Pingora sets no write timeout by default).
+///
+/// A guarded connection times its idle wait on its own deadline, the timer its header deadline already uses:
+/// Pingora's keep-alive timeout would register a timer of its own for every wait.
 pub fn header_received(session: &mut Session, idle: Duration, write: Duration) {
     let downstream = session.as_downstream_mut();
     downstream.set_write_timeout(Some(write));
     if let ServerSession::H1(h1) = &*downstream {
         if let Some(g) = GuardedStream::of(h1.stream()) {
             g.conn.phase.store(OFF, Ordering::Release);
+            let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+            g.conn.idle_ms.store(ms, Ordering::Relaxed);
+            return;
         }
     }
     if downstream.get_keepalive().is_some() {
@@ -188,7 +219,7 @@ pub fn header_received(session: &mut Session, idle: Duration, write: Duration) {
 pub fn awaiting_next_request(session: &Session) {
     if let ServerSession::H1(h1) = session.as_downstream() {
         if let Some(g) = GuardedStream::of(h1.stream()) {
-            g.conn.phase.store(IDLE, Ordering::Release);
+            g.conn.phase.store(IDLE_NEW, Ordering::Release);
             g.shared.queue(&g.conn);
         }
     }
@@ -203,17 +234,35 @@ impl AsyncRead for GuardedStream {
         let this = &mut *self;
         match this.conn.phase.load(Ordering::Acquire) {
             OFF => Pin::new(&mut this.inner).poll_read(cx, buf),
-            IDLE => {
+            phase @ (IDLE | IDLE_NEW) => {
                 if let Some(e) = this.check_evicted(cx) {
                     return Poll::Ready(Err(e));
                 }
+                if phase == IDLE_NEW {
+                    let idle = match this.conn.idle_ms.load(Ordering::Relaxed) {
+                        0 => DEFAULT_CLIENT_IDLE,
+                        ms => Duration::from_millis(ms),
+                    };
+                    this.deadline
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + idle);
+                    this.conn.phase.store(IDLE, Ordering::Release);
+                }
                 let before = buf.filled().len();
                 let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-                if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-                    // The next request has begun: its header now has header_timeout.
-                    let at = tokio::time::Instant::now() + this.header_timeout;
-                    this.deadline.as_mut().reset(at);
-                    this.conn.phase.store(ARMED, Ordering::Release);
+                match read {
+                    Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                        // The next request has begun: its header now has header_timeout.
+                        this.header_due = tokio::time::Instant::now() + this.header_timeout;
+                        this.conn.phase.store(ARMED, Ordering::Release);
+                    }
+                    // Idle past timeouts.client_idle: end of stream, which Pingora takes as the client closing
+                    // between requests and closes quietly (as when its own keep-alive timeout expires).
+                    Poll::Pending if this.deadline.as_mut().poll(cx).is_ready() => {
+                        log::debug!("client connection idle past timeouts.client_idle: closing it");
+                        return Poll::Ready(Ok(()));
+                    }
+                    _ => {}
                 }
                 read
             }
@@ -221,20 +270,20 @@ impl AsyncRead for GuardedStream {
                 if let Some(e) = this.check_evicted(cx) {
                     return Poll::Ready(Err(e));
                 }
-                if this.expired || this.deadline.as_mut().poll(cx).is_ready() {
-                    if !this.expired {
-                        this.expired = true;
-                        this.shared.stats.header_timeouts.inc();
-                    }
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "request header not received within {:?} (timeouts.request_header)",
-                            this.header_timeout
-                        ),
-                    )));
+                // Checked on every read, not only by the timer: a client trickling a byte at a time never waits.
+                if this.expired || tokio::time::Instant::now() >= this.header_due {
+                    return this.overdue();
                 }
-                Pin::new(&mut this.inner).poll_read(cx, buf)
+                let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+                if read.is_pending() {
+                    if this.deadline.deadline() != this.header_due {
+                        this.deadline.as_mut().reset(this.header_due);
+                    }
+                    if this.deadline.as_mut().poll(cx).is_ready() {
+                        return this.overdue();
+                    }
+                }
+                read
             }
         }
     }

@@ -33,7 +33,7 @@ mod walk;
 
 pub use access_log::{AccessLogConfig, LogFormat, LogTarget};
 pub use auth::{AuthConfig, ClientKey, KeyLimits};
-pub use clients::DEFAULT_MAX_CLIENT_CONNECTIONS;
+pub use clients::{DEFAULT_CLIENT_IDLE, DEFAULT_MAX_CLIENT_CONNECTIONS};
 pub use cluster::ClusterConfig;
 pub use cors::CorsOrigins;
 pub use disaggregation::{prefill_set_name, Connector, Disaggregation};

@@ -165,6 +165,35 @@ async fn a_reused_connection_gets_the_header_deadline_from_its_first_byte() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_connection_that_stops_mid_header_is_cut_off_at_request_header() {
+    // The connection's one timer runs to the end of the idle wait (client_idle, 4 s) when the next header
+    // begins; a header that then stalls must still be cut off at request_header from its first byte.
+    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let router = router(&eng, "request_header: 1s, client_idle: 4s", "").await;
+    let mut s = TcpStream::connect(router.addr).await.unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut s).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let took = closed_within(&mut s, Duration::from_secs(6))
+        .await
+        .expect("closed within 6 s");
+    assert!(
+        took >= Duration::from_millis(800) && took <= Duration::from_millis(2500),
+        "closed after {took:?}; request_header is 1s, client_idle 4s"
+    );
+    let text = router.metrics_text().await;
+    assert!(
+        metric_value(&text, "infergate_client_header_timeouts_total", &[]).unwrap_or(0.0) >= 1.0,
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_keep_alive_connection_is_closed_after_client_idle() {
     let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
     let router = router(&eng, "request_header: 5s, client_idle: 1s", "").await;
