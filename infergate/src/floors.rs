@@ -58,12 +58,13 @@ fn floor_of(module: &str) -> Option<usize> {
     FLOORS.iter().position(|(_, mods)| mods.contains(&module))
 }
 
-/// The top-level module a source file belongs to (`pool/health.rs` → `pool`), None for `lib.rs` and `main.rs`.
+/// The top-level module a source file belongs to (`pool/health.rs` → `pool`), None for `lib.rs`, the binary
+/// (`main.rs` and its allocator, `alloc.rs`, which uses nothing of the crate) and this file.
 fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).ok()?;
     let first = rel.components().next()?.as_os_str().to_str()?;
     let name = first.strip_suffix(".rs").unwrap_or(first);
-    (!matches!(name, "lib" | "main" | "floors")).then(|| name.to_string())
+    (!matches!(name, "lib" | "main" | "alloc" | "floors")).then(|| name.to_string())
 }
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
