@@ -35,7 +35,8 @@ impl DecodeFit {
         self.own_line().or_else(|| self.0.level())
     }
 
-    fn own_line(&self) -> Option<Line> {
+    /// The line with an intercept, when the samples pin its slope down; None otherwise.
+    pub fn own_line(&self) -> Option<Line> {
         self.0.with_intercept(MIN_SPREAD, MAX_SLOPE_ERROR)
     }
 

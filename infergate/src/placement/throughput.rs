@@ -76,7 +76,7 @@ impl ThroughputFit {
     }
 
     /// The line with an intercept, when the samples spread enough and pin its slope down; None otherwise.
-    fn own_line(&self) -> Option<Fitted> {
+    pub fn own_line(&self) -> Option<Fitted> {
         self.0
             .with_intercept(MIN_SPREAD, MAX_SLOPE_ERROR)
             .map(Fitted::of)

@@ -221,59 +221,62 @@ impl Pool {
         now: Instant,
     ) -> Vec<Candidate> {
         let max_in_flight = self.cfg().max_in_flight_per_endpoint;
-        let lines = ttft_lines(endpoints);
-        let decode_lines = decode_lines(endpoints);
         let gate = self.health_gate(endpoints);
-        let views: Vec<crate::outlier::View> =
-            endpoints.iter().map(|e| e.outlier.view(now)).collect();
-        let mut cands: Vec<Candidate> = endpoints
-            .iter()
-            .zip(lines)
-            .zip(decode_lines)
-            .zip(&views)
-            .map(|(((e, line), decode), v)| {
-                let (peer_requests, peer_prefill_tokens) = e.peers.get();
-                let k = e.drift.correction(now);
-                let (debt_requests, debt_tokens) = v.debt;
-                Candidate {
-                    eligible: gate.admits(e) && !excluded.contains(&e.id),
-                    requests: e.load.requests(),
-                    prefill_tokens: e.load.prefill_tokens(),
-                    peer_requests,
-                    peer_prefill_tokens,
-                    engine: e.stats.fresh(now),
-                    max_in_flight,
-                    prefill_speed: line.map(|l| Fitted {
-                        overhead_seconds: l.overhead_seconds * k.prefill,
-                        tokens_per_second: l.tokens_per_second / k.prefill,
-                    }),
-                    kv_held_tokens: None,
-                    debt_requests,
-                    debt_tokens,
-                    prefilling: e.load.prefilling(),
-                    decode: decode.map(|l| Line {
-                        intercept: l.intercept * k.decode,
-                        slope: l.slope * k.decode,
-                    }),
-                    speed_weight: e.drift.weight(),
-                }
-            })
-            .collect();
+        // Each endpoint's own lines (the steady state); the pool's shapes are worked out only when one has none.
+        let (mut fleet_ttft, mut fleet_decode) = (None, None);
+        let mut states = Vec::with_capacity(endpoints.len());
+        let mut cands = Vec::with_capacity(endpoints.len());
+        for (i, e) in endpoints.iter().enumerate() {
+            let line = e.prefill_speed.throughput_fit().own_line().or_else(|| {
+                let fleet = fleet_ttft.get_or_insert_with(|| ttft_lines(endpoints));
+                fleet.get(i).copied().flatten()
+            });
+            let decode = e.decode_speed.fit().own_line().or_else(|| {
+                let fleet = fleet_decode.get_or_insert_with(|| decode_lines(endpoints));
+                fleet.get(i).copied().flatten()
+            });
+            let v = e.outlier.view(now);
+            states.push([v.ejected, v.saturated, v.hung]);
+            let (peer_requests, peer_prefill_tokens) = e.peers.get();
+            let k = e.drift.correction(now);
+            let (debt_requests, debt_tokens) = v.debt;
+            cands.push(Candidate {
+                eligible: gate.admits(e) && !excluded.contains(&e.id),
+                requests: e.load.requests(),
+                prefill_tokens: e.load.prefill_tokens(),
+                peer_requests,
+                peer_prefill_tokens,
+                engine: e.stats.fresh(now),
+                max_in_flight,
+                prefill_speed: line.map(|l| Fitted {
+                    overhead_seconds: l.overhead_seconds * k.prefill,
+                    tokens_per_second: l.tokens_per_second / k.prefill,
+                }),
+                kv_held_tokens: None,
+                debt_requests,
+                debt_tokens,
+                prefilling: e.load.prefilling(),
+                decode: decode.map(|l| Line {
+                    intercept: l.intercept * k.decode,
+                    slope: l.slope * k.decode,
+                }),
+                speed_weight: e.drift.weight(),
+            });
+        }
         // Per endpoint: ejected, saturated, hung (a stream got no headers in time). Each filter applies only if
         // something eligible survives it; in a health panic, ejected and hung endpoints are out regardless: the
         // checks fail and so do requests, and an engine that never answers must not hold clients for the whole
         // header timeout (they get a 503 at once).
-        let state = |v: &crate::outlier::View| [v.ejected, v.saturated, v.hung];
         for which in 0..3 {
             let strict = gate.panic && which != 1;
             if strict
                 || cands
                     .iter()
-                    .zip(&views)
-                    .any(|(c, v)| c.eligible && !state(v)[which])
+                    .zip(&states)
+                    .any(|(c, s)| c.eligible && !s[which])
             {
-                for (c, v) in cands.iter_mut().zip(&views) {
-                    c.eligible &= !state(v)[which];
+                for (c, s) in cands.iter_mut().zip(&states) {
+                    c.eligible &= !s[which];
                 }
             }
         }

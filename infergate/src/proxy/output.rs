@@ -26,11 +26,15 @@ impl Router {
             .attempt
             .upstream_status
             .is_some_and(|s| (200..300).contains(&s));
+        // Read once for the first byte and the first output, which usually arrive in the same chunk.
+        let mut clock = None;
         if !ctx.attempt.first_byte_seen {
             ctx.attempt.first_byte_seen = true;
             if let (Some(t0), Some(ep), true) = (ctx.attempt.dispatched_at, &ctx.endpoint, success)
             {
-                self.metrics.observe_ttfb(ep.series(), t0.elapsed());
+                let now = *clock.get_or_insert_with(Instant::now);
+                self.metrics
+                    .observe_ttfb(ep.series(), now.saturating_duration_since(t0));
             }
         }
         if success && ctx.stores_response {
@@ -47,7 +51,7 @@ impl Router {
         } else if !work_follows && (!success || ctx.attempt.preamble.output_in(chunk)) {
             ctx.attempt.first_output_seen = true;
             if success {
-                let now = Instant::now();
+                let now = *clock.get_or_insert_with(Instant::now);
                 ctx.attempt.first_output_at = Some(now);
                 if ctx.is_stream() {
                     ctx.attempt.timing.first_output(now);
