@@ -98,6 +98,12 @@ pub fn plain_request(req: &mut RequestHeader) {
     }
 }
 
+/// Headers a response usually gains after the engine's: the router's (request id, endpoint, CORS) and Pingora's
+/// (`Date`, `Connection`). Pingora sizes the map for the engine's headers alone, and a full map grows (rehashes
+/// every header) on the next insert, even one that replaces a value: made once up front, the room spares the
+/// second growth that Pingora's own inserts would otherwise cause.
+const RESPONSE_HEADROOM: usize = 6;
+
 /// Run `edit` on `resp`'s headers directly on the header map, dropping its case map; a reason phrase other than
 /// the status's own is kept.
 pub fn edit_response<R>(resp: &mut ResponseHeader, edit: impl FnOnce(&mut dyn Headers) -> R) -> R {
@@ -107,6 +113,9 @@ pub fn edit_response<R>(resp: &mut ResponseHeader, edit: impl FnOnce(&mut dyn He
         .map(str::to_string);
     let placeholder = ResponseHeader::from(http::Response::new(()).into_parts().0);
     let mut parts = http::response::Parts::from(std::mem::replace(resp, placeholder));
+    // Cannot exceed the map's limit (32k headers) with a response Pingora parsed; if it did, the edit's own
+    // inserts report it.
+    let _ = parts.headers.try_reserve(RESPONSE_HEADROOM);
     let out = edit(&mut parts.headers);
     *resp = ResponseHeader::from(parts);
     if reason.is_some() {
@@ -247,5 +256,34 @@ mod tests {
         assert_eq!(resp.get_reason_phrase(), Some("Slow Down"));
         assert_eq!(resp.headers.get("x-request-id").unwrap(), "r");
         assert_eq!(resp.headers.get("retry-after").unwrap(), "2");
+    }
+
+    #[test]
+    fn an_edited_response_has_room_for_pingoras_date_and_connection() {
+        // Sized by Pingora for the engine's three headers, as it parses them.
+        let mut resp = ResponseHeader::build(200, Some(3)).unwrap();
+        for (k, v) in [
+            ("server", "e"),
+            ("content-type", "application/json"),
+            ("content-length", "9"),
+        ] {
+            resp.append_header(k, v).unwrap();
+        }
+        edit_response(&mut resp, |h| {
+            for name in ["x-request-id", "x-infergate-endpoint"] {
+                h.set(
+                    &HeaderName::from_static(name),
+                    HeaderValue::from_static("v"),
+                )
+                .unwrap();
+            }
+        });
+        // Pingora then inserts Date and Connection: neither may grow the map again.
+        assert!(
+            resp.headers.capacity() >= resp.headers.len() + 2,
+            "{} of {}",
+            resp.headers.len(),
+            resp.headers.capacity()
+        );
     }
 }
