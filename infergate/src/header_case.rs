@@ -262,6 +262,7 @@ mod tests {
     fn an_edited_response_has_room_for_pingoras_date_and_connection() {
         // Sized by Pingora for the engine's three headers, as it parses them.
         let mut resp = ResponseHeader::build(200, Some(3)).unwrap();
+        resp.set_reason_phrase(Some("Fine")).unwrap();
         for (k, v) in [
             ("server", "e"),
             ("content-type", "application/json"),
@@ -269,6 +270,10 @@ mod tests {
         ] {
             resp.append_header(k, v).unwrap();
         }
+        // As the hooks do: the case map goes first (upstream_response_filter), then the headers are edited in
+        // place on the plain map (response_filter).
+        plain_response(&mut resp);
+        assert!(!resp.has_case());
         edit_response(&mut resp, |h| {
             for name in ["x-request-id", "x-infergate-endpoint"] {
                 h.set(
@@ -278,6 +283,10 @@ mod tests {
                 .unwrap();
             }
         });
+        assert_eq!(resp.get_reason_phrase(), Some("Fine"));
+        assert_eq!(resp.headers.len(), 5);
+        assert_eq!(resp.headers.get("x-infergate-endpoint").unwrap(), "v");
+        assert_eq!(resp.headers.get("server").unwrap(), "e");
         // Pingora then inserts Date and Connection: neither may grow the map again.
         assert!(
             resp.headers.capacity() >= resp.headers.len() + 2,
