@@ -15,8 +15,8 @@ pub const DEFAULT_CLIENT_WRITE: Duration = Duration::from_secs(60);
 /// Default `max_client_connections` (before the file-descriptor limit is applied, see `crate::clients`).
 pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u64 = 10_000;
 
-/// `timeouts.client_idle`: Pingora keeps idle client connections in whole seconds, so at least 1s, and a
-/// fraction is rounded up.
+/// `timeouts.client_idle`: whole seconds, at least 1s, a fraction rounded up (a connection the client gate does not
+/// wrap falls back to Pingora's keep-alive timeout, which takes seconds).
 pub(super) fn client_idle(f: &Field<'_>) -> Result<Duration, ConfigError> {
     let d = f.duration_or(DEFAULT_CLIENT_IDLE)?;
     if d < Duration::from_secs(1) {
