@@ -135,21 +135,23 @@ async fn a_trickled_header_is_cut_off_at_request_header() {
     );
 }
 
+/// One `GET /health` on an open connection, answered 200 (the connection stays open for the next).
+async fn health_on(s: &mut TcpStream) {
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(s).await.0, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_connection_gets_the_header_deadline_from_its_first_byte() {
     let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
     let router = router(&eng, "request_header: 1s, client_idle: 4s", "").await;
     let mut s = TcpStream::connect(router.addr).await.unwrap();
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(read_response(&mut s).await.0, 200);
+    health_on(&mut s).await;
     // Idle longer than request_header but within client_idle: still open.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(read_response(&mut s).await.0, 200);
+    health_on(&mut s).await;
     // Then the next header trickles: cut off about request_header after its first byte, well before
     // client_idle (each read is quick, so the idle timeout alone would never fire).
     let (mut rd, wr) = s.into_split();
@@ -171,10 +173,7 @@ async fn a_reused_connection_that_stops_mid_header_is_cut_off_at_request_header(
     let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
     let router = router(&eng, "request_header: 1s, client_idle: 4s", "").await;
     let mut s = TcpStream::connect(router.addr).await.unwrap();
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(read_response(&mut s).await.0, 200);
+    health_on(&mut s).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
         .await
