@@ -135,12 +135,13 @@ impl GuardedStream {
     ) -> GuardedStream {
         let conn = Arc::new(Conn::default());
         shared.queue(&conn);
+        let due = tokio::time::Instant::now() + header_timeout;
         GuardedStream {
             inner,
             conn,
             header_timeout,
-            header_due: tokio::time::Instant::now() + header_timeout,
-            deadline: Box::pin(tokio::time::sleep(header_timeout)),
+            header_due: due,
+            deadline: Box::pin(tokio::time::sleep_until(due)),
             expired: false,
             shared,
         }
