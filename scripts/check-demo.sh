@@ -26,6 +26,8 @@ grep -Eq '^ +predicted_ttft \+ sessions +round_robin$' "$OUT" || fail "no round_
 grep -Eq '^TTFT p95 \(lower is better\) +[0-9]+ ms +[0-9]+ ms$' "$OUT" || fail "no TTFT p95 of both runs"
 grep -Eq '^prefix cache hit share +[0-9.]+% +[0-9.]+%$' "$OUT" || fail "no cache hit share of both runs"
 grep -Eq '^slowest 5% decode, mean +[0-9.]+ tok/s +[0-9.]+ tok/s$' "$OUT" || fail "no slowest-5% decode of both runs"
+grep -Eq "^predicted_ttft \+ sessions: TTFT p95 [0-9.]+x (lower|higher) than round_robin's, slowest 5% decode [+-][0-9.]+ tok/s, prefix cache hit share [+-][0-9.]+ points\.$" "$OUT" ||
+  fail "no comparison sentence under the summary"
 for p in "${PORTS[@]}"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then fail "port $p still listens after the demo"; fi
 done

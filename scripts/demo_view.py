@@ -280,10 +280,11 @@ def summary(a):
         print(f"{name:<28}" + "".join(f"{c:<{w}}" for c in cells).rstrip())
     try:
         (a_ttft, b_ttft) = (r["ttft_ms"]["p95"] for _, r, _ in runs)
+        (a_dec, b_dec) = (r["decode"]["slowest5_mean_tok_s"] for _, r, _ in runs)
         (a_hit, b_hit) = (r["usage_cached_tokens"] / r["usage_prompt_tokens"] for _, r, _ in runs)
         ratio = (f"{b_ttft / a_ttft:.1f}x lower" if b_ttft >= a_ttft else f"{a_ttft / b_ttft:.1f}x higher")
-        print(f"{runs[0][0]}: TTFT p95 {ratio} than {runs[1][0]}'s, prefix cache hit share "
-              f"{100 * (a_hit - b_hit):+.1f} points.")
+        print(f"{runs[0][0]}: TTFT p95 {ratio} than {runs[1][0]}'s, slowest 5% decode {a_dec - b_dec:+.1f} tok/s, "
+              f"prefix cache hit share {100 * (a_hit - b_hit):+.1f} points.")
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         pass
 
