@@ -21,6 +21,10 @@ pub use crate::config::OutlierConfig;
 const WINDOW_SLOTS: usize = 10;
 /// Failed requests whose cost an endpoint carries at most.
 const MAX_DEBT: usize = 8;
+/// Requests in a row whose clients gave up after waiting `stream_headers_within` with no answer at all, after which
+/// the endpoint is taken for hung as a late stream makes it: one such request may be an answer that is merely long
+/// (a non-streamed one sends nothing until it ends), two with nothing served between are an engine not answering.
+pub const UNANSWERED_IN_A_ROW: u32 = 2;
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
@@ -74,6 +78,8 @@ struct State {
     debt: VecDeque<(Instant, u64)>,
     /// A stream got no headers in time: the engine may be wedged. Until the next success, or this instant.
     hung_until: Option<Instant>,
+    /// Requests left unanswered in a row (`record_unanswered`) since the last success.
+    unanswered: u32,
 }
 
 impl State {
@@ -133,6 +139,7 @@ impl Outlier {
         }
         st.debt.clear();
         st.hung_until = None;
+        st.unanswered = 0;
         st.slot(cfg, now).ok += 1;
     }
 
@@ -208,6 +215,21 @@ impl Outlier {
         let until = now + cfg.failure_penalty.max(cfg.base_ejection);
         let mut st = self.state.lock();
         st.hung_until = Some(st.hung_until.map_or(until, |t| t.max(until)));
+    }
+
+    /// A client gave up after waiting at least `stream_headers_within` for any answer (streamed or not): the
+    /// [`UNANSWERED_IN_A_ROW`]th in a row since the last success sets the endpoint aside as [`Self::record_hung`]
+    /// does, and returns true.
+    pub fn record_unanswered(&self, cfg: &OutlierConfig, now: Instant) -> bool {
+        let until = now + cfg.failure_penalty.max(cfg.base_ejection);
+        let mut st = self.state.lock();
+        st.unanswered = st.unanswered.saturating_add(1);
+        if st.unanswered < UNANSWERED_IN_A_ROW {
+            return false;
+        }
+        st.unanswered = 0;
+        st.hung_until = Some(st.hung_until.map_or(until, |t| t.max(until)));
+        true
     }
 
     pub fn is_hung(&self, now: Instant) -> bool {
@@ -446,5 +468,23 @@ mod tests {
         o.record_hung(&c, t0);
         o.record_success(&c, t0);
         assert!(!o.is_hung(t0));
+    }
+
+    #[test]
+    fn requests_left_unanswered_twice_in_a_row_set_the_endpoint_aside() {
+        let c = cfg();
+        let o = Outlier::default();
+        let t0 = Instant::now();
+        assert!(!o.record_unanswered(&c, t0));
+        assert!(!o.is_hung(t0));
+        // A success between them: no longer in a row.
+        o.record_success(&c, t0);
+        assert!(!o.record_unanswered(&c, t0));
+        assert!(o.record_unanswered(&c, t0));
+        assert!(o.is_hung(t0));
+        assert!(!o.is_hung(t0 + c.failure_penalty));
+        // Counted afresh after it was set aside.
+        o.record_success(&c, t0);
+        assert!(!o.record_unanswered(&c, t0));
     }
 }

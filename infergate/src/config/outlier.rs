@@ -30,7 +30,8 @@ pub struct OutlierConfig {
     /// until the endpoint serves a request to its end, or for this long (0 = off).
     pub failure_penalty: Duration,
     /// A streamed request whose engine sent no response headers within this counts as a failure (0 = off): vLLM
-    /// answers a stream's headers within milliseconds, before prefill and even while the request is queued.
+    /// answers a stream's headers within milliseconds, before prefill and even while the request is queued. Two
+    /// requests in a row (any kind) whose clients left after waiting this long with no answer count as one too.
     pub stream_headers_within: Duration,
 }
 

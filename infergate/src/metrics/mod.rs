@@ -54,6 +54,10 @@ pub const FAILURE_KINDS: [&str; 6] = [
 /// request may still end in one of those).
 pub const FAILURE_NO_HEADERS: &str = "no_headers";
 
+/// The kind of the request that made an endpoint's requests unanswered `outlier::UNANSWERED_IN_A_ROW` times in a
+/// row (their clients left after waiting `stream_headers_within`): counted apart from `FAILURE_KINDS` likewise.
+pub const FAILURE_UNANSWERED: &str = "unanswered";
+
 /// Causes of `infergate_session_evictions_total`.
 pub const EVICTION_CAUSES: [&str; 2] = ["ttl", "capacity"];
 
@@ -267,7 +271,8 @@ impl Metrics {
                 "Failures the engine owns, which feed outlier detection, by kind: connect (refused or reset), \
                  status_5xx, reset (closed before any answer), cut (the answer ended early), timeout, protocol \
                  (an answer no API call may get: a 101 switching protocols), no_headers (a stream's headers later \
-                 than outlier_detection.stream_headers_within).",
+                 than outlier_detection.stream_headers_within), unanswered (two requests in a row whose clients left after \
+                 waiting that long with no answer).",
                 &["pool", "endpoint", "kind"],
             ),
             config_info,
@@ -349,7 +354,10 @@ impl Metrics {
             self.requests_total
                 .with_label_values(&[pool, endpoint, code]);
         }
-        for kind in FAILURE_KINDS.iter().chain([&FAILURE_NO_HEADERS]) {
+        for kind in FAILURE_KINDS
+            .iter()
+            .chain([&FAILURE_NO_HEADERS, &FAILURE_UNANSWERED])
+        {
             self.failures_total
                 .with_label_values(&[pool, endpoint, kind]);
         }

@@ -317,12 +317,43 @@ impl Router {
     }
 
     /// The client left before the engine answered: no fault of the engine's proven, but the request keeps
-    /// weighing on the endpoint until it serves again (a wedged engine must not look idle).
+    /// weighing on the endpoint until it serves again (a wedged engine must not look idle). When the client had
+    /// waited `outlier_detection.stream_headers_within` for any answer, streamed or not, it counts toward
+    /// [`crate::outlier::UNANSWERED_IN_A_ROW`], after which the endpoint is set aside as a hung stream sets it (a
+    /// non-streamed request sends no headers until its answer ends, so only its client's leaving can tell).
     pub(super) fn record_abandoned(&self, ctx: &Ctx) {
-        if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
-            let tokens = ctx.hold.as_ref().map_or(0, |h| h.estimate());
-            ep.outlier
-                .record_abandoned(&pool.cfg().outlier, Instant::now(), tokens);
+        let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) else {
+            return;
+        };
+        let cfg = &pool.cfg().outlier;
+        let now = Instant::now();
+        let tokens = ctx.hold.as_ref().map_or(0, |h| h.estimate());
+        ep.outlier.record_abandoned(cfg, now, tokens);
+        // A stream whose headers were overdue was counted when they were (the janitor).
+        let late = ctx.hold.as_ref().is_some_and(|h| h.was_late());
+        let waited = ctx
+            .attempt
+            .dispatched_at
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        if cfg.stream_headers_within.is_zero() || late || waited < cfg.stream_headers_within {
+            return;
+        }
+        if ep.outlier.record_unanswered(cfg, now) {
+            log::warn!(
+                "pool {} endpoint {}: {} requests in a row got no answer within {} before their clients left; \
+                 counted as a failure, set aside while others can take the work",
+                pool.name,
+                ep.label,
+                crate::outlier::UNANSWERED_IN_A_ROW,
+                humantime::format_duration(cfg.stream_headers_within)
+            );
+            count_failure(
+                &self.metrics,
+                pool,
+                ep,
+                crate::metrics::FAILURE_UNANSWERED,
+                0,
+            );
         }
     }
 

@@ -1,7 +1,8 @@
 //! Engines that fail without failing their health check (issue 27): one that accepts requests and never answers,
 //! one that drops every stream after its first chunk, one that resets it. None of them may draw the traffic, a
-//! session bound to one moves, and a health panic over engines that never answer fails fast. An engine that closes
-//! right after its headers leaves the client the status line and a cut body, never an empty close.
+//! session bound to one moves (also when its turns are not streamed, and no stream's headers can be late), and a
+//! health panic over engines that never answer fails fast. An engine that closes right after its headers leaves
+//! the client the status line and a cut body, never an empty close.
 
 use std::time::Duration;
 
@@ -396,5 +397,83 @@ async fn an_engine_dying_after_its_headers_leaves_the_client_the_status_line_not
             "request {i}: the cut body must not look whole: {text:?}"
         );
     }
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_streamed_turns_of_a_session_on_a_hung_engine_move_after_two_go_unanswered() {
+    for policy in ["load_aware", "predicted_ttft"] {
+        let eng = engines(2, SimConfig::default()).await;
+        let yaml = pool_yaml(
+            policy,
+            &urls(&eng),
+            &format!("{}{WITHIN}", sessions_yaml(100)),
+        );
+        let router = start_router(&yaml).await;
+        router.all_healthy().await;
+        assert_eq!(
+            post_chat_in_session(&router.url(), "s", chat_body(2000, false, 2)).await,
+            200
+        );
+        let bound = bound_engine(&eng);
+        // Wedged: it takes requests and never answers, while its /health still says 200. No stream reaches it,
+        // so no stream's headers can be late: only the clients' leaving tells.
+        eng[bound].control.set_slow_headers(Duration::from_secs(60));
+        let mut statuses = Vec::new();
+        for i in 0..6 {
+            let body = chat_body(2100 + i * 100, false, 2);
+            statuses
+                .push(impatient(&router.url(), Some("s"), body, Duration::from_millis(1500)).await);
+        }
+        let base = format!("http://{}", router.metrics_addr);
+        let status = get_json(&base, "/status.json").await;
+        // Two turns go unanswered (one might be a long answer); then the session is served elsewhere.
+        assert_eq!(
+            &statuses,
+            &[0, 0, 200, 200, 200, 200],
+            "{policy}: {}",
+            status["pools"][0]["endpoints"][bound]
+        );
+        assert_eq!(
+            status["pools"][0]["endpoints"][bound]["hung"], true,
+            "{policy}"
+        );
+        let unanswered = metric_sum(
+            &router.metrics_text().await,
+            "infergate_endpoint_failures_total",
+            &["kind=\"unanswered\""],
+        );
+        assert_eq!(unanswered, 1.0, "{policy}");
+        eng[bound].control.set_slow_headers(Duration::ZERO);
+        router.wait_idle().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_aware_stops_sending_cached_non_streamed_prompts_to_a_hung_engine() {
+    let eng = engines(2, SimConfig::default()).await;
+    let router = start_router(&pool_yaml("prefix_aware", &urls(&eng), WITHIN)).await;
+    router.all_healthy().await;
+    assert_eq!(
+        post_chat(&router.url(), chat_body(4000, false, 2)).await,
+        200
+    );
+    let cached = bound_engine(&eng);
+    eng[cached]
+        .control
+        .set_slow_headers(Duration::from_secs(60));
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        // The same prompt, growing: the wedged engine holds most of it.
+        let body = chat_body(4100 + i * 100, false, 2);
+        statuses.push(impatient(&router.url(), None, body, Duration::from_millis(1500)).await);
+    }
+    assert!(
+        statuses[2..].iter().all(|&s| s == 200),
+        "{statuses:?}: {}",
+        get_json(&format!("http://{}", router.metrics_addr), "/status.json").await["pools"][0]
+            ["endpoints"][cached]
+    );
+    eng[cached].control.set_slow_headers(Duration::ZERO);
     router.wait_idle().await;
 }
