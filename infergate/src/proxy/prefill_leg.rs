@@ -227,8 +227,7 @@ impl Router {
                     sent = send => sent,
                     closed = client_closed(session) => {
                         // Dropping the request closes its connection: the engine aborts the prefill.
-                        let tokens = hold.estimate();
-                        ep.outlier.record_abandoned(&set.cfg().outlier, Instant::now(), tokens);
+                        self.abandoned(&set, &ep, hold.estimate(), attempt_start.elapsed(), false);
                         self.disagg.count(&pool.name, "client_gone");
                         return Err(closed);
                     }

@@ -316,25 +316,40 @@ impl Router {
         }
     }
 
-    /// The client left before the engine answered: no fault of the engine's proven, but the request keeps
-    /// weighing on the endpoint until it serves again (a wedged engine must not look idle). When the client had
-    /// waited `outlier_detection.stream_headers_within` for any answer, streamed or not, it counts toward
-    /// [`crate::outlier::UNANSWERED_IN_A_ROW`], after which the endpoint is set aside as a hung stream sets it (a
-    /// non-streamed request sends no headers until its answer ends, so only its client's leaving can tell).
+    /// The client left before the engine answered (see [`Router::abandoned`]).
     pub(super) fn record_abandoned(&self, ctx: &Ctx) {
         let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) else {
             return;
         };
-        let cfg = &pool.cfg().outlier;
         let now = Instant::now();
-        let tokens = ctx.hold.as_ref().map_or(0, |h| h.estimate());
-        ep.outlier.record_abandoned(cfg, now, tokens);
-        // A stream whose headers were overdue was counted when they were (the janitor).
-        let late = ctx.hold.as_ref().is_some_and(|h| h.was_late());
         let waited = ctx
             .attempt
             .dispatched_at
             .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        let (tokens, late) = ctx
+            .hold
+            .as_ref()
+            .map_or((0, false), |h| (h.estimate(), h.was_late()));
+        self.abandoned(pool, ep, tokens, waited, late);
+    }
+
+    /// A client left `waited` after its request (of `tokens` prefill) went to `ep`, which had not answered: no
+    /// fault of the engine's proven, but the request keeps weighing on the endpoint until it serves again (a
+    /// wedged engine must not look idle). When the client had waited `outlier_detection.stream_headers_within`
+    /// for any answer, streamed or not, it counts toward [`crate::outlier::UNANSWERED_IN_A_ROW`], after which the
+    /// endpoint is set aside as a hung stream sets it (a non-streamed request sends no headers until its answer
+    /// ends, so only its client's leaving can tell). `late`: a stream whose overdue headers were counted already.
+    pub(super) fn abandoned(
+        &self,
+        pool: &Pool,
+        ep: &Endpoint,
+        tokens: u64,
+        waited: Duration,
+        late: bool,
+    ) {
+        let cfg = &pool.cfg().outlier;
+        let now = Instant::now();
+        ep.outlier.record_abandoned(cfg, now, tokens);
         if cfg.stream_headers_within.is_zero() || late || waited < cfg.stream_headers_within {
             return;
         }

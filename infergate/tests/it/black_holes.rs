@@ -462,15 +462,20 @@ async fn prefix_aware_stops_sending_cached_non_streamed_prompts_to_a_hung_engine
     eng[cached]
         .control
         .set_slow_headers(Duration::from_secs(60));
+    eng[cached].clear_requests();
     let mut statuses = Vec::new();
     for i in 0..6 {
         // The same prompt, growing: the wedged engine holds most of it.
         let body = chat_body(4100 + i * 100, false, 2);
         statuses.push(impatient(&router.url(), None, body, Duration::from_millis(1500)).await);
     }
+    // Two go unanswered there (the load their debt adds may send one elsewhere between them); then it is set
+    // aside and the rest are served.
+    let to_wedged = generate_requests(&eng[cached]);
+    let unanswered = statuses.iter().filter(|&&s| s != 200).count();
     assert!(
-        statuses[2..].iter().all(|&s| s == 200),
-        "{statuses:?}: {}",
+        to_wedged <= 2 && unanswered <= 2 && statuses[4..] == [200, 200],
+        "{statuses:?}, {to_wedged} to the wedged engine: {}",
         get_json(&format!("http://{}", router.metrics_addr), "/status.json").await["pools"][0]
             ["endpoints"][cached]
     );

@@ -468,3 +468,59 @@ async fn a_prefill_leg_on_a_pooled_connection_the_engine_closed_is_sent_again() 
     assert_eq!(retries, [0, 1, 1]);
     let _ = std::fs::remove_file(&log);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_leaves_a_prefill_engine_that_leaves_two_legs_unanswered() {
+    let sessions =
+        "        sessions: { header: x-session-id, ttl: 1h }\n        policy: load_aware\n        \
+                    outlier_detection: { stream_headers_within: 500ms }\n";
+    let f = fleet(
+        2,
+        1,
+        nixl(0.05),
+        sessions,
+        &sessions_yaml(100).replace("    sessions", "    policy: load_aware\n    sessions"),
+    )
+    .await;
+    let base = f.router.url();
+    let c = client();
+    let first = post_json(&c, &base, CHAT)
+        .header(SESSION_HEADER, "s-1")
+        .body(chat_body(3_000, false, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    let bound =
+        header(&first, "x-infergate-prefill-endpoint").expect("the prefill endpoint header");
+    drain(first).await.unwrap();
+    let wedged = f
+        .prefill
+        .iter()
+        .position(|e| e.addr.to_string() == bound)
+        .expect("the prefill endpoint is one of the set");
+    // Wedged: it takes legs and never answers, while its /health still says 200.
+    f.prefill[wedged]
+        .control
+        .set_slow_headers(Duration::from_secs(60));
+    let mut statuses = Vec::new();
+    for turn in 1..7 {
+        let req = post_json(&c, &base, CHAT)
+            .header(SESSION_HEADER, "s-1")
+            .body(chat_body(3_000 + turn * 500, false, 2));
+        let status = tokio::time::timeout(Duration::from_millis(1500), async {
+            let resp = req.send().await.ok()?;
+            let status = resp.status().as_u16();
+            drain(resp).await.ok()?;
+            Some(status)
+        })
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0);
+        statuses.push(status);
+    }
+    assert_eq!(&statuses, &[0, 0, 200, 200, 200, 200]);
+    f.prefill[wedged].control.set_slow_headers(Duration::ZERO);
+    f.router.wait_idle().await;
+}
