@@ -272,7 +272,7 @@ impl Metrics {
                  status_5xx, reset (closed before any answer), cut (the answer ended early), timeout, protocol \
                  (an answer no API call may get: a 101 switching protocols), no_headers (a stream's headers later \
                  than outlier_detection.stream_headers_within), unanswered (two requests in a row whose clients left after \
-                 waiting that long with no answer).",
+                 waiting that long with no answer, or a stream with its headers and no output).",
                 &["pool", "endpoint", "kind"],
             ),
             config_info,

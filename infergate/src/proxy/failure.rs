@@ -67,7 +67,18 @@ impl Router {
             return e;
         }
         if downstream_gone {
-            if ctx.attempt.upstream_status.is_none() {
+            // Gone before any answer: no headers, or a stream's headers (vLLM sends them before the prefill, and
+            // still does with its engine core wedged) and no output after them.
+            let no_output = match ctx.attempt.upstream_status {
+                None => true,
+                Some(s) => {
+                    (200..300).contains(&s)
+                        && ctx.is_stream()
+                        && ctx.kind == crate::request::CallKind::Generate
+                        && !ctx.attempt.first_output_seen
+                }
+            };
+            if no_output {
                 self.record_abandoned(ctx);
             }
         } else if *e.esource() == ErrorSource::Upstream || nothing_back {

@@ -316,7 +316,8 @@ impl Router {
         }
     }
 
-    /// The client left before the engine answered (see [`Router::abandoned`]).
+    /// The client left before the engine answered: before its headers, or a stream's before its first output
+    /// (see [`Router::abandoned`]).
     pub(super) fn record_abandoned(&self, ctx: &Ctx) {
         let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) else {
             return;
@@ -330,15 +331,31 @@ impl Router {
             .hold
             .as_ref()
             .map_or((0, false), |h| (h.estimate(), h.was_late()));
-        self.abandoned(pool, ep, tokens, waited, late);
+        // After a stream's headers, its first output is due after the prefill ahead of it and its own: a client
+        // that leaves a long prefill is no evidence until it has waited twice what the endpoint's speed predicts.
+        let due = match ctx.attempt.upstream_status {
+            Some(_) => ep
+                .prefill_speed
+                .estimate(ep.load.prefill_tokens().saturating_add(tokens))
+                .map_or(Duration::ZERO, |d| d.saturating_mul(2)),
+            None => Duration::ZERO,
+        };
+        self.abandoned(
+            pool,
+            ep,
+            tokens,
+            waited.checked_sub(due).unwrap_or_default(),
+            late,
+        );
     }
 
-    /// A client left `waited` after its request (of `tokens` prefill) went to `ep`, which had not answered: no
-    /// fault of the engine's proven, but the request keeps weighing on the endpoint until it serves again (a
-    /// wedged engine must not look idle). When the client had waited `outlier_detection.stream_headers_within`
-    /// for any answer, streamed or not, it counts toward [`crate::outlier::UNANSWERED_IN_A_ROW`], after which the
-    /// endpoint is set aside as a hung stream sets it (a non-streamed request sends no headers until its answer
-    /// ends, so only its client's leaving can tell). `late`: a stream whose overdue headers were counted already.
+    /// A client left `waited` after its request (of `tokens` prefill) went to `ep`, which had not answered (beyond
+    /// the time its answer was due): no fault of the engine's proven, but the request keeps weighing on the
+    /// endpoint until it serves again (a wedged engine must not look idle). When the client had waited
+    /// `outlier_detection.stream_headers_within` for any answer, streamed or not, it counts toward
+    /// [`crate::outlier::UNANSWERED_IN_A_ROW`], after which the endpoint is set aside as a hung stream sets it (a
+    /// non-streamed request sends no headers until its answer ends, and a wedged vLLM still sends a stream's, so
+    /// only the client's leaving can tell). `late`: a stream whose overdue headers were counted already.
     pub(super) fn abandoned(
         &self,
         pool: &Pool,

@@ -1,7 +1,9 @@
 //! Engines that fail without failing their health check (issue 27): one that accepts requests and never answers,
 //! one that drops every stream after its first chunk, one that resets it. None of them may draw the traffic, a
-//! session bound to one moves (also when its turns are not streamed, and no stream's headers can be late), and a
-//! health panic over engines that never answer fails fast. An engine that closes right after its headers leaves
+//! session bound to one moves (also when its turns are not streamed, and no stream's headers can be late, or when
+//! the engine sends a stream's headers and nothing more, as a vLLM with a wedged engine core does), while clients
+//! leaving long prefills are not held against a working engine; and a health panic over engines that never answer
+//! fails fast. An engine that closes right after its headers leaves
 //! the client the status line and a cut body, never an empty close.
 
 use std::time::Duration;
@@ -480,5 +482,75 @@ async fn prefix_aware_stops_sending_cached_non_streamed_prompts_to_a_hung_engine
             ["endpoints"][cached]
     );
     eng[cached].control.set_slow_headers(Duration::ZERO);
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_turns_of_a_session_on_an_engine_that_sends_headers_and_nothing_more_move() {
+    for policy in ["load_aware", "predicted_ttft"] {
+        let eng = engines(2, SimConfig::default()).await;
+        let yaml = pool_yaml(
+            policy,
+            &urls(&eng),
+            &format!("{}{WITHIN}", sessions_yaml(100)),
+        );
+        let router = start_router(&yaml).await;
+        router.all_healthy().await;
+        assert_eq!(
+            post_chat_in_session(&router.url(), "s", chat_body(2000, true, 2)).await,
+            200
+        );
+        let bound = bound_engine(&eng);
+        // vLLM with a wedged engine core: its API server still answers a stream's headers at once (and /health),
+        // and no event ever follows.
+        eng[bound].control.set_speed(1e-4);
+        let mut statuses = Vec::new();
+        for i in 0..6 {
+            let body = chat_body(2100 + i * 100, true, 2);
+            statuses
+                .push(impatient(&router.url(), Some("s"), body, Duration::from_millis(1500)).await);
+        }
+        let status = get_json(&format!("http://{}", router.metrics_addr), "/status.json").await;
+        assert_eq!(
+            &statuses,
+            &[0, 0, 200, 200, 200, 200],
+            "{policy}: {}",
+            status["pools"][0]["endpoints"][bound]
+        );
+        eng[bound].control.set_speed(1.0);
+        router.wait_idle().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_leaving_long_prefills_do_not_set_a_working_engine_aside() {
+    // 25,000 tokens/s: a 400 KB prompt (~100k tokens) takes about four seconds to its first output.
+    let eng = engines(1, slow_prefill()).await;
+    let router = start_router(&pool_yaml("load_aware", &urls(&eng), WITHIN)).await;
+    router.all_healthy().await;
+    // Streams that end well teach the endpoint's prefill speed.
+    for i in 0..4 {
+        assert_eq!(
+            post_chat_intact(&router.url(), chat_body(40_000 + i * 4_000, true, 2)).await,
+            200
+        );
+    }
+    // Two clients in a row give up on long prefills after 1.5 s: far less than twice what the speed predicts.
+    for i in 0..2 {
+        // Numbers, not the filler: nothing of it is in the engine's prefix cache.
+        let text: String = (0..60_000).map(|n| format!("{i}-{n} ")).collect();
+        let body = serde_json::json!({
+            "model": "sim-model", "stream": true, "max_tokens": 2,
+            "messages": [{"role": "user", "content": text}],
+        })
+        .to_string();
+        assert_eq!(
+            impatient(&router.url(), None, body, Duration::from_millis(1500)).await,
+            0
+        );
+    }
+    let status = get_json(&format!("http://{}", router.metrics_addr), "/status.json").await;
+    let ep = &status["pools"][0]["endpoints"][0];
+    assert_eq!(ep["hung"], false, "{ep}");
     router.wait_idle().await;
 }
