@@ -14,6 +14,10 @@ use infergate_sim::{EngineHandle, SimConfig};
 /// Streams whose headers are later than this count as failures in these tests (the default is 3 s).
 const WITHIN: &str = "    outlier_detection: { stream_headers_within: 500ms }\n";
 
+/// How long the clients of the unanswered-request tests wait: past the 500 ms of `WITHIN` even when a loaded machine
+/// takes a second or more to dispatch the request (a CI run dispatched one too late at 1.5 s).
+const UNANSWERED_PATIENCE: Duration = Duration::from_millis(2500);
+
 /// One request of a client that gives up after `patience`, as impatient agents do; its status (0: gave up).
 async fn impatient(base: &str, session: Option<&str>, body: String, patience: Duration) -> u16 {
     let mut req = post_json(&client(), base, CHAT).body(body);
@@ -424,8 +428,7 @@ async fn non_streamed_turns_of_a_session_on_a_hung_engine_move_after_two_go_unan
         let mut statuses = Vec::new();
         for i in 0..6 {
             let body = chat_body(2100 + i * 100, false, 2);
-            statuses
-                .push(impatient(&router.url(), Some("s"), body, Duration::from_millis(1500)).await);
+            statuses.push(impatient(&router.url(), Some("s"), body, UNANSWERED_PATIENCE).await);
         }
         let base = format!("http://{}", router.metrics_addr);
         let status = get_json(&base, "/status.json").await;
@@ -469,7 +472,7 @@ async fn prefix_aware_stops_sending_cached_non_streamed_prompts_to_a_hung_engine
     for i in 0..6 {
         // The same prompt, growing: the wedged engine holds most of it.
         let body = chat_body(4100 + i * 100, false, 2);
-        statuses.push(impatient(&router.url(), None, body, Duration::from_millis(1500)).await);
+        statuses.push(impatient(&router.url(), None, body, UNANSWERED_PATIENCE).await);
     }
     // Two go unanswered there (the load their debt adds may send one elsewhere between them); then it is set
     // aside and the rest are served.
@@ -507,8 +510,7 @@ async fn streamed_turns_of_a_session_on_an_engine_that_sends_headers_and_nothing
         let mut statuses = Vec::new();
         for i in 0..6 {
             let body = chat_body(2100 + i * 100, true, 2);
-            statuses
-                .push(impatient(&router.url(), Some("s"), body, Duration::from_millis(1500)).await);
+            statuses.push(impatient(&router.url(), Some("s"), body, UNANSWERED_PATIENCE).await);
         }
         let status = get_json(&format!("http://{}", router.metrics_addr), "/status.json").await;
         assert_eq!(
