@@ -148,6 +148,8 @@ if [ "$MAIN" = 1 ]; then
   export INFERGATE_VLLM_ENGINES=$(IFS=,; echo "${urls[*]}")
   export INFERGATE_VLLM_KV_EVENTS=$(IFS=,; echo "${kv[*]}")
   export INFERGATE_VLLM_KV_REPLAY=$(IFS=,; echo "${replay[*]}")
+  # The API servers' process ids: real_vllm::wedged stops an engine core (their child) for a while.
+  export INFERGATE_VLLM_PIDS=$(IFS=,; echo "${PIDS[*]}")
   suite "$FILTER" --skip real_vllm::disagg
   stop; PIDS=()
 fi

@@ -8,6 +8,7 @@ mod exact;
 mod parity;
 mod prefill;
 mod sessions;
+mod wedged;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -31,6 +32,8 @@ pub struct Fleet {
     pub python: PathBuf,
     /// The served model name.
     pub model: String,
+    /// Each engine's API-server process (its engine core is a child of it).
+    pub pids: Vec<u32>,
 }
 
 fn var(name: &str) -> String {
@@ -47,6 +50,10 @@ pub fn fleet() -> Fleet {
         model_dir: var("INFERGATE_VLLM_MODEL_DIR").into(),
         python: var("INFERGATE_VLLM_PYTHON").into(),
         model: var("INFERGATE_VLLM_MODEL"),
+        pids: list(var("INFERGATE_VLLM_PIDS"))
+            .iter()
+            .map(|p| p.parse().expect("INFERGATE_VLLM_PIDS: process ids"))
+            .collect(),
     }
 }
 

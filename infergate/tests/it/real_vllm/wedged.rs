@@ -1,0 +1,140 @@
+//! A real vLLM whose engine core is wedged (its process stopped): the API server still answers `/health`,
+//! `/metrics` and a stream's headers at once, and nothing follows. A session bound there must move once two of its
+//! turns go unanswered, with the router's default outlier settings.
+
+use std::time::Duration;
+
+use super::*;
+use serde_json::json;
+
+/// What the session's clients wait for a turn: past `outlier_detection.stream_headers_within` (3 s by default)
+/// with room for a loaded machine, as an impatient agent gives up.
+const PATIENCE: Duration = Duration::from_secs(6);
+
+/// `kill -SIGNAL pid`; whether it was sent.
+fn signal(pid: u32, signal: &str) -> bool {
+    std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// An engine core stopped (SIGSTOP) for as long as this lives; continued on drop, also when the test panics.
+struct Stopped(u32);
+
+impl Stopped {
+    fn new(pid: u32) -> Stopped {
+        assert!(signal(pid, "STOP"), "SIGSTOP {pid}");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
+/// The engine-core process of the vLLM API server `api` (vLLM titles it `VLLM::EngineCore`).
+fn engine_core(api: u32) -> u32 {
+    let cores: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // pid (comm) state ppid ...: the command may hold spaces, the fields after its ')' do not.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            ppid == Some(api) && comm.starts_with("VLLM::Engine")
+        })
+        .collect();
+    assert_eq!(cores.len(), 1, "engine cores of {api}: {cores:?}");
+    cores[0]
+}
+
+/// One streamed turn of session `s` from a client that gives up after [`PATIENCE`]: its status (0: gave up) and
+/// the endpoint that served it.
+async fn turn(base: &str, s: &str, body: String) -> (u16, Option<String>) {
+    let req = post_json(&client(), base, CHAT)
+        .header(SESSION_HEADER, s)
+        .body(body);
+    let answer = tokio::time::timeout(PATIENCE, async {
+        let resp = req.send().await.ok()?;
+        let (status, by) = (resp.status().as_u16(), served_by(&resp));
+        let text = resp.text().await.ok()?;
+        // A stream that ended with its `[DONE]`, not one cut off.
+        (status != 200 || text.contains("[DONE]")).then_some((status, by))
+    })
+    .await;
+    answer.ok().flatten().unwrap_or((0, None))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs real vLLM engines: scripts/real-vllm.sh runs it"]
+async fn a_session_leaves_an_engine_whose_core_is_wedged() {
+    let f = fleet();
+    let router = start_router(&fleet_yaml(&f, "predicted_ttft", &sessions_yaml(1000))).await;
+    router.all_healthy().await;
+    let session = "real-wedged-1";
+    let mut messages = vec![json!({"role": "user", "content": cold_text(400)})];
+    let (status, first) = turn(&router.url(), session, chat(&f, json!(messages), true, 4)).await;
+    assert_eq!(status, 200, "the first turn");
+    let first = first.expect("served by an engine");
+    let home = f
+        .urls
+        .iter()
+        .position(|u| u.ends_with(&first))
+        .expect("a fleet engine");
+    let core = engine_core(f.pids[home]);
+    let wedged = Stopped::new(core);
+    // What the router can see of it: healthy, and a stream's headers at once.
+    let health = reqwest::get(format!("{}/health", f.urls[home]))
+        .await
+        .expect("/health");
+    assert_eq!(health.status(), 200, "a wedged engine's /health");
+
+    let mut turns = Vec::new();
+    for i in 0..6 {
+        messages.push(json!({"role": "user", "content": format!("turn {i}: {}", cold_text(100))}));
+        turns.push(turn(&router.url(), session, chat(&f, json!(messages), true, 4)).await);
+    }
+    let metrics = router.metrics_text().await;
+    let status = get_json(&format!("http://{}", router.metrics_addr), "/status.json").await;
+    drop(wedged);
+    eprintln!("turns after the wedge (status, engine): {turns:?}");
+    // Two unanswered turns set the engine aside; a loaded machine may lose a third (as in the engine-sim test), not
+    // the tail, which the other engine serves.
+    let lost = turns.iter().filter(|(s, _)| *s != 200).count();
+    assert!(
+        lost <= 3
+            && turns[3..]
+                .iter()
+                .all(|(s, by)| *s == 200 && by.as_deref() != Some(&*first)),
+        "{turns:?} {}",
+        status["pools"][0]["endpoints"][home]
+    );
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "infergate_endpoint_failures_total",
+            &["kind=\"unanswered\"", &format!("endpoint=\"{first}\"")]
+        ),
+        1.0,
+        "{metrics}"
+    );
+    // The engine works again once continued: the requests it was given are dropped (their clients left).
+    for what in ["vllm:num_requests_running", "vllm:num_requests_waiting"] {
+        wait_engine_metric(&f.urls[home], what, Duration::from_secs(30), |v| v == 0.0).await;
+    }
+    let (status, _) = turn(
+        &f.urls[home],
+        session,
+        chat(&f, user(&cold_text(100)), true, 4),
+    )
+    .await;
+    assert_eq!(status, 200, "the engine after SIGCONT");
+    router.wait_idle().await;
+}
