@@ -23,6 +23,7 @@ pub struct Control {
     slow_headers_us: AtomicU64,
     close_mid_stream_after: AtomicUsize,
     drop_mid_stream_after: AtomicUsize,
+    error_mid_stream_after: AtomicUsize,
     extra_waiting: AtomicU64,
     extra_running: AtomicU64,
     /// The engine's speed factor (an f64's bits; see `SimConfig::speed`).
@@ -42,6 +43,7 @@ impl Control {
             slow_headers_us: AtomicU64::new(0),
             close_mid_stream_after: AtomicUsize::new(NONE),
             drop_mid_stream_after: AtomicUsize::new(NONE),
+            error_mid_stream_after: AtomicUsize::new(NONE),
             extra_waiting: AtomicU64::new(0),
             extra_running: AtomicU64::new(0),
             speed: AtomicU64::new(speed.to_bits()),
@@ -109,6 +111,22 @@ impl Control {
         }
     }
 
+    /// Streaming responses end with vLLM's in-band error after this many SSE events of output (0: before any):
+    /// an error event (`data: {"error": {... "code": 500}}`; Anthropic messages: `event: error`, type
+    /// `internal_error`), then `[DONE]` where the API has one, and the stream's normal end. What vLLM sends when
+    /// its engine core dies or a generation fails after the headers went out.
+    pub fn set_error_mid_stream_after(&self, n: Option<usize>) {
+        self.error_mid_stream_after
+            .store(n.unwrap_or(NONE), Ordering::SeqCst);
+    }
+
+    pub fn error_mid_stream_after(&self) -> Option<usize> {
+        match self.error_mid_stream_after.load(Ordering::SeqCst) {
+            NONE => None,
+            n => Some(n),
+        }
+    }
+
     /// Added to the reported `num_requests_waiting` (to fake a queue).
     pub fn set_extra_waiting(&self, n: u64) {
         self.extra_waiting.store(n, Ordering::SeqCst);
@@ -145,6 +163,7 @@ impl Control {
         self.set_slow_headers(Duration::ZERO);
         self.set_close_mid_stream_after(None);
         self.set_drop_mid_stream_after(None);
+        self.set_error_mid_stream_after(None);
         self.set_extra_waiting(0);
         self.set_extra_running(0);
         self.set_speed(self.base_speed);
@@ -204,6 +223,7 @@ impl Control {
             "slow_headers_ms": self.slow_headers().as_secs_f64() * 1000.0,
             "close_mid_stream_after": self.close_mid_stream_after(),
             "drop_mid_stream_after": self.drop_mid_stream_after(),
+            "error_mid_stream_after": self.error_mid_stream_after(),
             "extra_waiting": self.extra_waiting(),
             "extra_running": self.extra_running(),
             "speed": self.speed(),
@@ -247,6 +267,10 @@ impl Control {
                 "drop_mid_stream_after" if x.is_null() => self.set_drop_mid_stream_after(None),
                 "drop_mid_stream_after" => {
                     self.set_drop_mid_stream_after(Some(num(k, x)? as usize))
+                }
+                "error_mid_stream_after" if x.is_null() => self.set_error_mid_stream_after(None),
+                "error_mid_stream_after" => {
+                    self.set_error_mid_stream_after(Some(num(k, x)? as usize))
                 }
                 "extra_waiting" => self.set_extra_waiting(num(k, x)?),
                 "extra_running" => self.set_extra_running(num(k, x)?),

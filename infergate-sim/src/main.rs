@@ -14,8 +14,9 @@ use infergate_sim::{spawn_engine_on, SimConfig};
 const AFTER_HELP: &str = "\
 Logs go to stderr via env_logger (RUST_LOG=info). SIGINT / SIGTERM stop the process.
 Runtime failure injection: POST /sim/control with JSON, e.g. {\"fail_status\":503}, {\"fail_status\":null},
-{\"health_status\":500}, {\"slow_headers_ms\":2000}, {\"close_mid_stream_after\":3}, {\"drop_mid_stream_after\":1}, {\"extra_waiting\":10},
-{\"extra_running\":4}, {\"speed\":0.33}, {\"drop_idle_connections\":true}, {\"poison_idle_connections\":true},
+{\"health_status\":500}, {\"slow_headers_ms\":2000}, {\"close_mid_stream_after\":3}, {\"drop_mid_stream_after\":1},
+{\"error_mid_stream_after\":0} (vLLM's in-band stream error), {\"extra_waiting\":10}, {\"extra_running\":4},
+{\"speed\":0.33}, {\"drop_idle_connections\":true}, {\"poison_idle_connections\":true},
 {\"refuse_connections_ms\":1500}, {\"reset\":true}. An injected fail_status is answered at once with a JSON error
 body (429 and 503 with Retry-After: 1). GET /sim/stats returns per-engine totals (received, scheduled and refused
 generation requests among them); GET /sim/requests the recorded requests (method, path, headers, body_len,

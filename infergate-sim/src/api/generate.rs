@@ -278,6 +278,7 @@ pub(super) async fn generate(
     }
     let close_after = eng.control.close_mid_stream_after();
     let drop_after = eng.control.drop_mid_stream_after();
+    let error_after = eng.control.error_mid_stream_after();
     let mut sent = 0usize;
     let frame = |e: &[u8]| if chunked { http::chunk(e) } else { e.to_vec() };
     if close_after == Some(0) {
@@ -288,6 +289,17 @@ pub(super) async fn generate(
         if io.write(&frame(&e), false).await.is_err() {
             return false;
         }
+    }
+    // The in-band error ends the stream as a finished one ends (the final chunk, kept alive).
+    let error_end = || {
+        let mut bytes: Vec<u8> = reply.error_events().iter().flat_map(|e| frame(e)).collect();
+        if chunked {
+            bytes.extend_from_slice(b"0\r\n\r\n");
+        }
+        bytes
+    };
+    if error_after == Some(0) {
+        return io.write(&error_end(), keep && rb.is_empty()).await.is_ok() && keep;
     }
     loop {
         let ev = match http::watch(io, rb, rx.recv()).await {
@@ -322,6 +334,9 @@ pub(super) async fn generate(
             if close_after.is_some_and(|c| sent >= c) && !last {
                 io.0.reset();
                 return false;
+            }
+            if error_after.is_some_and(|c| sent >= c) && !last {
+                return io.write(&error_end(), keep && rb.is_empty()).await.is_ok() && keep;
             }
             if drop_after.is_some_and(|c| sent >= c) && !last {
                 // Not kept alive: the connection closes with a FIN, mid-body.

@@ -73,6 +73,25 @@ impl Reply {
         }
     }
 
+    /// vLLM's in-band error for a stream that fails after its headers (`create_streaming_error_response`; the
+    /// Anthropic converter's `error` event), and the `[DONE]` the OpenAI families still send after it.
+    pub(super) fn error_events(&self) -> Vec<Vec<u8>> {
+        let message =
+            "EngineCore encountered an issue. See stack trace (above) for the root cause.";
+        match self.kind {
+            ApiKind::Messages => vec![Self::event(
+                "error",
+                &serde_json::json!({"type": "error", "error": {"type": "internal_error", "message": message}}),
+            )],
+            _ => vec![
+                Self::data(&serde_json::json!({"error": {
+                    "message": message, "type": "InternalServerError", "param": null, "code": 500,
+                }})),
+                b"data: [DONE]\n\n".to_vec(),
+            ],
+        }
+    }
+
     /// The whole answer of a request that does not stream.
     pub(super) fn full_body(&self, cached: usize) -> Value {
         match self.kind {

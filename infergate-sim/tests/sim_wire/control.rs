@@ -149,6 +149,49 @@ async fn close_mid_stream_cuts_the_connection_and_aborts() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn error_mid_stream_ends_the_stream_with_vllms_error_event() {
+    let e = spawn_engine(scaled(0.2)).await.unwrap();
+    e.control.set_error_mid_stream_after(Some(2));
+    let c = reqwest::Client::new();
+    let text = c
+        .post(format!("{}/v1/chat/completions", e.url()))
+        .json(&chat("fail me", 10, true))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // Two events of output, the error (as vLLM 0.32 words it when its engine core dies), [DONE], a clean end.
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 4, "{text}");
+    let err: Value = serde_json::from_str(events[2].trim_start_matches("data: ")).unwrap();
+    assert_eq!(err["error"]["code"], 500, "{text}");
+    assert_eq!(err["error"]["type"], "InternalServerError");
+    assert_eq!(events[3], "data: [DONE]");
+    // Before any output, and Anthropic's shape for messages.
+    e.control.set_error_mid_stream_after(Some(0));
+    let text = c
+        .post(format!("{}/v1/messages", e.url()))
+        .json(
+            &json!({"model": "sim-model", "max_tokens": 5, "stream": true,
+                      "messages": [{"role": "user", "content": "fail me"}]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.starts_with("event: error\ndata: ") && text.contains("\"internal_error\""),
+        "{text}"
+    );
+    e.control.reset();
+    assert_eq!(e.control.error_mid_stream_after(), None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn refuse_connections_refuses_then_serves_again_on_the_same_port() {
     let e = spawn_engine(scaled(0.1)).await.unwrap();
     let addr = e.addr;
