@@ -41,13 +41,14 @@ pub const ROUTER_CODES: [&str; 7] = ["200", "400", "404", "413", "502", "503", "
 pub const RELOAD_RESULTS: [&str; 3] = ["applied", "partial", "failed"];
 
 /// The `kind` label of `infergate_endpoint_failures_total`: what an engine-owned failure was.
-pub const FAILURE_KINDS: [&str; 6] = [
+pub const FAILURE_KINDS: [&str; 7] = [
     "connect",
     "status_5xx",
     "reset",
     "cut",
     "timeout",
     "protocol",
+    "stream_error",
 ];
 
 /// The kind of a stream whose headers were overdue (counted apart from `FAILURE_KINDS`' request endings: the
@@ -269,7 +270,8 @@ impl Metrics {
                 &registry,
                 "infergate_endpoint_failures_total",
                 "Failures the engine owns, which feed outlier detection, by kind: connect (refused or reset), \
-                 status_5xx, reset (closed before any answer), cut (the answer ended early), timeout, protocol \
+                 status_5xx, reset (closed before any answer), cut (the answer ended early), stream_error (a 2xx \
+                 stream the engine ended with its own error event), timeout, protocol \
                  (an answer no API call may get: a 101 switching protocols), no_headers (a stream's headers later \
                  than outlier_detection.stream_headers_within), unanswered (two requests in a row whose clients left after \
                  waiting that long with no answer, or a stream with its headers and no output).",

@@ -90,6 +90,8 @@ pub(super) struct Attempt {
     pub(super) learned: Option<Learned>,
     /// A successful stream's chunks from its first output on: its decode speed, learned if it ends well.
     pub(super) timing: super::stream_timing::StreamTiming,
+    /// A 2xx stream read for an error event the engine owns (stream_error).
+    pub(super) stream_errors: super::stream_error::StreamErrors,
 }
 
 /// A successful stream's prefill as measured at its first output: learned only once the request has ended well

@@ -65,6 +65,7 @@ mod receipt;
 mod router;
 mod spans;
 mod stored;
+mod stream_error;
 mod stream_timing;
 mod upstream;
 

@@ -22,10 +22,28 @@ impl Router {
         if chunk.is_empty() {
             return Ok(None);
         }
-        let success = ctx
+        let mut success = ctx
             .attempt
             .upstream_status
             .is_some_and(|s| (200..300).contains(&s));
+        if success
+            && ctx.is_stream()
+            && !ctx.attempt.failed
+            && ctx.attempt.stream_errors.feed(chunk)
+        {
+            // The engine failed the stream after its headers (stream_error): its failure, no output, nothing
+            // learned. The client gets the error event as sent.
+            if let (Some(pool), Some(ep)) = (&ctx.pool, &ctx.endpoint) {
+                log::warn!(
+                    "pool {} endpoint {}: a stream ended with the engine's error event; counted as a failure",
+                    pool.name,
+                    ep.label
+                );
+            }
+            self.record_failure(ctx, "stream_error");
+            ctx.release_prefill(ReleaseCause::Aborted);
+            success = false;
+        }
         // Read once for the first byte and the first output, which usually arrive in the same chunk.
         let mut clock = None;
         if !ctx.attempt.first_byte_seen {

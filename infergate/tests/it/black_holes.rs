@@ -267,6 +267,97 @@ async fn an_engine_resetting_streams_after_the_first_chunk_draws_no_traffic() {
     .await;
 }
 
+/// Engine 0 fails every stream in band after `after` events of output, as vLLM does when its engine core dies or
+/// a generation fails after the headers went out: a 200 stream ending `data: {"error": {... "code": 500}}`,
+/// `[DONE]`, whole. 30 streamed requests sent one at a time.
+async fn in_band_errors_draw_no_traffic(policy: &str, after: usize) {
+    let eng = engines(2, SimConfig::default()).await;
+    let router = start_router(&pool_yaml(policy, &urls(&eng), "")).await;
+    router.all_healthy().await;
+    eng[0].control.set_error_mid_stream_after(Some(after));
+    let mut errors = 0;
+    for i in 0..30 {
+        let resp = send_chat(&router.url(), chat_body(4000 + i * 11, true, 4)).await;
+        assert_eq!(resp.status(), 200, "{policy}");
+        let text = resp.text().await.unwrap_or_default();
+        errors += usize::from(text.contains("\"error\""));
+    }
+    let to_bad = generate_requests(&eng[0]);
+    assert!(
+        to_bad <= 3,
+        "{policy}, error after {after}: the engine failing streams in band received {to_bad} of 30"
+    );
+    assert_eq!(
+        errors, to_bad,
+        "{policy}: the engine's error reaches its client"
+    );
+    let m = router.metrics_text().await;
+    let ep0 = format!("endpoint=\"{}\"", eng[0].addr);
+    assert_eq!(
+        metric_sum(
+            &m,
+            "infergate_endpoint_failures_total",
+            &["kind=\"stream_error\"", &ep0]
+        ),
+        to_bad as f64,
+        "{policy}"
+    );
+    // A failed stream teaches no prefill speed (its error came at once, a prefill far quicker than any).
+    assert_eq!(
+        metric_sum(&m, "infergate_ttft_prediction_error_seconds_count", &[&ep0]),
+        0.0,
+        "{policy}"
+    );
+    router.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_failing_streams_in_band_draws_no_traffic() {
+    for (policy, after) in [
+        ("load_aware", 0),
+        ("predicted_ttft", 0),
+        ("predicted_ttft", 1),
+    ] {
+        in_band_errors_draw_no_traffic(policy, after).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_leaves_an_engine_that_fails_its_streams_in_band() {
+    for policy in ["load_aware", "predicted_ttft"] {
+        let eng = engines(2, SimConfig::default()).await;
+        let yaml = pool_yaml(policy, &urls(&eng), &sessions_yaml(100));
+        let router = start_router(&yaml).await;
+        router.all_healthy().await;
+        assert_eq!(
+            post_chat_in_session(&router.url(), "s", chat_body(2000, true, 2)).await,
+            200
+        );
+        let bound = bound_engine(&eng);
+        eng[bound].control.set_error_mid_stream_after(Some(0));
+        // Each turn: did its answer end in the engine's error event?
+        let mut failed = Vec::new();
+        for i in 0..8 {
+            let resp = post_json(&client(), &router.url(), CHAT)
+                .header(SESSION_HEADER, "s")
+                .body(chat_body(2100 + i * 100, true, 2))
+                .send()
+                .await
+                .expect("a response");
+            assert_eq!(resp.status(), 200);
+            failed.push(resp.text().await.unwrap_or_default().contains("\"error\""));
+        }
+        // Outlier detection's three failures in a row, then the other engine (every turn failed before).
+        assert_eq!(
+            failed,
+            [true, true, true, false, false, false, false, false],
+            "{policy}"
+        );
+        eng[bound].control.set_error_mid_stream_after(None);
+        router.wait_idle().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_on_a_hung_engine_moves_to_a_working_one() {
     let eng = engines(2, SimConfig::default()).await;
