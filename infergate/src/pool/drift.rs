@@ -22,6 +22,9 @@ const FAST: f64 = 0.3;
 /// Drift within this factor of 1 is noise: placement applies only what lies beyond it.
 const DEAD_BAND: f64 = 1.25;
 
+/// `DEAD_BAND.ln()` (a test checks it), for the per-placement check without a logarithm.
+const DEAD_BAND_LN: f64 = 0.223_143_551_314_209_76;
+
 /// Without samples, the drift fades toward 1 with this time constant (seconds).
 const FADE_SECONDS: f64 = 30.0;
 
@@ -130,6 +133,11 @@ impl Drift {
     /// The correction placement applies now.
     pub fn correction(&self, now: Instant) -> Correction {
         let s = self.0.lock();
+        // Fading only shrinks a drift: one within the dead band stays there (every placement asks, so no
+        // exponentials for the usual case).
+        if s.prefill.abs() <= DEAD_BAND_LN && s.decode.abs() <= DEAD_BAND_LN {
+            return Correction::default();
+        }
         Correction {
             prefill: beyond_band(faded(s.prefill, s.last, now)),
             decode: beyond_band(faded(s.decode, s.last, now)),
@@ -215,6 +223,14 @@ pub fn against_pool(times: &[Option<f64>]) -> Vec<f64> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn the_dead_bands_logarithm_is_its_own() {
+        assert!((DEAD_BAND_LN - DEAD_BAND.ln()).abs() < 1e-15);
+        // At the band's edge the correction is still 1, as the shortcut says.
+        assert_eq!(beyond_band(DEAD_BAND_LN), 1.0);
+        assert_eq!(beyond_band(-DEAD_BAND_LN), 1.0);
+    }
 
     #[test]
     fn a_slowdown_is_corrected_within_a_few_samples_and_fades_without_them() {

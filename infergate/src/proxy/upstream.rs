@@ -271,10 +271,13 @@ fn upstream_headers(
     // Proxy-Authorization and whatever Connection names stay here.
     crate::framing::strip_hop_by_hop(h);
     if let Some(b) = &ctx.body {
-        let len = http::HeaderValue::from(b.bytes.len());
+        let len = b.bytes.len();
         let mut sent = h.map().get_all(http::header::CONTENT_LENGTH).iter();
-        if (sent.next(), sent.next()) != (Some(&len), None) {
-            h.set(&http::header::CONTENT_LENGTH, len)?;
+        // Compared as digits: building the value to compare allocates on every request.
+        let exact =
+            matches!((sent.next(), sent.next()), (Some(v), None) if is_decimal(v.as_bytes(), len));
+        if !exact {
+            h.set(&http::header::CONTENT_LENGTH, http::HeaderValue::from(len))?;
         }
     }
     forwarded::apply(h, peer, trusted)?;
@@ -285,8 +288,46 @@ fn upstream_headers(
     Ok(())
 }
 
+/// Whether `v` is `n` written in decimal, as `HeaderValue::from(n)` writes it (no sign, no leading zero).
+fn is_decimal(v: &[u8], mut n: usize) -> bool {
+    let mut digits = v.iter().rev();
+    loop {
+        if digits.next() != Some(&(b'0' + (n % 10) as u8)) {
+            return false;
+        }
+        n /= 10;
+        if n == 0 {
+            return digits.next().is_none();
+        }
+    }
+}
+
 /// A header value the router built (a key, a trace id), without copying it.
 fn value(v: String) -> Result<http::HeaderValue> {
     http::HeaderValue::from_maybe_shared(bytes::Bytes::from(v))
         .map_err(|_| Error::explain(ErrorType::InvalidHTTPHeader, "invalid header value"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_decimal;
+
+    #[test]
+    fn digits_compare_as_the_header_value_would() {
+        for n in [0usize, 7, 10, 81, 1_048_576, usize::MAX] {
+            let v = http::HeaderValue::from(n);
+            assert!(is_decimal(v.as_bytes(), n), "{n}");
+            assert!(!is_decimal(v.as_bytes(), n.wrapping_add(1)), "{n}");
+        }
+        for (v, n) in [
+            ("081", 81),
+            ("", 0),
+            ("+81", 81),
+            (" 81", 81),
+            ("81 ", 81),
+            ("8l", 81),
+        ] {
+            assert!(!is_decimal(v.as_bytes(), n), "{v:?}");
+        }
+    }
 }
