@@ -84,6 +84,12 @@ impl Router {
                 },
             },
         );
+        // A 2xx stream the engine ended with its error event: the client has a 200 and the error.
+        let error = error.or_else(|| {
+            ctx.attempt
+                .in_band_error
+                .then(|| "upstream:stream_error".to_string())
+        });
         let id = req
             .headers
             .get(&request_id::NAME)

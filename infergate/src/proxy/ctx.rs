@@ -92,6 +92,8 @@ pub(super) struct Attempt {
     pub(super) timing: super::stream_timing::StreamTiming,
     /// A 2xx stream read for an error event the engine owns (stream_error).
     pub(super) stream_errors: super::stream_error::StreamErrors,
+    /// The engine ended this 2xx stream with its own error event.
+    pub(super) in_band_error: bool,
 }
 
 /// A successful stream's prefill as measured at its first output: learned only once the request has ended well

@@ -40,6 +40,7 @@ impl Router {
                     ep.label
                 );
             }
+            ctx.attempt.in_band_error = true;
             self.record_failure(ctx, "stream_error");
             ctx.release_prefill(ReleaseCause::Aborted);
             success = false;

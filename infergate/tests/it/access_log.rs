@@ -174,6 +174,35 @@ async fn json_lines_for_a_streamed_a_failed_and_a_refused_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_engine_ends_with_its_error_is_logged_as_its_failure() {
+    let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
+    let path = log_path("stream-error");
+    let yaml = format!(
+        "{}access_log: {{ format: json, path: \"{}\" }}\n",
+        pool_yaml("load_aware", &[eng.url()], ""),
+        path.display()
+    );
+    let router = start_router(&yaml).await;
+    router.ready().await;
+    eng.control.set_error_mid_stream_after(Some(0));
+    let resp = send_chat(&router.url(), marked_body(true)).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("\"InternalServerError\""), "{text}");
+    let got = log_lines(&path, 1).await;
+    let v: Value = serde_json::from_str(&got[0]).unwrap();
+    assert_eq!(v["status"], 200, "{v}");
+    assert_eq!(v["error"], "upstream:stream_error", "{v}");
+    assert_eq!(
+        v["ttft_ms"],
+        Value::Null,
+        "an error is no first output: {v}"
+    );
+    drop(router);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_ids_and_trace_context_reach_the_engine_and_come_back() {
     let eng = sim::spawn_engine(SimConfig::default()).await.unwrap();
     let label = eng.url().trim_start_matches("http://").to_string();
