@@ -41,6 +41,9 @@ impl Router {
                 );
             }
             ctx.attempt.in_band_error = true;
+            if let Some(t) = &mut ctx.trace {
+                t.attempt_failed("the engine ended the stream with an error event");
+            }
             self.record_failure(ctx, "stream_error");
             ctx.release_prefill(ReleaseCause::Aborted);
             success = false;

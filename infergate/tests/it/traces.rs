@@ -178,6 +178,25 @@ async fn a_refused_attempt_and_its_retry_are_two_children_of_one_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_the_engine_failed_in_band_is_an_error_span() {
+    let receiver = OtlpReceiver::start().await;
+    let eng = engines(1, SimConfig::default()).await;
+    eng[0].control.set_error_mid_stream_after(Some(1));
+    let router = traced_router(&receiver, &eng, "load_aware", "").await;
+    let resp = send_chat(&router.url(), chat_body(500, true, 4)).await;
+    assert_eq!(resp.status(), 200);
+    drain(resp).await.unwrap();
+    let spans = receiver.spans_when(|s| s.iter().any(|x| x.kind == 3)).await;
+    let attempt = spans.iter().find(|s| s.kind == 3).expect("the attempt");
+    assert_eq!(attempt.int("http.response.status_code"), Some(200));
+    assert_eq!(
+        attempt.attr("error.type").as_deref(),
+        Some("the engine ended the stream with an error event")
+    );
+    assert_eq!(attempt.status, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_records_a_share_and_follows_the_clients_decision() {
     let receiver = OtlpReceiver::start().await;
     let eng = engines(1, SimConfig::default()).await;
