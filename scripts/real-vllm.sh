@@ -71,6 +71,21 @@ start_main() {
 urls=() kv=() replay=()
 for i in $(seq 0 "$((ENGINES * MAIN - 1))"); do start_main "$i"; done
 
+# The spare engine: real_vllm::dead kills its engine core mid-stream, so it is an engine of its own, started
+# beside the main ones when that test runs. Its slot in PIDS is past theirs.
+SPARE=0 SPARE_I=9
+case "$FILTER" in "" | dead*) SPARE=$MAIN ;; esac
+start_spare() {
+  ports 1
+  spare_url="http://127.0.0.1:${PORTS[0]}"
+  log "starting the spare engine on ${spare_url#http://}; log $LOGS/spare.log"
+  env "${VLLM_ENV[@]}" setsid "$VLLM_PYTHON" scripts/vllm/serve.py serve "$VLLM_MODEL" --load-format dummy \
+    --host 127.0.0.1 --port "${PORTS[0]}" --served-model-name tiny --max-model-len 16384 --enforce-eager \
+    --kv-cache-memory-bytes 256M --max-num-seqs 8 >"$LOGS/spare.log" 2>&1 &
+  PIDS[SPARE_I]=$!
+}
+if [ "$SPARE" = 1 ]; then start_spare; fi
+
 log "cargo build --tests (while the engines start)"
 cargo test -p infergate --test it --no-run --quiet 2>&1 | grep -v '^ *Executable' || true
 
@@ -149,7 +164,18 @@ if [ "$MAIN" = 1 ]; then
   export INFERGATE_VLLM_KV_EVENTS=$(IFS=,; echo "${kv[*]}")
   export INFERGATE_VLLM_KV_REPLAY=$(IFS=,; echo "${replay[*]}")
   # The API servers' process ids: real_vllm::wedged stops an engine core (their child) for a while.
-  export INFERGATE_VLLM_PIDS=$(IFS=,; echo "${PIDS[*]}")
+  pids=(); for i in "${!urls[@]}"; do pids+=("${PIDS[$i]}"); done
+  export INFERGATE_VLLM_PIDS=$(IFS=,; echo "${pids[*]}")
+  if [ "$SPARE" = 1 ]; then
+    start=$SECONDS
+    until curl -sf "$spare_url/health" >/dev/null; do
+      if ! kill -0 "${PIDS[SPARE_I]}" 2>/dev/null || (( SECONDS - start > STARTUP_TIMEOUT )); then
+        log "the spare engine did not start; its log:"; tail -40 "$LOGS/spare.log"; root_cause spare; exit 1
+      fi
+      sleep 1
+    done
+    export INFERGATE_VLLM_SPARE=$spare_url INFERGATE_VLLM_SPARE_PID=${PIDS[SPARE_I]}
+  fi
   suite "$FILTER" --skip real_vllm::disagg
   stop; PIDS=()
 fi

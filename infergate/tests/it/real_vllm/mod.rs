@@ -3,6 +3,7 @@
 //! time (they share the engines, so each uses prompts no other test sends).
 
 mod apis;
+mod dead;
 mod disagg;
 mod exact;
 mod parity;
@@ -36,7 +37,7 @@ pub struct Fleet {
     pub pids: Vec<u32>,
 }
 
-fn var(name: &str) -> String {
+pub fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: {NEEDS_VLLM}"))
 }
 
@@ -55,6 +56,34 @@ pub fn fleet() -> Fleet {
             .map(|p| p.parse().expect("INFERGATE_VLLM_PIDS: process ids"))
             .collect(),
     }
+}
+
+/// `kill -SIGNAL pid`; whether it was sent.
+pub fn signal(pid: u32, signal: &str) -> bool {
+    std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The engine-core process of the vLLM API server `api` (vLLM titles it `VLLM::EngineCore`).
+pub fn engine_core(api: u32) -> u32 {
+    let cores: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // pid (comm) state ppid ...: the command may hold spaces, the fields after its ')' do not.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            ppid == Some(api) && comm.starts_with("VLLM::Engine")
+        })
+        .collect();
+    assert_eq!(cores.len(), 1, "engine cores of {api}: {cores:?}");
+    cores[0]
 }
 
 /// An engine's own `/metrics` text.

@@ -11,14 +11,6 @@ use serde_json::json;
 /// with room for a loaded machine, as an impatient agent gives up.
 const PATIENCE: Duration = Duration::from_secs(6);
 
-/// `kill -SIGNAL pid`; whether it was sent.
-fn signal(pid: u32, signal: &str) -> bool {
-    std::process::Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// An engine core stopped (SIGSTOP) for as long as this lives; continued on drop, also when the test panics.
 struct Stopped(u32);
 
@@ -33,26 +25,6 @@ impl Drop for Stopped {
     fn drop(&mut self) {
         signal(self.0, "CONT");
     }
-}
-
-/// The engine-core process of the vLLM API server `api` (vLLM titles it `VLLM::EngineCore`).
-fn engine_core(api: u32) -> u32 {
-    let cores: Vec<u32> = std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // pid (comm) state ppid ...: the command may hold spaces, the fields after its ')' do not.
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            ppid == Some(api) && comm.starts_with("VLLM::Engine")
-        })
-        .collect();
-    assert_eq!(cores.len(), 1, "engine cores of {api}: {cores:?}");
-    cores[0]
 }
 
 /// One streamed turn of session `s` from a client that gives up after [`PATIENCE`]: its status (0: gave up) and
