@@ -226,12 +226,23 @@ impl Pool {
         let (mut fleet_ttft, mut fleet_decode) = (None, None);
         let mut states = Vec::with_capacity(endpoints.len());
         let mut cands = Vec::with_capacity(endpoints.len());
+        // Alone in its pool an endpoint has no fleet to borrow a shape from: its own samples' line, which is what
+        // the fleet's lines give it, without building them on every placement.
+        let alone = endpoints.len() == 1;
         for (i, e) in endpoints.iter().enumerate() {
-            let line = e.prefill_speed.throughput_fit().own_line().or_else(|| {
+            let fit = e.prefill_speed.throughput_fit();
+            let line = fit.own_line().or_else(|| {
+                if alone {
+                    return fit.fitted();
+                }
                 let fleet = fleet_ttft.get_or_insert_with(|| ttft_lines(endpoints));
                 fleet.get(i).copied().flatten()
             });
-            let decode = e.decode_speed.fit().own_line().or_else(|| {
+            let decode_fit = e.decode_speed.fit();
+            let decode = decode_fit.own_line().or_else(|| {
+                if alone {
+                    return decode_fit.line();
+                }
                 let fleet = fleet_decode.get_or_insert_with(|| decode_lines(endpoints));
                 fleet.get(i).copied().flatten()
             });

@@ -178,6 +178,54 @@ fn placement_reads_an_unlearned_twin_with_the_pools_shape() {
 }
 
 #[test]
+fn an_endpoint_alone_reads_the_lines_the_fleets_would_give_it() {
+    let text = "pools:\n  - name: a\n    policy: predicted_ttft\n    endpoints: [\"http://127.0.0.1:9\"]\n";
+    let cfg = Config::parse(Path::new("t.yaml"), text)
+        .expect("valid")
+        .pools[0]
+        .clone();
+    let pool = Pool::new(&cfg, CONNECT);
+    let endpoints = pool.endpoints();
+    let cand = |pool: &Pool| {
+        let c = pool.candidates(&endpoints, &[], Instant::now())[0];
+        (c.prefill_speed, c.decode)
+    };
+    let fleets = || (ttft_lines(&endpoints)[0], decode_lines(&endpoints)[0]);
+    // No sample, then samples of one size (no own line: no spread), then a spread (its own line).
+    assert_eq!(cand(&pool), (None, None));
+    for _ in 0..10 {
+        endpoints[0]
+            .prefill_speed
+            .observe_throughput(2_000, Duration::from_millis(50));
+        endpoints[0].decode_speed.observe(4.0, 0.021);
+    }
+    assert!(endpoints[0]
+        .prefill_speed
+        .throughput_fit()
+        .own_line()
+        .is_none());
+    assert!(endpoints[0].decode_speed.fit().own_line().is_none());
+    assert!(cand(&pool).0.is_some() && cand(&pool).1.is_some());
+    assert_eq!(cand(&pool), fleets());
+    for i in 0..40u64 {
+        let tokens = if i % 4 == 0 { 100_000 } else { 2_000 };
+        endpoints[0].prefill_speed.observe_throughput(
+            tokens,
+            Duration::from_secs_f64(0.03 + tokens as f64 / 100_000.0),
+        );
+        endpoints[0]
+            .decode_speed
+            .observe((i % 8) as f64, 0.018 + 0.00025 * (i % 8) as f64);
+    }
+    assert!(endpoints[0]
+        .prefill_speed
+        .throughput_fit()
+        .own_line()
+        .is_some());
+    assert_eq!(cand(&pool), fleets());
+}
+
+#[test]
 fn reconfigure_swaps_the_settings_and_keeps_the_policy_settings_a_policy_refuses() {
     let pool = Pool::new(&pool_cfg("    sessions: { ttl: 1h }\n"), CONNECT);
     let now = Instant::now();
