@@ -179,12 +179,7 @@ fn placement_reads_an_unlearned_twin_with_the_pools_shape() {
 
 #[test]
 fn an_endpoint_alone_reads_the_lines_the_fleets_would_give_it() {
-    let text = "pools:\n  - name: a\n    policy: predicted_ttft\n    endpoints: [\"http://127.0.0.1:9\"]\n";
-    let cfg = Config::parse(Path::new("t.yaml"), text)
-        .expect("valid")
-        .pools[0]
-        .clone();
-    let pool = Pool::new(&cfg, CONNECT);
+    let pool = Pool::new(&pool_cfg("    policy: predicted_ttft\n"), CONNECT);
     let endpoints = pool.endpoints();
     let cand = |pool: &Pool| {
         let c = pool.candidates(&endpoints, &[], Instant::now())[0];
