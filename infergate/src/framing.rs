@@ -84,32 +84,29 @@ static HOP_BY_HOP: [HeaderName; 8] = [
     http::header::PROXY_AUTHORIZATION,
 ];
 
-/// Remove every header whose name `drop` picks from a request: one pass over the names the request carries, not
-/// one lookup per candidate name (a lookup by a `&str` parses the name first; most requests carry none of them).
-pub fn remove_matching(req: &mut (impl Headers + ?Sized), drop: impl Fn(&HeaderName) -> bool) {
-    let found: Vec<HeaderName> = req.map().keys().filter(|k| drop(k)).cloned().collect();
+/// Remove from a request about to be forwarded the hop-by-hop headers, those its `Connection` names, and those
+/// `also` picks. One pass over the names the request carries, not one lookup per candidate name (a lookup by a
+/// `&str` parses the name first); nothing is allocated when none is present, the common case.
+pub fn strip_hop_by_hop(req: &mut (impl Headers + ?Sized), also: impl Fn(&HeaderName) -> bool) {
+    let found: Vec<HeaderName> = {
+        let map = req.map();
+        let connection = map.get_all(http::header::CONNECTION);
+        // Transfer-Encoding is the caller's: the held body is re-framed with one Content-Length.
+        let named = |name: &HeaderName| {
+            *name != http::header::TRANSFER_ENCODING
+                && connection
+                    .iter()
+                    .flat_map(|v| tokens(v.as_bytes()))
+                    .any(|t| t.eq_ignore_ascii_case(name.as_str().as_bytes()))
+        };
+        map.keys()
+            .filter(|k| also(k) || HOP_BY_HOP.contains(k) || named(k))
+            .cloned()
+            .collect()
+    };
     for name in &found {
         req.remove(name);
     }
-}
-
-/// Remove the hop-by-hop headers (and those `Connection` names) from a request about to be forwarded. Costs one
-/// pass over the request's header names when none is present, the common case.
-pub fn strip_hop_by_hop(req: &mut (impl Headers + ?Sized)) {
-    let named: Vec<String> = req
-        .map()
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .flat_map(|v| tokens(v.as_bytes()))
-        .filter_map(|t| std::str::from_utf8(t).ok())
-        .map(str::to_ascii_lowercase)
-        .collect();
-    remove_matching(req, |name| {
-        HOP_BY_HOP.contains(name)
-            // Transfer-Encoding is the caller's: the held body is re-framed with one Content-Length.
-            || (name != http::header::TRANSFER_ENCODING
-                && named.iter().any(|n| n.as_str() == name.as_str()))
-    });
 }
 
 /// The session header value is too long: 431 (a header field too large), or for a body's `prompt_cache_key`, 400.
@@ -208,7 +205,7 @@ mod tests {
                 ("x-session-id", "s"),
             ],
         );
-        strip_hop_by_hop(&mut r);
+        strip_hop_by_hop(&mut r, |_| false);
         let left: Vec<&str> = r.headers.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["host", "x-session-id"]);
     }

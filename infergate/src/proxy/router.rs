@@ -568,17 +568,27 @@ pub(super) fn non_streaming_release(
 pub(super) fn content_length(req: &RequestHeader) -> std::result::Result<Option<u64>, ApiError> {
     let mut value = None;
     for v in req.headers.get_all(http::header::CONTENT_LENGTH) {
-        let n = v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(ApiError::invalid_content_length)?;
+        let n = decimal(v.as_bytes()).ok_or_else(ApiError::invalid_content_length)?;
         if value.is_some_and(|prev| prev != n) {
             return Err(ApiError::invalid_content_length());
         }
         value = Some(n);
     }
     Ok(value)
+}
+
+/// A length as `str::parse::<u64>` reads it from the trimmed value, without validating the value as text first.
+fn decimal(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    let digits = v.strip_prefix(b"+").unwrap_or(v);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+            .flatten()
+    })
 }
 
 pub(super) fn expects_continue(req: &RequestHeader) -> bool {
@@ -614,6 +624,24 @@ mod tests {
             content_length(&req(&[("content-length", "12"), ("content-length", "13")])).is_err()
         );
         assert!(content_length(&req(&[("content-length", "x")])).is_err());
+        // Read as `str::parse::<u64>` reads the trimmed text.
+        for v in [
+            "0",
+            "12",
+            "+12",
+            "007",
+            "18446744073709551615",
+            "",
+            "+",
+            "-1",
+            "1 2",
+            "1_0",
+            "18446744073709551616",
+            "١٢",
+        ] {
+            let want = v.trim().parse::<u64>().ok();
+            assert_eq!(decimal(v.as_bytes()), want, "{v:?}");
+        }
     }
 
     #[test]

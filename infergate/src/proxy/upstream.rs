@@ -257,19 +257,18 @@ fn upstream_headers(
         }
     }
     let held_body = ctx.body.is_some();
-    // One pass over the client's header names: its Anthropic-style key is for the router too; the router
-    // answered `Expect` itself and holds the whole body (sent with one exact length, no Transfer-Encoding); it
-    // reads the start of answers (the first output, a stored response's id): plain bytes, always.
-    crate::framing::remove_matching(h, |name| {
+    // One pass over the client's header names: the hop-by-hop headers (the client's connection is not the
+    // engine's: Connection, Upgrade (an ignored h2c offer), Keep-Alive, TE, Proxy-Authorization and whatever
+    // Connection names); its Anthropic-style key is for the router too; the router answered `Expect` itself and
+    // holds the whole body (sent with one exact length, no Transfer-Encoding); it reads the start of answers (the
+    // first output, a stored response's id): plain bytes, always.
+    crate::framing::strip_hop_by_hop(h, |name| {
         (client_authorization && *name == http::header::AUTHORIZATION)
             || *name == X_API_KEY
             || *name == http::header::EXPECT
             || *name == http::header::ACCEPT_ENCODING
             || (held_body && *name == http::header::TRANSFER_ENCODING)
     });
-    // The client's connection is not the engine's: Connection, Upgrade (an ignored h2c offer), Keep-Alive, TE,
-    // Proxy-Authorization and whatever Connection names stay here.
-    crate::framing::strip_hop_by_hop(h);
     if let Some(b) = &ctx.body {
         let len = b.bytes.len();
         let mut sent = h.map().get_all(http::header::CONTENT_LENGTH).iter();
