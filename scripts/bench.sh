@@ -27,7 +27,8 @@
 # OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), OVERHEAD_REPEAT (1: the overhead list runs this many times,
 # each time with fresh processes, and the report gives each router's median and the median of the ratios to the
 # floor of the same pass: a process's CPU per request moves by up to a fifth from one start to the next on a
-# shared machine), ENGINE_STATS_INTERVAL (200ms), SHARED_PREFIX_TOKENS (16000),
+# shared machine), ROUTER_THREADS (2: worker threads of infergate and of the floor; 1 shows what sharing state
+# between two cores costs), ENGINE_STATS_INTERVAL (200ms), SHARED_PREFIX_TOKENS (16000),
 # SCENARIO_TABLES (0; 1: one table per scenario and fleet with means over every seed run, ratios to the best peer
 # per metric and issue 26's targets, instead of the single-seed matrix).
 #
@@ -297,7 +298,7 @@ start_router() {
         echo "listen: \"127.0.0.1:$port\""
         echo "metrics_listen: \"127.0.0.1:$mport\""
         echo "server:"
-        echo "  threads: 2"
+        echo "  threads: ${ROUTER_THREADS:-2}"
         echo "  grace_period_seconds: 1"
         echo "  graceful_shutdown_timeout_seconds: 1"
         echo "  pid_file: $RUN_DIR/infergate.pid"
@@ -327,7 +328,7 @@ start_router() {
     floor)
       # The floor: a bare Pingora pass-through to the first engine (no body scan, no placement).
       [ -x "$FLOOR" ] || { REASON="the floor example is not built"; return 1; }
-      start_bg "$RUN_DIR/router.log" "$FLOOR" "127.0.0.1:$port" "${SIM_URLS[0]#http://}" 2
+      start_bg "$RUN_DIR/router.log" "$FLOOR" "127.0.0.1:$port" "${SIM_URLS[0]#http://}" "${ROUTER_THREADS:-2}"
       ;;
     smg)
       [ -n "$SMG" ] || { REASON="smg is not installed"; return 1; }
