@@ -1,6 +1,7 @@
 //! A real vLLM whose engine core is wedged (its process stopped): the API server still answers `/health`,
-//! `/metrics` and a stream's headers at once, and nothing follows. A session bound there must move once two of its
-//! turns go unanswered, with the router's default outlier settings.
+//! `/metrics` and a stream's headers at once, and nothing follows (a request not streamed gets nothing at all). A
+//! session bound there must move once two of its turns go unanswered, streamed or not, with the router's default
+//! outlier settings.
 
 use std::time::Duration;
 
@@ -27,9 +28,9 @@ impl Drop for Stopped {
     }
 }
 
-/// One streamed turn of session `s` from a client that gives up after [`PATIENCE`]: its status (0: gave up) and
-/// the endpoint that served it.
-async fn turn(base: &str, s: &str, body: String) -> (u16, Option<String>) {
+/// One turn of session `s` from a client that gives up after [`PATIENCE`]: its status (0: gave up) and the endpoint
+/// that served it.
+async fn turn(base: &str, s: &str, body: String, stream: bool) -> (u16, Option<String>) {
     let req = post_json(&client(), base, CHAT)
         .header(SESSION_HEADER, s)
         .body(body);
@@ -37,8 +38,14 @@ async fn turn(base: &str, s: &str, body: String) -> (u16, Option<String>) {
         let resp = req.send().await.ok()?;
         let (status, by) = (resp.status().as_u16(), served_by(&resp));
         let text = resp.text().await.ok()?;
-        // A stream that ended with its `[DONE]`, not one cut off.
-        (status != 200 || text.contains("[DONE]")).then_some((status, by))
+        // A stream that ended with its `[DONE]`, not one cut off; an answer not streamed, whole.
+        let whole = if stream {
+            text.contains("[DONE]")
+        } else {
+            serde_json::from_str::<serde_json::Value>(&text)
+                .is_ok_and(|v| v["choices"][0]["message"].is_object())
+        };
+        (status != 200 || whole).then_some((status, by))
     })
     .await;
     answer.ok().flatten().unwrap_or((0, None))
@@ -47,12 +54,28 @@ async fn turn(base: &str, s: &str, body: String) -> (u16, Option<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs real vLLM engines: scripts/real-vllm.sh runs it"]
 async fn a_session_leaves_an_engine_whose_core_is_wedged() {
+    leaves_a_wedged_engine("real-wedged-1", true).await;
+}
+
+/// The same with turns not streamed: no stream's headers can be late, only the clients' leaving tells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs real vLLM engines: scripts/real-vllm.sh runs it"]
+async fn a_session_of_turns_not_streamed_leaves_an_engine_whose_core_is_wedged() {
+    leaves_a_wedged_engine("real-wedged-2", false).await;
+}
+
+async fn leaves_a_wedged_engine(session: &str, stream: bool) {
     let f = fleet();
     let router = start_router(&fleet_yaml(&f, "predicted_ttft", &sessions_yaml(1000))).await;
     router.all_healthy().await;
-    let session = "real-wedged-1";
     let mut messages = vec![json!({"role": "user", "content": cold_text(400)})];
-    let (status, first) = turn(&router.url(), session, chat(&f, json!(messages), true, 4)).await;
+    let (status, first) = turn(
+        &router.url(),
+        session,
+        chat(&f, json!(messages), stream, 4),
+        stream,
+    )
+    .await;
     assert_eq!(status, 200, "the first turn");
     let first = first.expect("served by an engine");
     let home = f
@@ -71,12 +94,20 @@ async fn a_session_leaves_an_engine_whose_core_is_wedged() {
     let mut turns = Vec::new();
     for i in 0..6 {
         messages.push(json!({"role": "user", "content": format!("turn {i}: {}", cold_text(100))}));
-        turns.push(turn(&router.url(), session, chat(&f, json!(messages), true, 4)).await);
+        turns.push(
+            turn(
+                &router.url(),
+                session,
+                chat(&f, json!(messages), stream, 4),
+                stream,
+            )
+            .await,
+        );
     }
     let metrics = router.metrics_text().await;
     let status = get_json(&format!("http://{}", router.metrics_addr), "/status.json").await;
     drop(wedged);
-    eprintln!("turns after the wedge (status, engine): {turns:?}");
+    eprintln!("turns after the wedge (status, engine; streamed: {stream}): {turns:?}");
     // Two unanswered turns set the engine aside; a loaded machine may lose a third (as in the engine-sim test), not
     // the tail, which the other engine serves.
     let lost = turns.iter().filter(|(s, _)| *s != 200).count();
@@ -85,7 +116,7 @@ async fn a_session_leaves_an_engine_whose_core_is_wedged() {
             && turns[3..]
                 .iter()
                 .all(|(s, by)| *s == 200 && by.as_deref() != Some(&*first)),
-        "{turns:?} {}",
+        "streamed {stream}: {turns:?} {}",
         status["pools"][0]["endpoints"][home]
     );
     assert_eq!(
@@ -105,6 +136,7 @@ async fn a_session_leaves_an_engine_whose_core_is_wedged() {
         &f.urls[home],
         session,
         chat(&f, user(&cold_text(100)), true, 4),
+        true,
     )
     .await;
     assert_eq!(status, 200, "the engine after SIGCONT");
