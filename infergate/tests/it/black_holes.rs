@@ -61,6 +61,29 @@ fn bound_engine(eng: &[EngineHandle]) -> usize {
         .expect("one engine served")
 }
 
+/// Two engines behind a router of `policy` with sessions (and pool lines `extra`), and session `s`'s first turn
+/// (streamed or not) served: the engines, the router and the index of the engine the session is bound to.
+async fn a_session_on_two_engines(
+    policy: &str,
+    extra: &str,
+    stream: bool,
+) -> (Vec<EngineHandle>, TestRouter, usize) {
+    let eng = engines(2, SimConfig::default()).await;
+    let yaml = pool_yaml(
+        policy,
+        &urls(&eng),
+        &format!("{}{extra}", sessions_yaml(100)),
+    );
+    let router = start_router(&yaml).await;
+    router.all_healthy().await;
+    assert_eq!(
+        post_chat_in_session(&router.url(), "s", chat_body(2000, stream, 2)).await,
+        200
+    );
+    let bound = bound_engine(&eng);
+    (eng, router, bound)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_engine_draws_no_traffic_from_impatient_clients() {
     for policy in ["load_aware", "predicted_ttft"] {
@@ -325,15 +348,7 @@ async fn an_engine_failing_streams_in_band_draws_no_traffic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_leaves_an_engine_that_fails_its_streams_in_band() {
     for policy in ["load_aware", "predicted_ttft"] {
-        let eng = engines(2, SimConfig::default()).await;
-        let yaml = pool_yaml(policy, &urls(&eng), &sessions_yaml(100));
-        let router = start_router(&yaml).await;
-        router.all_healthy().await;
-        assert_eq!(
-            post_chat_in_session(&router.url(), "s", chat_body(2000, true, 2)).await,
-            200
-        );
-        let bound = bound_engine(&eng);
+        let (eng, router, bound) = a_session_on_two_engines(policy, "", true).await;
         eng[bound].control.set_error_mid_stream_after(Some(0));
         // Each turn: did its answer end in the engine's error event?
         let mut failed = Vec::new();
@@ -360,19 +375,7 @@ async fn a_session_leaves_an_engine_that_fails_its_streams_in_band() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_on_a_hung_engine_moves_to_a_working_one() {
-    let eng = engines(2, SimConfig::default()).await;
-    let yaml = pool_yaml(
-        "load_aware",
-        &urls(&eng),
-        &format!("{}{WITHIN}", sessions_yaml(100)),
-    );
-    let router = start_router(&yaml).await;
-    router.all_healthy().await;
-    assert_eq!(
-        post_chat_in_session(&router.url(), "s", chat_body(2000, true, 2)).await,
-        200
-    );
-    let bound = bound_engine(&eng);
+    let (eng, router, bound) = a_session_on_two_engines("load_aware", WITHIN, true).await;
     eng[bound].control.set_slow_headers(Duration::from_secs(60));
     let mut statuses = Vec::new();
     for i in 0..4 {
@@ -500,19 +503,7 @@ async fn an_engine_dying_after_its_headers_leaves_the_client_the_status_line_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_streamed_turns_of_a_session_on_a_hung_engine_move_after_two_go_unanswered() {
     for policy in ["load_aware", "predicted_ttft"] {
-        let eng = engines(2, SimConfig::default()).await;
-        let yaml = pool_yaml(
-            policy,
-            &urls(&eng),
-            &format!("{}{WITHIN}", sessions_yaml(100)),
-        );
-        let router = start_router(&yaml).await;
-        router.all_healthy().await;
-        assert_eq!(
-            post_chat_in_session(&router.url(), "s", chat_body(2000, false, 2)).await,
-            200
-        );
-        let bound = bound_engine(&eng);
+        let (eng, router, bound) = a_session_on_two_engines(policy, WITHIN, false).await;
         // Wedged: it takes requests and never answers, while its /health still says 200. No stream reaches it,
         // so no stream's headers can be late: only the clients' leaving tells.
         eng[bound].control.set_slow_headers(Duration::from_secs(60));
@@ -584,19 +575,7 @@ async fn prefix_aware_stops_sending_cached_non_streamed_prompts_to_a_hung_engine
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_turns_of_a_session_on_an_engine_that_sends_headers_and_nothing_more_move() {
     for policy in ["load_aware", "predicted_ttft"] {
-        let eng = engines(2, SimConfig::default()).await;
-        let yaml = pool_yaml(
-            policy,
-            &urls(&eng),
-            &format!("{}{WITHIN}", sessions_yaml(100)),
-        );
-        let router = start_router(&yaml).await;
-        router.all_healthy().await;
-        assert_eq!(
-            post_chat_in_session(&router.url(), "s", chat_body(2000, true, 2)).await,
-            200
-        );
-        let bound = bound_engine(&eng);
+        let (eng, router, bound) = a_session_on_two_engines(policy, WITHIN, true).await;
         // vLLM with a wedged engine core: its API server still answers a stream's headers at once (and /health),
         // and no event ever follows.
         eng[bound].control.set_speed(1e-4);
