@@ -61,7 +61,12 @@ def test_a_codex_session_stays_on_its_engine(codex_home):
     turns = [(url, rec) for url, rec in records(session[1], header="session-id") if rec["path"] == "/v1/responses"]
     assert len(turns) == 2, f"{len(turns)} Responses API requests of the session reached an engine"
     engines = {url for url, _ in turns}
-    assert len(engines) == 1 and engines <= set(POOLS[MODEL]), f"the turns reached {engines}"
+    # On failure, say how the pool placed meanwhile (a move, and which kind, or a new session).
+    reasons = {
+        r: metric("infergate_placements_total", pool=MODEL, reason=r) - placed.get(r, 0)
+        for r in ("new_session", "sticky", "migrate", "rescue", "spill", "fallback")
+    }
+    assert len(engines) == 1 and engines <= set(POOLS[MODEL]), f"the turns reached {engines}; placements {reasons}"
     assert all(rec["body_len"] > 10_000 for _, rec in turns)
     assert metric("infergate_placements_total", pool=MODEL, reason="new_session") == placed["new_session"] + 1
     assert metric("infergate_placements_total", pool=MODEL, reason="sticky") == placed["sticky"] + 1
