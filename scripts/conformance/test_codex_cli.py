@@ -49,8 +49,11 @@ def codex_exec(home, *args):
     return res
 
 
+REASONS = ("new_session", "sticky", "migrate", "rescue", "spill", "fallback")
+
+
 def test_a_codex_session_stays_on_its_engine(codex_home):
-    placed = {r: metric("infergate_placements_total", pool=MODEL, reason=r) for r in ("new_session", "sticky")}
+    placed = {r: metric("infergate_placements_total", pool=MODEL, reason=r) for r in REASONS}
     first = codex_exec(codex_home, "say hi")
     assert "engine sim" in first.stdout, first.stdout
     session = re.search(r"session id: (\S+)", first.stderr)
@@ -62,10 +65,7 @@ def test_a_codex_session_stays_on_its_engine(codex_home):
     assert len(turns) == 2, f"{len(turns)} Responses API requests of the session reached an engine"
     engines = {url for url, _ in turns}
     # On failure, say how the pool placed meanwhile (a move, and which kind, or a new session).
-    reasons = {
-        r: metric("infergate_placements_total", pool=MODEL, reason=r) - placed.get(r, 0)
-        for r in ("new_session", "sticky", "migrate", "rescue", "spill", "fallback")
-    }
+    reasons = {r: metric("infergate_placements_total", pool=MODEL, reason=r) - placed[r] for r in REASONS}
     assert len(engines) == 1 and engines <= set(POOLS[MODEL]), f"the turns reached {engines}; placements {reasons}"
     assert all(rec["body_len"] > 10_000 for _, rec in turns)
     assert metric("infergate_placements_total", pool=MODEL, reason="new_session") == placed["new_session"] + 1
