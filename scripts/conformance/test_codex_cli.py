@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from router import CLIENT_KEY, POOLS, ROUTER, metric, records
+from router import CLIENT_KEY, LABEL, METRICS, POOLS, ROUTER, SAMPLE, http, metric, records
 
 CODEX = os.environ["CODEX_BIN"]
 MODEL = "m2"  # the pool running the shipped policy, predicted_ttft
@@ -50,10 +50,24 @@ def codex_exec(home, *args):
 
 
 REASONS = ("new_session", "sticky", "migrate", "rescue", "spill", "fallback")
+STANDING = ("infergate_endpoint_healthy", "infergate_endpoint_speed_outlier", "infergate_endpoint_relative_speed")
+
+
+def standing(pool):
+    """{endpoint: {metric: value}} of `pool`'s endpoints: health and speed judgement, for a failure message."""
+    out = {}
+    for line in http(METRICS).splitlines():
+        m = SAMPLE.match(line)
+        if m and m[1] in STANDING:
+            labels = dict(LABEL.findall(m[2] or ""))
+            if labels.get("pool") == pool:
+                out.setdefault(labels.get("endpoint"), {})[m[1].removeprefix("infergate_endpoint_")] = float(m[3])
+    return out
 
 
 def test_a_codex_session_stays_on_its_engine(codex_home):
     placed = {r: metric("infergate_placements_total", pool=MODEL, reason=r) for r in REASONS}
+    before = standing(MODEL)
     first = codex_exec(codex_home, "say hi")
     assert "engine sim" in first.stdout, first.stdout
     session = re.search(r"session id: (\S+)", first.stderr)
@@ -66,7 +80,10 @@ def test_a_codex_session_stays_on_its_engine(codex_home):
     engines = {url for url, _ in turns}
     # On failure, say how the pool placed meanwhile (a move, and which kind, or a new session).
     reasons = {r: metric("infergate_placements_total", pool=MODEL, reason=r) - placed[r] for r in REASONS}
-    assert len(engines) == 1 and engines <= set(POOLS[MODEL]), f"the turns reached {engines}; placements {reasons}"
+    assert len(engines) == 1 and engines <= set(POOLS[MODEL]), (
+        f"the turns reached {engines}; placements {reasons}; the pool before the first turn {before}, "
+        f"after the second {standing(MODEL)}"
+    )
     assert all(rec["body_len"] > 10_000 for _, rec in turns)
     assert metric("infergate_placements_total", pool=MODEL, reason="new_session") == placed["new_session"] + 1
     assert metric("infergate_placements_total", pool=MODEL, reason="sticky") == placed["sticky"] + 1
