@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs the demo the way a user would, non-interactively: scripts/demo.sh --short --no-wait on this build's debug
-# binaries, on free loopback ports. Checks that the output has no escape codes (stdout is not a terminal), that the
+# Runs the README's demo the way a user would, non-interactively: scripts/demo.sh --no-wait on this build's debug
+# binaries, on free loopback ports (the full demo, not --short: its 12 sessions are too few to rank the decode tail). Checks that the output has no escape codes (stdout is not a terminal), that the
 # live view printed frames with prefill peaks, that the router made a move (migrate, rescue, spill or fallback) under the
 # pressure moment, that the summary compares predicted_ttft with round_robin (TTFT p95, slowest-5% decode, cache hit
 # share; which is ahead is measured in BENCHMARKS.md, never asserted here), and that no demo process is left.
-# scripts/test.sh runs it after the cargo tests (about a minute).
+# scripts/test.sh runs it after the cargo tests (about a minute and a half).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --bins --quiet
@@ -14,11 +14,11 @@ OUT=$(mktemp /tmp/infergate-check-demo.XXXXXX)
 trap 'rm -f "$OUT"' EXIT
 status=0
 DEMO_ROUTER_PORT=${PORTS[0]} DEMO_METRICS_PORT=${PORTS[1]} DEMO_ENGINE_PORTS=$(IFS=,; echo "${PORTS[*]:2:4}") \
-  timeout 150 scripts/demo.sh --short --no-wait --bin-dir target/debug >"$OUT" 2>&1 </dev/null || status=$?
+  timeout 300 scripts/demo.sh --no-wait --bin-dir target/debug >"$OUT" 2>&1 </dev/null || status=$?
 fail() { cat "$OUT"; echo "check-demo: $*" >&2; exit 1; }
 [ "$status" = 0 ] || fail "scripts/demo.sh exited with $status"
 if grep -q $'\x1b' "$OUT"; then fail "escape codes in output that is not a terminal"; fi
-grep -q '^predicted_ttft .* elapsed.*sessions [0-9]* of 12 done' "$OUT" || fail "no progress in the live view"
+grep -q '^predicted_ttft .* elapsed.*sessions [0-9]* of [0-9][0-9]* done' "$OUT" || fail "no progress in the live view"
 grep -Eq '^127\.0\.0\.1:[0-9]+ +[0-9]+ +([0-9]+\+[0-9]+|-) +[1-9][0-9]{4,} #' "$OUT" || fail "no prefill peak of 10k+ tokens in a frame"
 grep -E '^moves {2,}migrate [0-9]+, rescue [0-9]+, spill [0-9]+, fallback [0-9]+ ' "$OUT" | grep -Eq '(migrate|rescue|spill|fallback) [1-9]' ||
   fail "the summary shows no move"

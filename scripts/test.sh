@@ -25,7 +25,7 @@ echo "== scripts/real-vllm.sh"
 # Real vLLM engines (a ~6 GB venv under ~/.cache/infergate, built once, reused while its pins match).
 scripts/real-vllm.sh
 echo "== scripts/check-demo.sh"
-# The README's demo, short and non-interactive: a move under pressure and the round_robin comparison.
+# The README's demo, non-interactive: a move under pressure and the round_robin comparison.
 scripts/check-demo.sh
 echo "== scripts/check-deb.sh"
 # The package of the binary the tests ran (cargo deb --profile dev --no-build): install, check, purge.
