@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the README's demo the way a user would, non-interactively: scripts/demo.sh --no-wait on this build's debug
-# binaries, on free loopback ports (the full demo, not --short: its 12 sessions are too few to rank the decode tail). Checks that the output has no escape codes (stdout is not a terminal), that the
-# live view printed frames with prefill peaks, that the router made a move (migrate, rescue, spill or fallback) under the
-# pressure moment, that the summary compares predicted_ttft with round_robin (TTFT p95, slowest-5% decode, cache hit
-# share; which is ahead is measured in BENCHMARKS.md, never asserted here), and that no demo process is left.
+# binaries, on free loopback ports (the full demo: --short's 12 sessions are too few to rank the decode tail). Checks
+# that the output has no escape codes (stdout is not a terminal), that the live view printed frames with prefill
+# peaks, that the router made a move (migrate, rescue, spill or fallback) under the pressure moment, that the summary
+# compares predicted_ttft with round_robin (TTFT p95, slowest-5% decode, cache hit share; which is ahead is measured
+# in BENCHMARKS.md, never asserted here), and that no demo process is left.
 # scripts/test.sh runs it after the cargo tests (about a minute and a half).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ DEMO_ROUTER_PORT=${PORTS[0]} DEMO_METRICS_PORT=${PORTS[1]} DEMO_ENGINE_PORTS=$(I
 fail() { cat "$OUT"; echo "check-demo: $*" >&2; exit 1; }
 [ "$status" = 0 ] || fail "scripts/demo.sh exited with $status"
 if grep -q $'\x1b' "$OUT"; then fail "escape codes in output that is not a terminal"; fi
-grep -q '^predicted_ttft .* elapsed.*sessions [0-9]* of [0-9][0-9]* done' "$OUT" || fail "no progress in the live view"
+grep -q '^predicted_ttft .* elapsed.*sessions [0-9]* of 24 done' "$OUT" || fail "no progress in the live view"
 grep -Eq '^127\.0\.0\.1:[0-9]+ +[0-9]+ +([0-9]+\+[0-9]+|-) +[1-9][0-9]{4,} #' "$OUT" || fail "no prefill peak of 10k+ tokens in a frame"
 grep -E '^moves {2,}migrate [0-9]+, rescue [0-9]+, spill [0-9]+, fallback [0-9]+ ' "$OUT" | grep -Eq '(migrate|rescue|spill|fallback) [1-9]' ||
   fail "the summary shows no move"
