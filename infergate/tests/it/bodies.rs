@@ -141,3 +141,58 @@ async fn malformed_chunking_answers_400_as_json() {
     assert!(resp.contains("\"error\""), "OpenAI-style body: {resp}");
     assert!(last_generate(&eng).is_none(), "{:?}", last_generate(&eng));
 }
+
+/// Whether `seen` (bytes read up to the end of a request head) already holds the whole body its Content-Length
+/// declares.
+fn body_came_with_head(seen: &[u8]) -> bool {
+    let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+    let declared = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    declared.is_some_and(|n| n > 0 && seen.len() - (end + 4) == n)
+}
+
+/// A body the router read whole goes to the engine in the segment of its request head (the head is corked until
+/// the body's end is written): an engine that reads the head finds the body with it, on every request. Without
+/// it the head and the body went out as two segments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_body_reaches_the_engine_in_the_segment_of_its_head() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let (together, all) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (t, a) = (together.clone(), all.clone());
+    let url = raw_engine(move |seen| {
+        // The chat requests (not the router's own GETs).
+        if seen.starts_with(b"POST ") {
+            a.fetch_add(1, Ordering::SeqCst);
+        }
+        if body_came_with_head(seen) {
+            t.fetch_add(1, Ordering::SeqCst);
+        }
+        RawAnswer {
+            wait: Duration::ZERO,
+            bytes:
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+                    .to_vec(),
+            close: true,
+        }
+    })
+    .await;
+    let router = start_router(&pool_yaml("round_robin", &[url], "")).await;
+    router.all_healthy().await;
+    for _ in 0..10 {
+        assert_eq!(
+            post_chat(&router.url(), chat_body(2000, false, 2)).await,
+            200
+        );
+    }
+    assert_eq!(
+        (together.load(Ordering::SeqCst), all.load(Ordering::SeqCst)),
+        (10, 10)
+    );
+    router.wait_idle().await;
+}

@@ -119,6 +119,11 @@ where
 
         debug!("Sending header to upstream {:?}", req);
 
+        // infergate patch: a body the application read whole (to route on it) goes to the upstream in the same
+        // TCP segment as the request header: the header waits under TCP_CORK until `send_body_to1` has written
+        // the body's end and clears it (the kernel sends corked bytes after 200 ms at the latest).
+        let corked = session.is_body_done() && !session.is_body_empty() && cork(client_session, true);
+
         match client_session.write_request_header(Box::new(req)).await {
             Ok(_) => { /* Continue */ }
             Err(e) => {
@@ -159,7 +164,7 @@ where
                 &mut downstream_custom_message_reader,
                 pipe_state.clone(),
             ),
-            self.proxy_handle_upstream(client_session, tx_upstream, rx_downstream, pipe_state),
+            self.proxy_handle_upstream(client_session, tx_upstream, rx_downstream, pipe_state, corked),
         );
 
         if let Some(custom_session) = session.downstream_session.as_custom_mut() {
@@ -251,6 +256,7 @@ where
         tx: mpsc::Sender<HttpTask>,
         mut rx: mpsc::Receiver<HttpTask>,
         pipe_state: Arc<AtomicU8>,
+        corked: bool,
     ) -> Result<bool>
     where
         SV: ProxyHttp + Send + Sync,
@@ -324,7 +330,7 @@ where
                 },
 
                 body = rx.recv(), if !request_done => {
-                    match send_body_to1(client_session, body).await {
+                    match send_body_to1(client_session, body, corked).await {
                         Ok(send_done) => {
                             request_done = send_done;
                             // An upgraded request is terminated when either side is done
@@ -1080,9 +1086,26 @@ where
     }
 }
 
+/// infergate patch: set (or clear) TCP_CORK on the upstream connection's socket; whether it was set.
+fn cork(client_session: &HttpSessionV1, on: bool) -> bool {
+    let fd = client_session.stream().id();
+    let value = libc::c_int::from(on);
+    // SAFETY: `value` outlives the call and its size is passed; a socket that is not TCP only fails.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
 pub(crate) async fn send_body_to1(
     client_session: &mut HttpSessionV1,
     recv_task: Option<HttpTask>,
+    corked: bool,
 ) -> Result<bool> {
     let body_done;
 
@@ -1156,6 +1179,9 @@ pub(crate) async fn send_body_to1(
         match client_session.finish_body().await {
             Ok(_) => {
                 debug!("finish sending body to upstream");
+                if corked {
+                    cork(client_session, false);
+                }
                 Ok(true)
             }
             Err(e) => e.into_up().into_err(),
