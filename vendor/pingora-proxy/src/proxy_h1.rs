@@ -1088,7 +1088,12 @@ where
 
 /// infergate patch: set (or clear) TCP_CORK on the upstream connection's socket; whether it was set.
 fn cork(client_session: &HttpSessionV1, on: bool) -> bool {
+    // A TCP stream's id is its socket (TLS streams give the one under them); streams without a socket give 0.
+    // Nothing at or below stderr is touched.
     let fd = client_session.stream().id();
+    if fd <= 2 {
+        return false;
+    }
     let value = libc::c_int::from(on);
     // SAFETY: `value` outlives the call and its size is passed; a socket that is not TCP only fails.
     unsafe {
