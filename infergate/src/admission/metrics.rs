@@ -1,5 +1,8 @@
 //! The series admission produces: requests and 429s per client key, and each pool's wait queue.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::RwLock;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts};
 
 use super::queue::QueueMetrics;
@@ -12,6 +15,9 @@ pub(super) struct AdmissionMetrics {
     queue_wait_seconds: HistogramVec,
     queue_rejected_total: IntCounterVec,
     queue_abandoned_total: IntCounterVec,
+    /// Read-held while a key's series are written, write-held while a departed key's are deleted: a write that saw
+    /// the key in force finishes before its series go, and none starts after.
+    client_series: RwLock<()>,
 }
 
 impl AdmissionMetrics {
@@ -54,6 +60,7 @@ impl AdmissionMetrics {
                 "Requests whose client closed its connection while waiting in the pool's wait queue; none reached an engine.",
                 &["pool"],
             ),
+            client_series: RwLock::new(()),
         }
     }
 
@@ -86,22 +93,39 @@ impl AdmissionMetrics {
         }
     }
 
-    /// Delete every series of a client key that left the keys file.
-    pub(super) fn remove_client(&self, key: &str) {
+    /// Delete every series of a client key that left the keys file, first marking it `retired` so that no later
+    /// write brings them back.
+    pub(super) fn remove_client(&self, key: &str, retired: Option<&AtomicBool>) {
+        let _exclusive = self.client_series.write();
+        if let Some(r) = retired {
+            r.store(true, Ordering::Release);
+        }
         for vec in [&self.client_requests_total, &self.client_rate_limited_total] {
             remove_series_matching(vec, &[("key", key)]);
         }
     }
 
-    pub(super) fn rate_limited(&self, key: &str, limit: &str) {
-        self.client_rate_limited_total
-            .with_label_values(&[key, limit])
-            .inc();
+    /// Run `write` unless the key has left the keys file (`retired`; `None`: the anonymous `-`, never removed).
+    fn unless_retired(&self, retired: Option<&AtomicBool>, write: impl FnOnce()) {
+        let _shared = self.client_series.read();
+        if !retired.is_some_and(|r| r.load(Ordering::Acquire)) {
+            write();
+        }
     }
 
-    pub(super) fn request(&self, key: &str, code: u16) {
-        self.client_requests_total
-            .with_label_values(&[key, code.to_string().as_str()])
-            .inc();
+    pub(super) fn rate_limited(&self, key: &str, retired: &AtomicBool, limit: &str) {
+        self.unless_retired(Some(retired), || {
+            self.client_rate_limited_total
+                .with_label_values(&[key, limit])
+                .inc()
+        });
+    }
+
+    pub(super) fn request(&self, key: &str, retired: Option<&AtomicBool>, code: u16) {
+        self.unless_retired(retired, || {
+            self.client_requests_total
+                .with_label_values(&[key, code.to_string().as_str()])
+                .inc()
+        });
     }
 }

@@ -10,6 +10,7 @@ pub mod limits;
 mod metrics;
 pub mod queue;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -42,6 +43,9 @@ pub struct Client {
     /// Shared by the clients of the same name across reloads, so a reload neither resets a key's buckets nor
     /// forgets its requests in flight.
     limiter: Arc<Mutex<KeyLimiter>>,
+    /// Set (under the metrics' series lock) when the name leaves the keys file, so a request of it that ends
+    /// afterwards does not bring its deleted series back. Shared like `limiter`.
+    retired: Arc<AtomicBool>,
 }
 
 /// The keys in force.
@@ -56,17 +60,21 @@ impl KeyTable {
             .keys
             .iter()
             .map(|k| {
-                let limiter = match previous.and_then(|p| p.client(&k.name)) {
+                let (limiter, retired) = match previous.and_then(|p| p.client(&k.name)) {
                     Some(old) => {
                         old.limiter.lock().set_limits(k.limits, now);
-                        old.limiter.clone()
+                        (old.limiter.clone(), old.retired.clone())
                     }
-                    None => Arc::new(Mutex::new(KeyLimiter::new(k.limits, now))),
+                    None => (
+                        Arc::new(Mutex::new(KeyLimiter::new(k.limits, now))),
+                        Arc::new(AtomicBool::new(false)),
+                    ),
                 };
                 Arc::new(Client {
                     name: Arc::from(k.name.as_str()),
                     secret: k.secret.as_bytes().into(),
                     limiter,
+                    retired,
                 })
             })
             .collect();
@@ -210,7 +218,8 @@ impl Admission {
     }
 
     fn refuse(&self, c: &Client, d: Denied) -> ApiError {
-        self.metrics.rate_limited(&c.name, d.limit.as_str());
+        self.metrics
+            .rate_limited(&c.name, &c.retired, d.limit.as_str());
         let limits = c.limiter.lock().limits();
         let (what, limit, kind) = match d.limit {
             Limit::Requests => (
@@ -241,9 +250,12 @@ impl Admission {
         )
     }
 
-    /// Count a finished request by key and final status.
+    /// Count a finished request by key and final status (not under a key that has left the keys file since).
     pub fn count(&self, pass: &Pass, code: u16) {
-        self.metrics.request(pass.key(), code);
+        match &pass.client {
+            Some(c) => self.metrics.request(&c.name, Some(&c.retired), code),
+            None => self.metrics.request(NO_KEY, None, code),
+        }
     }
 
     /// Apply a reloaded `auth` section. Keys of the same name keep their buckets and in-flight counts; departed
@@ -258,7 +270,11 @@ impl Admission {
         };
         let (before, after) = (names(&old), names(&new));
         for gone in before.iter().filter(|n| !after.contains(n)) {
-            self.metrics.remove_client(gone);
+            let retired = old
+                .as_deref()
+                .and_then(|t| t.client(gone))
+                .map(|c| &*c.retired);
+            self.metrics.remove_client(gone, retired);
         }
         for added in after.iter().filter(|n| !before.contains(n)) {
             self.metrics.add_client(added, false, &limit_names());
@@ -299,6 +315,69 @@ pub fn warn_if_open(cfg: &Config) {
         log::warn!(
             "listener {addr} is not loopback-only and `auth` is off: anyone who reaches it can use every pool; \
              configure auth.keys_file (see README, Security)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{ClientKey, KeyLimits};
+
+    fn auth(names: &[&str]) -> AuthConfig {
+        AuthConfig {
+            source: "test".into(),
+            keys: names
+                .iter()
+                .map(|n| ClientKey {
+                    name: n.to_string(),
+                    secret: format!("sk-{n}-0000000000000000"),
+                    limits: KeyLimits::default(),
+                })
+                .collect(),
+        }
+    }
+
+    fn series_of(metrics: &Metrics, key: &str) -> usize {
+        let text = String::from_utf8_lossy(&metrics.render()).into_owned();
+        let label = format!("key=\"{key}\"");
+        text.lines().filter(|l| l.contains(&label)).count()
+    }
+
+    /// A request that began under a key and ends after a reload removed it does not bring the key's series back.
+    #[test]
+    fn a_request_ending_after_its_key_left_does_not_bring_its_series_back() {
+        let text = "pools:\n  - name: a\n    endpoints:\n      - url: http://127.0.0.1:8101\n";
+        let cfg = Config::parse(Path::new("t.yaml"), text).expect("valid");
+        let metrics = Metrics::new();
+        let admission = Admission::new(&cfg, &metrics);
+        admission.reload_keys(Some(&auth(&["alice", "bob"])));
+        assert!(series_of(&metrics, "bob") > 0);
+
+        let mut headers = http::HeaderMap::new();
+        let bearer = "Bearer sk-bob-0000000000000000";
+        headers.insert(http::header::AUTHORIZATION, bearer.parse().expect("ascii"));
+        let mut pass = Pass::default();
+        assert!(admission.authenticate(&headers, &mut pass).is_ok());
+        assert_eq!(pass.key(), "bob");
+
+        admission.reload_keys(Some(&auth(&["alice"])));
+        assert_eq!(series_of(&metrics, "bob"), 0);
+        admission.count(&pass, 200);
+        assert_eq!(series_of(&metrics, "bob"), 0, "bob's series came back");
+        assert!(series_of(&metrics, "alice") > 0);
+
+        // Added again, the name counts afresh.
+        admission.reload_keys(Some(&auth(&["alice", "bob"])));
+        let mut again = Pass::default();
+        assert!(admission.authenticate(&headers, &mut again).is_ok());
+        admission.count(&again, 200);
+        let text = String::from_utf8_lossy(&metrics.render()).into_owned();
+        assert!(
+            text.contains("infergate_client_requests_total{code=\"200\",key=\"bob\"} 1"),
+            "{text}"
         );
     }
 }
