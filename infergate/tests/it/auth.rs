@@ -185,6 +185,14 @@ async fn missing_or_wrong_keys_get_401_before_the_body_and_reach_no_engine() {
     assert_eq!(models(None).await.unwrap().status(), 401);
     assert_eq!(models(Some(BOB)).await.unwrap().status(), 200);
 
+    // A request is counted once its answer is sent: wait for the last one too.
+    metrics_until(
+        &router,
+        "infergate_client_requests_total",
+        &["code=\"200\""],
+        1.0,
+    )
+    .await;
     let m = metrics_until(
         &router,
         "infergate_client_requests_total",
