@@ -166,7 +166,7 @@ all_endpoints_healthy() {
 }
 
 wait_until "the engines" engines_up
-RUST_LOG=info target/debug/infergate -c "$TMP/infergate.yaml" >"$LOGS/infergate.log" 2>&1 &
+RUST_LOG=info,infergate::pool::learn=debug target/debug/infergate -c "$TMP/infergate.yaml" >"$LOGS/infergate.log" 2>&1 &
 PIDS+=($!)
 wait_until "the router's health" curl -sf -o /dev/null "http://127.0.0.1:$PROXY/health"
 wait_until "all six endpoints healthy" all_endpoints_healthy

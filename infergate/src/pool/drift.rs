@@ -54,6 +54,10 @@ struct State {
     decode: f64,
     /// When the last sample came.
     last: Option<Instant>,
+    /// The fastest time to first output seen: no prefill is predicted faster than this (a line through the
+    /// origin, learned on long prompts, predicts microseconds for a short one that takes the fixed milliseconds
+    /// every answer takes).
+    fastest_prefill: Option<f64>,
     /// A speed outlier now, and its speed relative to its own history or the pool's (the lower).
     slow: bool,
     relative: Option<f64>,
@@ -117,7 +121,11 @@ impl Drift {
         let mut s = self.0.lock();
         s.prefill = faded(s.prefill, s.last, now);
         s.decode = faded(s.decode, s.last, now);
-        fold(&mut s.prefill, observed, predicted);
+        let floor = s.fastest_prefill.unwrap_or(0.0);
+        fold(&mut s.prefill, observed, predicted.max(floor));
+        if observed > 0.0 && s.fastest_prefill.is_none_or(|f| observed < f) {
+            s.fastest_prefill = Some(observed);
+        }
         s.last = Some(now);
     }
 
@@ -141,6 +149,17 @@ impl Drift {
         Correction {
             prefill: beyond_band(faded(s.prefill, s.last, now)),
             decode: beyond_band(faded(s.decode, s.last, now)),
+        }
+    }
+
+    /// Its drift now, in full (no dead band): the learned lines' times times this are its current speed, what
+    /// it is judged by against the pool. The band is for placement; taken off here, a third of the speed read as
+    /// 0.4 while the lines caught up.
+    pub fn current(&self, now: Instant) -> Correction {
+        let s = self.0.lock();
+        Correction {
+            prefill: faded(s.prefill, s.last, now).exp(),
+            decode: faded(s.decode, s.last, now).exp(),
         }
     }
 
@@ -191,10 +210,16 @@ impl Drift {
         })
     }
 
-    /// The weight `load_aware` gives its load: Some(relative speed) while it is a speed outlier.
-    pub fn weight(&self) -> Option<f64> {
+    /// The weight `load_aware` gives its load: Some(relative speed) while it is a speed outlier, fading toward 1
+    /// as its last stream ages (as the drift does). Only its own streams judge it, and an outlier may draw none at
+    /// low concurrency: without the fade it would never show that it recovered.
+    pub fn weight(&self, now: Instant) -> Option<f64> {
         let s = self.0.lock();
-        s.slow.then(|| s.relative.unwrap_or(1.0).clamp(0.05, 1.0))
+        if !s.slow {
+            return None;
+        }
+        let w = s.relative.unwrap_or(1.0).clamp(0.05, 1.0);
+        Some(faded(w.ln(), s.last, now).exp())
     }
 }
 
@@ -265,6 +290,25 @@ mod tests {
         assert!(d.correction(t0 + Duration::from_secs(60)).prefill > 0.8);
     }
 
+    #[test]
+    fn no_prefill_is_expected_faster_than_the_fastest_seen() {
+        let d = Drift::default();
+        let t0 = Instant::now();
+        // A long prompt as predicted, then short ones that take the fixed 2-3 ms a line through the origin
+        // predicts as microseconds: no drift.
+        d.observe_prefill(0.014, 0.014, t0);
+        d.observe_prefill(0.0027, 0.000_03, t0);
+        for observed in [0.0017, 0.0025, 0.0028, 0.0016, 0.0027] {
+            d.observe_prefill(observed, 0.000_03, t0);
+        }
+        assert!(d.lately(t0) > 0.6, "{}", d.lately(t0));
+        // Short prompts three times slower than the fastest are still slow.
+        for _ in 0..4 {
+            d.observe_prefill(0.0048, 0.000_03, t0);
+        }
+        assert!(d.lately(t0) < 0.45, "{}", d.lately(t0));
+    }
+
     /// `relative` judged `n` times; the last judgement's change.
     fn judged(d: &Drift, relative: f64, n: u32) -> Option<Turn> {
         (0..n).map(|_| d.judge(relative)).last().flatten()
@@ -276,16 +320,25 @@ mod tests {
         assert_eq!(d.state(), (false, None));
         // Entering takes TURN_AFTER judgements in a row below the threshold.
         assert_eq!(judged(&d, 0.33, TURN_AFTER - 1), None);
-        assert_eq!(d.weight(), None, "not yet: one short");
+        let t0 = Instant::now();
+        assert_eq!(d.weight(t0), None, "not yet: one short");
         assert_eq!(d.judge(0.33), Some(Turn::Entered(0.33)));
-        assert_eq!(d.weight(), Some(0.33));
+        assert_eq!(
+            d.weight(t0),
+            Some(0.33),
+            "no sample yet: nothing to fade from"
+        );
+        d.observe_decode(0.06, 0.06, t0);
+        assert_eq!(d.weight(t0), Some(0.33));
+        let later = d.weight(t0 + Duration::from_secs(60)).unwrap();
+        assert!(later > 0.8 && later < 1.0, "{later}");
         assert_eq!(
             judged(&d, 0.45, 10),
             None,
             "between the thresholds: still an outlier"
         );
         assert!((0..2 * TURN_AFTER).any(|_| matches!(d.judge(0.9), Some(Turn::Left(r)) if r > 0.5)));
-        assert_eq!(d.weight(), None);
+        assert_eq!(d.weight(t0), None);
         assert_eq!(d.judge(f64::NAN), None);
     }
 

@@ -1,6 +1,12 @@
 //! What a finished stream teaches its pool: the endpoint's prefill and decode speeds, the pool's typical answer
 //! length, the drift of its speed from what was predicted, and whether that makes it a speed outlier (judged
 //! against its own recent history and the pool's median, logged on entering and leaving).
+//!
+//! A judgement needs evidence of the endpoint itself: only its own stream judges it (another endpoint's stream
+//! judging it again would count one old sample as several), and its prefill is compared with the pool's only
+//! once it has served a prompt its prefill line is learned from (`PrefillSpeed::MIN_OWN_TOKENS`): a line from
+//! short prompts alone is mostly overhead, and extrapolated to the reference size it read twin engine-sim
+//! engines 3 to 7 times apart after a single 23-token prompt.
 
 use std::time::{Duration, Instant};
 
@@ -69,14 +75,14 @@ impl Pool {
             ep.decode_speed.observe(d.running, d.seconds_per_token);
             self.answers.observe(d.chunks);
         }
-        self.judge_speeds(now);
+        self.judge_speed(ep, now);
     }
 
-    /// Judge every endpoint's speed against its own recent history and the pool's median; log who entered or
-    /// left the speed outliers.
-    fn judge_speeds(&self, now: Instant) {
+    /// Judge `judged`'s speed against its own recent history and the pool's median; log if it entered or left
+    /// the speed outliers.
+    fn judge_speed(&self, judged: &Endpoint, now: Instant) {
         let endpoints = self.endpoints();
-        let corrections: Vec<_> = endpoints.iter().map(|e| e.drift.correction(now)).collect();
+        let corrections: Vec<_> = endpoints.iter().map(|e| e.drift.current(now)).collect();
         let prefill: Vec<Option<f64>> = ttft_lines(&endpoints)
             .iter()
             .zip(endpoints.iter())
@@ -90,6 +96,8 @@ impl Pool {
                 line.map(|l| l.seconds(REF_PREFILL_TOKENS))
                     .or_else(own)
                     .map(|t| t * c.prefill)
+                    // Only with a prompt of its own behind it: a line from short prompts alone is overhead.
+                    .filter(|_| e.prefill_speed.tokens_per_sec().is_some())
             })
             .collect();
         let decode: Vec<Option<f64>> = decode_lines(&endpoints)
@@ -99,7 +107,18 @@ impl Pool {
             .collect();
         let (p, d) = (against_pool(&prefill), against_pool(&decode));
         for (i, e) in endpoints.iter().enumerate() {
-            let relative = e.drift.lately(now).min(p[i]).min(d[i]);
+            if !std::ptr::eq(&**e, judged) {
+                continue;
+            }
+            let lately = e.drift.lately(now);
+            let relative = lately.min(p[i]).min(d[i]);
+            log::debug!(
+                "pool {} endpoint {}: speed judged at {relative:.2} (own recent {lately:.2}, pool prefill {:.2}, pool decode {:.2})",
+                self.name,
+                e.label,
+                p[i],
+                d[i]
+            );
             match e.drift.judge(relative) {
                 Some(Turn::Entered(r)) => log::warn!(
                     "pool {} endpoint {}: speed outlier, at {:.0}% of its recent speed or the pool's; it gets less new work until it recovers",

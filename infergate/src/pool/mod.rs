@@ -271,7 +271,7 @@ impl Pool {
                     intercept: l.intercept * k.decode,
                     slope: l.slope * k.decode,
                 }),
-                speed_weight: e.drift.weight(),
+                speed_weight: e.drift.weight(now),
             });
         }
         // Per endpoint: ejected, saturated, hung (a stream got no headers in time). Each filter applies only if

@@ -149,12 +149,7 @@ fn the_own_token_speed_and_its_estimates_do_not_swing_with_the_last_sample_eithe
 
 #[test]
 fn placement_reads_an_unlearned_twin_with_the_pools_shape() {
-    let text = "pools:\n  - name: a\n    policy: predicted_ttft\n    endpoints: [\"http://127.0.0.1:9\", \"http://127.0.0.1:10\"]\n";
-    let cfg = Config::parse(Path::new("t.yaml"), text)
-        .expect("valid")
-        .pools[0]
-        .clone();
-    let pool = Pool::new(&cfg, CONNECT);
+    let pool = twin_pool();
     let endpoints = pool.endpoints();
     let ttft = |tokens: u64| Duration::from_secs_f64(0.03 + tokens as f64 / 100_000.0);
     for i in 0..100u64 {
@@ -307,4 +302,94 @@ fn an_endpoints_side_client_is_built_with_its_target_kept_while_it_fits_and_trie
         "{:?}",
         e.target().side()
     );
+}
+
+/// A two-endpoint `predicted_ttft` pool.
+fn twin_pool() -> Arc<Pool> {
+    let text = "pools:\n  - name: a\n    policy: predicted_ttft\n    endpoints: [\"http://127.0.0.1:9\", \"http://127.0.0.1:10\"]\n";
+    let cfg = Config::parse(Path::new("t.yaml"), text)
+        .expect("valid")
+        .pools[0]
+        .clone();
+    Pool::new(&cfg, CONNECT)
+}
+
+/// One stream on `ep`: `tokens` prefilled in `ttft_ms`, then 5 chunks at `spt` seconds per token.
+fn stream(pool: &Pool, ep: &Endpoint, tokens: u64, ahead: Option<u64>, ttft_ms: f64, spt: f64) {
+    let prefill = learn::PrefillSample {
+        tokens,
+        ahead,
+        ttft: Duration::from_secs_f64(ttft_ms / 1000.0),
+    };
+    let decode = learn::DecodeSample {
+        running: 1.0,
+        seconds_per_token: spt,
+        chunks: 5,
+    };
+    pool.learn_stream(ep, Some(prefill), Some(decode), Instant::now());
+}
+
+/// The samples twin engine-sim engines gave in a conformance run (time scale 0.05): one served a single 23-token
+/// prompt, the other a 16k one, short ones (mostly fixed overhead) and 37k ones. Neither is slow; both were judged
+/// speed outliers (one from its one sample, judged again at each of its twin's streams; the other from its short
+/// prompts against a line learned on long ones).
+#[test]
+fn twins_are_not_judged_slow_from_short_prompts_or_one_old_sample() {
+    let pool = twin_pool();
+    let e = pool.endpoints();
+    stream(&pool, &e[0], 23, Some(0), 2.7, 0.000_14);
+    stream(&pool, &e[1], 16_407, Some(0), 14.0, 0.000_09);
+    for (tokens, ttft) in [
+        (32, 2.7),
+        (32, 1.7),
+        (23, 2.5),
+        (23, 4.4),
+        (32, 2.8),
+        (32, 1.6),
+    ] {
+        stream(&pool, &e[1], tokens, None, ttft, 0.000_02);
+    }
+    for ttft in [15.1, 19.8, 16.4, 18.1, 16.0, 12.0] {
+        stream(&pool, &e[1], 36_886, Some(0), ttft, 0.000_02);
+    }
+    for ep in e.iter() {
+        assert!(
+            !ep.drift.state().0,
+            "{} judged {:?}",
+            ep.label,
+            ep.drift.state()
+        );
+    }
+}
+
+/// An endpoint three times slower than its twin on the same prompts is a speed outlier within a few of its own
+/// streams, and leaves once back at speed.
+#[test]
+fn a_twin_three_times_slower_is_judged_an_outlier_on_its_own_streams() {
+    let pool = twin_pool();
+    let e = pool.endpoints();
+    for i in 0..10 {
+        let tokens = 8_000 + 500 * i;
+        let ms = 20.0 + tokens as f64 / 200.0;
+        stream(&pool, &e[0], tokens, Some(0), ms, 0.02);
+        stream(&pool, &e[1], tokens, Some(0), ms, 0.02);
+    }
+    assert!(!e[0].drift.state().0 && !e[1].drift.state().0);
+    let mut streams = 0;
+    while !e[1].drift.state().0 {
+        streams += 1;
+        assert!(streams <= 8, "not an outlier after {streams} slow streams");
+        stream(&pool, &e[1], 9_000, Some(0), 3.0 * (20.0 + 45.0), 0.06);
+        stream(&pool, &e[0], 9_000, Some(0), 20.0 + 45.0, 0.02);
+    }
+    assert!(!e[0].drift.state().0);
+    let mut streams = 0;
+    while e[1].drift.state().0 {
+        streams += 1;
+        assert!(
+            streams <= 40,
+            "still an outlier after {streams} streams at speed"
+        );
+        stream(&pool, &e[1], 9_000, Some(0), 20.0 + 45.0, 0.02);
+    }
 }
