@@ -70,6 +70,11 @@ impl ThroughputFit {
         }
     }
 
+    /// The (weighted) mean token count of the samples; None before any sample.
+    pub fn mean_tokens(&self) -> Option<f64> {
+        self.0.means().map(|(tokens, _)| tokens)
+    }
+
     /// The fitted line; None before any sample.
     pub fn fitted(&self) -> Option<Fitted> {
         self.own_line().or_else(|| self.through_origin())

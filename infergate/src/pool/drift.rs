@@ -54,10 +54,6 @@ struct State {
     decode: f64,
     /// When the last sample came.
     last: Option<Instant>,
-    /// The fastest time to first output seen: no prefill is predicted faster than this (a line through the
-    /// origin, learned on long prompts, predicts microseconds for a short one that takes the fixed milliseconds
-    /// every answer takes).
-    fastest_prefill: Option<f64>,
     /// A speed outlier now, and its speed relative to its own history or the pool's (the lower).
     slow: bool,
     relative: Option<f64>,
@@ -121,11 +117,7 @@ impl Drift {
         let mut s = self.0.lock();
         s.prefill = faded(s.prefill, s.last, now);
         s.decode = faded(s.decode, s.last, now);
-        let floor = s.fastest_prefill.unwrap_or(0.0);
-        fold(&mut s.prefill, observed, predicted.max(floor));
-        if observed > 0.0 && s.fastest_prefill.is_none_or(|f| observed < f) {
-            s.fastest_prefill = Some(observed);
-        }
+        fold(&mut s.prefill, observed, predicted);
         s.last = Some(now);
     }
 
@@ -288,25 +280,6 @@ mod tests {
         }
         assert!(d.correction(t0).prefill < 0.4);
         assert!(d.correction(t0 + Duration::from_secs(60)).prefill > 0.8);
-    }
-
-    #[test]
-    fn no_prefill_is_expected_faster_than_the_fastest_seen() {
-        let d = Drift::default();
-        let t0 = Instant::now();
-        // A long prompt as predicted, then short ones that take the fixed 2-3 ms a line through the origin
-        // predicts as microseconds: no drift.
-        d.observe_prefill(0.014, 0.014, t0);
-        d.observe_prefill(0.0027, 0.000_03, t0);
-        for observed in [0.0017, 0.0025, 0.0028, 0.0016, 0.0027] {
-            d.observe_prefill(observed, 0.000_03, t0);
-        }
-        assert!(d.lately(t0) > 0.6, "{}", d.lately(t0));
-        // Short prompts three times slower than the fastest are still slow.
-        for _ in 0..4 {
-            d.observe_prefill(0.0048, 0.000_03, t0);
-        }
-        assert!(d.lately(t0) < 0.45, "{}", d.lately(t0));
     }
 
     /// `relative` judged `n` times; the last judgement's change.

@@ -6,7 +6,8 @@
 //! judging it again would count one old sample as several), and its prefill is compared with the pool's only
 //! once it has served a prompt its prefill line is learned from (`PrefillSpeed::MIN_OWN_TOKENS`): a line from
 //! short prompts alone is mostly overhead, and extrapolated to the reference size it read twin engine-sim
-//! engines 3 to 7 times apart after a single 23-token prompt.
+//! engines 3 to 7 times apart after a single 23-token prompt. Nor is a prompt far smaller or larger than those a
+//! prefill line was learned on held against it (`PREDICTION_RANGE`).
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,11 @@ const REF_PREFILL_TOKENS: f64 = 8_192.0;
 
 /// Batch size the pool's decode speeds are compared at (sequences).
 const REF_RUNNING: f64 = 8.0;
+
+/// A prefill line's prediction is held against a sample only within this factor of the mean prompt size it was
+/// learned on: a line through the origin learned on 16k-token prompts predicts 27 µs for a 32-token prompt that
+/// takes the fixed ~2 ms every answer takes, a drift of 100× that says nothing about the engine's speed.
+const PREDICTION_RANGE: f64 = 8.0;
 
 /// A stream's first output, measured.
 #[derive(Debug, Clone, Copy)]
@@ -50,15 +56,26 @@ impl Pool {
     ) {
         if let Some(p) = prefill {
             let ttft = p.ttft.as_secs_f64();
-            // Against the endpoint's own line before it learns from this sample.
-            let predicted = match p.ahead {
-                Some(ahead) => ep
-                    .prefill_speed
-                    .throughput()
-                    .map(|f| f.seconds(ahead.saturating_add(p.tokens) as f64)),
-                None => ep.prefill_speed.estimate(p.tokens).map(|d| d.as_secs_f64()),
+            // Against the endpoint's own line before it learns from this sample, within the sizes it was learned on.
+            let (size, predicted, learned_on) = match p.ahead {
+                Some(ahead) => {
+                    let size = ahead.saturating_add(p.tokens) as f64;
+                    let fit = ep.prefill_speed.throughput_fit();
+                    (
+                        size,
+                        fit.fitted().map(|f| f.seconds(size)),
+                        fit.mean_tokens(),
+                    )
+                }
+                None => (
+                    p.tokens as f64,
+                    ep.prefill_speed.estimate(p.tokens).map(|d| d.as_secs_f64()),
+                    ep.prefill_speed.own_mean_tokens(),
+                ),
             };
-            if let Some(predicted) = predicted {
+            let within = learned_on
+                .is_some_and(|m| size * PREDICTION_RANGE >= m && size <= m * PREDICTION_RANGE);
+            if let Some(predicted) = predicted.filter(|_| within) {
                 ep.drift.observe_prefill(ttft, predicted, now);
             }
             ep.prefill_speed.observe(p.tokens, p.ttft);

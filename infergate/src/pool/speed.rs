@@ -60,6 +60,11 @@ impl PrefillSpeed {
         self.own.lock().fitted().map(|f| f.tokens_per_second)
     }
 
+    /// The mean token count of the samples behind `estimate` (None before any).
+    pub fn own_mean_tokens(&self) -> Option<f64> {
+        self.own.lock().mean_tokens()
+    }
+
     /// Estimated time to first byte of `tokens` (overhead included), once a speed was observed.
     pub fn estimate(&self, tokens: u64) -> Option<Duration> {
         let f = self.own.lock().fitted()?;
