@@ -215,9 +215,19 @@ impl Drift {
     }
 }
 
+/// Timing noise of one endpoint's time to first output at the pool's reference prompt (seconds): twin engine-sim
+/// engines at a twentieth of real time prefilled the same 16k-token prompt in 4 and 15 ms through the router on a
+/// busy 2-core host. A real engine's 8k-token prefill takes hundreds of milliseconds, beside which it is nothing.
+pub const PREFILL_NOISE: f64 = 0.010;
+
+/// Timing noise of one endpoint's time per output token (seconds): the same twins' streams read 18 µs to 1.2 ms
+/// per token. A real engine's decode step is 10 to 50 ms.
+pub const DECODE_NOISE: f64 = 0.001;
+
 /// Each endpoint's speed relative to the pool: the median of `times` over its own (`times[i]`: what the same work
-/// takes on endpoint i as its lines predict, corrected; None: not learned). 1 for an endpoint without a time.
-pub fn against_pool(times: &[Option<f64>]) -> Vec<f64> {
+/// takes on endpoint i as its lines predict, corrected; None: not learned), each with `noise` added (times that
+/// differ by less than the timing noise are not speeds that differ). 1 for an endpoint without a time.
+pub fn against_pool(times: &[Option<f64>], noise: f64) -> Vec<f64> {
     let mut known: Vec<f64> = times
         .iter()
         .flatten()
@@ -230,7 +240,7 @@ pub fn against_pool(times: &[Option<f64>]) -> Vec<f64> {
     times
         .iter()
         .map(|t| match (t, median) {
-            (Some(t), Some(m)) if t.is_finite() && *t > 0.0 => (m / t).min(1.0),
+            (Some(t), Some(m)) if t.is_finite() && *t > 0.0 => ((m + noise) / (t + noise)).min(1.0),
             _ => 1.0,
         })
         .collect()
@@ -335,16 +345,22 @@ mod tests {
     #[test]
     fn the_pool_median_is_the_reference() {
         // Twins and one three times slower; an unlearned one is not judged.
-        let r = against_pool(&[Some(1.0), Some(1.0), Some(3.0), None]);
+        let r = against_pool(&[Some(1.0), Some(1.0), Some(3.0), None], 0.0);
         assert_eq!(r[..2], [1.0, 1.0]);
         assert!((r[2] - 1.0 / 3.0).abs() < 1e-12);
         assert_eq!(r[3], 1.0);
         // Two engines: the slow one against the fast one.
-        assert_eq!(against_pool(&[Some(2.0), Some(1.0)]), vec![0.5, 1.0]);
+        assert_eq!(against_pool(&[Some(2.0), Some(1.0)], 0.0), vec![0.5, 1.0]);
         // Half the fleet at half speed: judged against the faster half.
         assert_eq!(
-            against_pool(&[Some(1.0), Some(2.0), Some(1.0), Some(2.0)]),
+            against_pool(&[Some(1.0), Some(2.0), Some(1.0), Some(2.0)], 0.0),
             vec![1.0, 0.5, 1.0, 0.5]
         );
+        // Within the timing noise twins are twins: 20 µs against 1.2 ms per token is no slow engine, 13.3 against
+        // 4.6 ms (a third of the speed) still is.
+        let r = against_pool(&[Some(0.000_02), Some(0.001_2)], DECODE_NOISE);
+        assert!(r[1] > 0.45, "{r:?}");
+        let r = against_pool(&[Some(0.004_6), Some(0.013_3)], DECODE_NOISE);
+        assert!(r[1] < 0.4, "{r:?}");
     }
 }

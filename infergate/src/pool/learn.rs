@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::drift::{against_pool, Turn};
+use super::drift::{against_pool, Turn, DECODE_NOISE, PREFILL_NOISE};
 use super::{decode_lines, ttft_lines, Endpoint, Pool};
 
 /// Prefill work the pool's endpoints are compared on (tokens).
@@ -54,6 +54,11 @@ impl Pool {
         decode: Option<DecodeSample>,
         now: Instant,
     ) {
+        log::debug!(
+            "pool {} endpoint {}: stream learned: prefill {prefill:?}, decode {decode:?}",
+            self.name,
+            ep.label
+        );
         if let Some(p) = prefill {
             let ttft = p.ttft.as_secs_f64();
             // Against the endpoint's own line before it learns from this sample, within the sizes it was learned on.
@@ -122,7 +127,10 @@ impl Pool {
             .zip(&corrections)
             .map(|(line, c)| line.map(|l| l.at(REF_RUNNING) * c.decode))
             .collect();
-        let (p, d) = (against_pool(&prefill), against_pool(&decode));
+        let (p, d) = (
+            against_pool(&prefill, PREFILL_NOISE),
+            against_pool(&decode, DECODE_NOISE),
+        );
         for (i, e) in endpoints.iter().enumerate() {
             if !std::ptr::eq(&**e, judged) {
                 continue;
