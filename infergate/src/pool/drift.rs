@@ -144,9 +144,9 @@ impl Drift {
         }
     }
 
-    /// Its drift now, in full (no dead band): the learned lines' times times this are its current speed, what
-    /// it is judged by against the pool. The band is for placement; taken off here, a third of the speed read as
-    /// 0.4 while the lines caught up.
+    /// Its drift now, in full: the learned lines' times multiplied by this are its current speed, what it is
+    /// judged by against the pool. The dead band is for placement only: judged through it, an engine at a third
+    /// of its speed read 0.4 while its lines caught up.
     pub fn current(&self, now: Instant) -> Correction {
         let s = self.0.lock();
         Correction {
