@@ -3,17 +3,19 @@
 # and smg side by side, a fresh pair of engines per router (scripts/bench/real.py). Prints a Markdown table;
 # raw JSON and logs: bench-out/real/. About 1.5 minutes per run (eight runs) once the venvs exist.
 #
-# Usage: scripts/bench-real.sh [--only SUBSTRING] [--no-peers]
+# Usage: scripts/bench-real.sh [--only SUBSTRING] [--no-peers] [--sessions N] [--rate PER_SECOND] [--seed N]
+# (the load: 24 sessions at 0.8 a second, seed 7, unless given; a heavier one queues on the engines)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=$ROOT/bench-out/real
-ONLY="" PEERS=1
+ONLY="" PEERS=1 LOAD=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY=$2; shift ;;
+    --sessions|--rate|--seed) LOAD+=("$1" "$2"); shift ;;
     --no-peers) PEERS=0 ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "bench-real.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -31,4 +33,4 @@ if [ "$PEERS" = 1 ]; then
   args+=(--vllm-router "$ROOT/.venv/bin/vllm-router" --smg "$ROOT/.venv/bin/smg")
 fi
 python3 scripts/bench/real.py --python "$VLLM_PYTHON" --model-dir "$VLLM_MODEL" --bin "$ROOT/target/release" \
-  --out "$OUT" --only "$ONLY" "${args[@]+"${args[@]}"}"
+  --out "$OUT" --only "$ONLY" "${LOAD[@]+"${LOAD[@]}"}" "${args[@]+"${args[@]}"}"

@@ -3,6 +3,7 @@ TTFT, decode, vLLM's own prefix-cache hit share, and infergate's predicted-vs-me
 
 Run by scripts/bench-real.sh, which builds the binaries, the vLLM venv and the peers; arguments:
   real.py --python VLLM_PYTHON --model-dir DIR --bin DIR --out DIR [--vllm-router PATH] [--smg PATH]
+          [--only SUBSTRING] [--sessions N] [--rate PER_SECOND] [--seed N]
 Only 127.0.0.1 is used; every process started gets its own process group and is stopped after its run."""
 import argparse
 import json
@@ -29,7 +30,8 @@ RUNS = [
 SHARED_PREFIX = ["--system-prompt-tokens", "1500"]
 # A load two CPU engines take: short and medium first turns (the tiny model's context is 16,384 tokens and the
 # real tokenizer counts loadgen's words at about twice loadgen's own rule), a few follow-ups each.
-LOADGEN = ["--scenario", "agent", "--sessions", "24", "--rate", "0.8", "--time-scale", "1", "--max-seconds", "240",
+# `--sessions`, `--rate` and `--seed` (defaults 24, 0.8, 7) change the load: a heavier one queues on the engines.
+LOADGEN = ["--scenario", "agent", "--time-scale", "1", "--max-seconds", "240",
            "--first-short", "300-1500", "--first-long", "2500-4000", "--short-share", "0.6", "--long-share", "0.25",
            "--turns", "2-4", "--append-tokens", "100-600", "--think-seconds", "0.5-2", "--output-tokens", "16-64",
            "--field-order", "messages-first"]
@@ -170,7 +172,8 @@ pools:
         before = vllm_counts(urls)
         out = f"{run_dir}/loadgen.json"
         extra = SHARED_PREFIX if scenario == "shared-prefix" else []
-        subprocess.run([f"{a.bin}/loadgen", "--url", f"http://127.0.0.1:{port}", "--model", "tiny", "--seed", "7",
+        load = ["--sessions", str(a.sessions), "--rate", str(a.rate), "--seed", str(a.seed)]
+        subprocess.run([f"{a.bin}/loadgen", "--url", f"http://127.0.0.1:{port}", "--model", "tiny", *load,
                         "--label", label, "--json", out, "--quiet", *LOADGEN, *extra],
                        check=True, timeout=400, stdout=subprocess.DEVNULL)
         after = vllm_counts(urls)
@@ -184,6 +187,9 @@ pools:
             n = metric(m, "infergate_ttft_prediction_error_seconds_count")
             s = metric(m, "infergate_ttft_prediction_error_seconds_sum")
             row["prediction"] = {"count": n, "mean_error_s": s / n if n else None}
+            # Placements by reason (summed over pools): how many turns moved off their session's engine.
+            row["placements"] = {r: metric(m, "infergate_placements_total", f'reason="{r}"')
+                                 for r in ("new_session", "sticky", "migrate", "rescue", "spill", "fallback")}
             if kv:
                 row["kv_predicted_cached"] = metric(m, "infergate_kv_predicted_cached_tokens_total")
                 row["tokenizer_fallbacks"] = metric(m, "infergate_tokenizer_fallbacks_total")
@@ -241,6 +247,9 @@ def main():
     ap.add_argument("--vllm-router")
     ap.add_argument("--smg")
     ap.add_argument("--only", default="")
+    ap.add_argument("--sessions", type=int, default=24)
+    ap.add_argument("--rate", type=float, default=0.8)
+    ap.add_argument("--seed", type=int, default=7)
     a = ap.parse_args()
     rows = []
     for scenario, router, policy in RUNS:
