@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Agent sessions on two real vLLM engines (the CPU build, scripts/ensure-vllm.sh) through infergate, vllm-router
 # and smg side by side, a fresh pair of engines per router (scripts/bench/real.py). Prints a Markdown table;
-# raw JSON and logs: bench-out/real/. About 1.5 minutes per run (eight runs) once the venvs exist.
+# raw JSON and logs: bench-out/real/. About 1.5 minutes per run (nine runs) once the venvs exist.
 #
 # Usage: scripts/bench-real.sh [--only SUBSTRING] [--no-peers] [--sessions N] [--rate PER_SECOND] [--seed N]
 # (the load: 24 sessions at 0.8 a second, seed 7, unless given; a heavier one queues on the engines)

@@ -25,6 +25,7 @@ RUNS = [
     ("shared-prefix", "infergate", "predicted_ttft"),
     ("shared-prefix", "infergate", "predicted_ttft+kv"),
     ("shared-prefix", "vllm-router", "cache_aware"),
+    ("shared-prefix", "smg", "cache_aware"),
 ]
 # Every session of shared-prefix opens with one system prompt of this many (loadgen) tokens.
 SHARED_PREFIX = ["--system-prompt-tokens", "1500"]
