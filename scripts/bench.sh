@@ -24,13 +24,15 @@
 # again with these seeds), AGENT_MAX_SECONDS (120), BURST_SEEDS ("1 2 3 4 5"),
 # INFERGATE_BIN (the router binary to measure, default the release build; for A/B runs of two builds),
 # INFERGATE_POOL_EXTRA (one more line of infergate's pool, e.g. 'ttft_budget: { default: 400ms, when_over: place }'),
+# INFERGATE_SESSIONS_EXTRA (more keys of infergate's `sessions`, e.g. 'move_margin: 1'),
 # OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), OVERHEAD_REPEAT (1: the overhead list runs this many times,
 # each time with fresh processes, and the report gives each router's median and the median of the ratios to the
 # floor of the same pass: a process's CPU per request moves by up to a fifth from one start to the next on a
 # shared machine), ROUTER_THREADS (2: worker threads of infergate and of the floor; 1 shows what sharing state
 # between two cores costs), ENGINE_STATS_INTERVAL (200ms), SHARED_PREFIX_TOKENS (16000),
 # SCENARIO_TABLES (0; 1: one table per scenario and fleet with means over every seed run, ratios to the best peer
-# per metric and issue 26's targets, instead of the single-seed matrix).
+# per metric and issue 26's targets, instead of the single-seed matrix), SIM_ARGS (more engine-sim options for every
+# fleet, e.g. '--attention-context-tokens 30000': prefill that grows faster than its length, as on real engines).
 #
 # Every process it starts gets its own process group and is stopped (TERM, then KILL) after each run and on
 # exit. Only 127.0.0.1 is used; every port is a free one, and its owner is checked (ss -ltnp) against the
@@ -264,8 +266,10 @@ start_sim() {
   done
   local csv
   csv=$(IFS=,; echo "${ports[*]}")
+  # SIM_ARGS is split on spaces on purpose: a list of engine-sim options.
+  # shellcheck disable=SC2086
   start_bg "$RUN_DIR/engine-sim.log" "$BIN/engine-sim" --ports "$csv" --time-scale "$ts" --max-recorded-requests 100000 \
-    "${speed_args[@]+"${speed_args[@]}"}"
+    "${speed_args[@]+"${speed_args[@]}"}" ${SIM_ARGS:-}
   SIM_PID=$LAST_PID
   SIM_PORTS="${ports[*]}"
   SIM_URLS=()
@@ -312,7 +316,9 @@ start_router() {
         for u in "${SIM_URLS[@]}"; do echo "      - url: \"$u\""; done
         echo "    health_check: { path: /health, interval: 1s, timeout: 1s, healthy_after: 1, unhealthy_after: 3 }"
         [ "$stats" = 1 ] && echo "    engine_stats: { kind: vllm, path: /metrics, interval: $ENGINE_STATS_INTERVAL }"
-        case "$pol" in load_aware|predicted_ttft) echo "    sessions: { header: x-session-id }" ;; esac
+        case "$pol" in
+          load_aware|predicted_ttft) echo "    sessions: { header: x-session-id${INFERGATE_SESSIONS_EXTRA:+, $INFERGATE_SESSIONS_EXTRA} }" ;;
+        esac
         [ -n "$fallback" ] && echo "    prefix: { fallback: $fallback }"
         [ -n "${INFERGATE_POOL_EXTRA:-}" ] && echo "    $INFERGATE_POOL_EXTRA"
         true

@@ -23,6 +23,13 @@ pub struct SimConfig {
     pub prefill_tokens_per_sec: f64,
     /// Extra step cost per decoding sequence in the step (so big batches decode slower).
     pub decode_step_cost_per_seq: Duration,
+    /// Attention in prefill: a prompt token at context position `p` costs `1 + p / K` tokens' worth, so a cold
+    /// prefill of `L` tokens grows as `L + L² / 2K` and a follow-up's new tokens cost more the longer the cached
+    /// context before them. `None`: every prefill token costs the same, as in the calibration above. Real vLLM
+    /// 0.32 on this project's CPU test model measured K ≈ 1,000 tokens (BENCHMARKS.md, "Real vLLM's prefill is
+    /// not a line"); a dense 8B model on a GPU is about 30,000 by its FLOPs (2 × parameters per token against
+    /// 4 × layers × model width per earlier token), a 70B one about 53,000.
+    pub attention_context_tokens: Option<f64>,
     /// KV cache capacity in tokens: prefix-cache size (LRU over blocks) and the denominator of `kv_cache_usage_perc`.
     pub kv_capacity_tokens: usize,
     /// Tokens per KV block; the prefix cache matches whole blocks only.
@@ -89,6 +96,7 @@ impl Default for SimConfig {
             step_overhead: Duration::from_millis(18),
             prefill_tokens_per_sec: 44_000.0,
             decode_step_cost_per_seq: Duration::from_micros(250),
+            attention_context_tokens: None,
             kv_capacity_tokens: 2_000_000,
             block_tokens: 16,
             default_max_tokens: 16,
@@ -135,13 +143,26 @@ impl SimConfig {
             self.speed = 1.0;
         }
         self.speed_change = self.speed_change.filter(|(_, f)| valid_speed(*f));
+        self.attention_context_tokens = self.attention_context_tokens.filter(|k| valid_speed(*k));
         self
     }
 
-    /// Unscaled duration of one step with `prefill_tokens` prefill tokens and `decoding` decoding sequences.
-    pub fn step_duration(&self, prefill_tokens: usize, decoding: usize) -> Duration {
+    /// What a prefill chunk of `n` tokens starting at context position `at` costs, in tokens' worth of
+    /// `prefill_tokens_per_sec`: `n` without attention, `n (1 + (at + (n - 1) / 2) / K)` with it (each token's
+    /// position, averaged over the chunk).
+    pub fn prefill_work(&self, at: usize, n: usize) -> f64 {
+        let n_f = n as f64;
+        match self.attention_context_tokens {
+            Some(k) if n > 0 => n_f * (1.0 + (at as f64 + (n_f - 1.0) / 2.0) / k),
+            _ => n_f,
+        }
+    }
+
+    /// Unscaled duration of one step with `prefill_work` tokens' worth of prefill ([`Self::prefill_work`]) and
+    /// `decoding` decoding sequences.
+    pub fn step_duration(&self, prefill_work: f64, decoding: usize) -> Duration {
         self.step_overhead
-            + Duration::from_secs_f64(prefill_tokens as f64 / self.prefill_tokens_per_sec)
+            + Duration::from_secs_f64(prefill_work / self.prefill_tokens_per_sec)
             + self.decode_step_cost_per_seq * decoding as u32
     }
 }

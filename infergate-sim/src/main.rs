@@ -127,6 +127,11 @@ struct Cli {
     #[arg(long, value_name = "MS", value_parser = millis, allow_negative_numbers = true,
           default_value_t = ms(SimConfig::default().decode_step_cost_per_seq), help_heading = KNOBS)]
     decode_step_cost_per_seq_ms: f64,
+    /// Attention in prefill: a prompt token at context position p costs 1 + p/K tokens' worth, so long prompts
+    /// and follow-ups on long contexts prefill slower per token, as on real engines [default: off, every token
+    /// costs the same]
+    #[arg(long, value_name = "K", value_parser = positive, allow_negative_numbers = true, help_heading = KNOBS)]
+    attention_context_tokens: Option<f64>,
     /// Prefix cache / KV capacity in tokens
     #[arg(long, value_name = "N",
           default_value_t = SimConfig::default().kv_capacity_tokens, help_heading = KNOBS)]
@@ -305,6 +310,7 @@ where
         step_overhead: from_ms(cli.step_overhead_ms),
         prefill_tokens_per_sec: cli.prefill_tokens_per_sec,
         decode_step_cost_per_seq: from_ms(cli.decode_step_cost_per_seq_ms),
+        attention_context_tokens: cli.attention_context_tokens,
         kv_capacity_tokens: cli.kv_capacity_tokens,
         block_tokens: cli.block_tokens,
         default_max_tokens: cli.default_max_tokens,
@@ -455,6 +461,13 @@ mod tests {
         assert!(parse("--port 1 --time-scale -1").is_err());
         assert!(parse("--port 1 --prefill-tokens-per-sec 0").is_err());
         assert!(parse("--port 1 --step-overhead-ms nan").is_err());
+        assert!(parse("--port 1 --attention-context-tokens 0").is_err());
+        assert_eq!(
+            parse("--port 1").unwrap().cfg.attention_context_tokens,
+            None
+        );
+        let a = parse("--port 1 --attention-context-tokens 30000").unwrap();
+        assert_eq!(a.cfg.attention_context_tokens, Some(30_000.0));
         let a = parse("--port 1 --step-overhead-ms 5 --decode-step-cost-per-seq-ms 0.5").unwrap();
         assert_eq!(a.cfg.step_overhead, Duration::from_millis(5));
         assert_eq!(a.cfg.decode_step_cost_per_seq, Duration::from_micros(500));

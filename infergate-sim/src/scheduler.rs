@@ -3,9 +3,11 @@
 //! Each step has a token budget (`step_token_budget`). Decoding requests (prefill done) take one token each
 //! first; the rest goes to prefill chunks of running requests in arrival order; if budget remains and fewer than
 //! `max_num_seqs` requests run, waiting requests are admitted in FIFO order (a prefix-cache lookup on admission)
-//! and get a chunk in the same step. A step lasts `step_overhead + prefill_tokens / prefill_tokens_per_sec +
-//! decoding * decode_step_cost_per_seq` (times `time_scale`); its effects (tokens, prefill progress, cached
-//! blocks) apply when it ends. The step completing a prefill also samples the first output token.
+//! and get a chunk in the same step. A step lasts `step_overhead + prefill work / prefill_tokens_per_sec +
+//! decoding * decode_step_cost_per_seq` (times `time_scale`), the prefill work being its prefill tokens, each
+//! weighed by its context position with `attention_context_tokens` (`SimConfig::prefill_work`); its effects
+//! (tokens, prefill progress, cached blocks) apply when it ends. The step completing a prefill also samples the
+//! first output token.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -218,6 +220,7 @@ impl Core {
         let mut budget = self.cfg.step_token_budget;
         let mut decoding = 0;
         let mut prefill = 0;
+        let mut work = 0.0;
         for s in self.running.iter_mut() {
             s.scheduled = 0;
             if s.prefill_done() && budget > 0 {
@@ -232,6 +235,7 @@ impl Core {
                 s.scheduled = n;
                 budget -= n;
                 prefill += n;
+                work += self.cfg.prefill_work(s.computed, n);
             }
         }
         let bt = self.cfg.block_tokens;
@@ -268,6 +272,7 @@ impl Core {
             s.scheduled = n;
             budget -= n;
             prefill += n;
+            work += self.cfg.prefill_work(s.computed, n);
             self.running.push(s);
         }
         self.refresh_gauges();
@@ -276,7 +281,7 @@ impl Core {
             // so this only occurs with a zero budget, which `sanitized` prevents.
             return None;
         }
-        Some(self.cfg.step_duration(prefill, decoding))
+        Some(self.cfg.step_duration(work, decoding))
     }
 
     /// Applies the planned step: prefill progress and cached blocks, one token per scheduled decode, finishes.
@@ -536,6 +541,51 @@ mod tests {
             let rate = 200.0 / (t[0].1 - t[0].0).as_secs_f64();
             assert!((lo..=hi).contains(&rate), "batch {batch}: {rate} tok/s");
         }
+    }
+
+    /// Time to first token of each prompt, served alone and in order, on an engine with `k`.
+    fn ttfts(k: Option<f64>, prompts: &[(usize, u64)]) -> Vec<f64> {
+        let cfg = SimConfig {
+            attention_context_tokens: k,
+            step_overhead: Duration::ZERO,
+            ..SimConfig::default()
+        };
+        let mut core = Core::new(cfg);
+        let mut out = Vec::new();
+        for &(len, seed) in prompts {
+            let (r, mut rx) = req(len, seed, 1);
+            core.enqueue(r);
+            out.push(
+                simulate(&mut core, std::slice::from_mut(&mut rx))[0]
+                    .0
+                    .as_secs_f64(),
+            );
+        }
+        out
+    }
+
+    #[test]
+    fn attention_makes_long_prompts_and_long_contexts_slower_per_token() {
+        let close = |a: f64, b: f64| (a - b).abs() <= 0.01 * b;
+        // Off: a line.
+        let t = ttfts(None, &[(2_000, 1), (16_000, 2)]);
+        assert!(close(t[1] / t[0], 8.0), "{t:?}");
+        // K = 1,000: a cold prefill of L costs L + L²/2K tokens' worth: 4,000 for 2k, 144,000 for 16k (36x, not 8x).
+        let t = ttfts(Some(1_000.0), &[(2_000, 1), (16_000, 2)]);
+        assert!(close(t[0], 4_000.0 / 44_000.0), "{t:?}");
+        assert!(close(t[1] / t[0], 36.0), "{t:?}");
+        // A follow-up: 512 new tokens after 15,360 cached cost 512 (1 + (15,360 + 255.5) / 1,000) tokens' worth,
+        // 16.6 times as much as the same 512 tokens opening a conversation: the new tokens attend to the context.
+        let t = ttfts(Some(1_000.0), &[(15_360, 3), (15_872, 3), (512, 4)]);
+        let follow = 512.0 * (1.0 + (15_360.0 + 255.5) / 1_000.0) / 44_000.0;
+        assert!(close(t[1], follow), "{t:?} {follow}");
+        assert!(
+            close(
+                t[1] / t[2],
+                (1.0 + 15_615.5 / 1_000.0) / (1.0 + 255.5 / 1_000.0)
+            ),
+            "{t:?}"
+        );
     }
 
     #[test]
