@@ -143,7 +143,9 @@ impl SimConfig {
             self.speed = 1.0;
         }
         self.speed_change = self.speed_change.filter(|(_, f)| valid_speed(*f));
-        self.attention_context_tokens = self.attention_context_tokens.filter(|k| valid_speed(*k));
+        self.attention_context_tokens = self
+            .attention_context_tokens
+            .filter(|k| k.is_finite() && *k > 0.0);
         self
     }
 

@@ -567,7 +567,14 @@ mod tests {
     #[test]
     fn attention_makes_long_prompts_and_long_contexts_slower_per_token() {
         let close = |a: f64, b: f64| (a - b).abs() <= 0.01 * b;
-        // Off: a line.
+        // Off: a line. A K that is not a positive number is off too.
+        for k in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let cfg = SimConfig {
+                attention_context_tokens: Some(k),
+                ..SimConfig::default()
+            };
+            assert_eq!(cfg.sanitized().attention_context_tokens, None, "{k}");
+        }
         let t = ttfts(None, &[(2_000, 1), (16_000, 2)]);
         assert!(close(t[1] / t[0], 8.0), "{t:?}");
         // K = 1,000: a cold prefill of L costs L + L²/2K tokens' worth: 4,000 for 2k, 144,000 for 16k (36x, not 8x).
