@@ -4,7 +4,9 @@
 # raw JSON and logs: bench-out/real/. About 1.5 minutes per run (nine runs) once the venvs exist.
 #
 # Usage: scripts/bench-real.sh [--only SUBSTRING] [--no-peers] [--sessions N] [--rate PER_SECOND] [--seed N]
-# (the load: 24 sessions at 0.8 a second, seed 7, unless given; a heavier one queues on the engines)
+#                              [--pin] [--move-margin M]
+# (the load: 24 sessions at 0.8 a second, seed 7, unless given; a heavier one queues on the engines; --pin runs
+# engine i on CPU i; --move-margin sets infergate's sessions.move_margin, default 0.1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -13,9 +15,10 @@ ONLY="" PEERS=1 LOAD=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY=$2; shift ;;
-    --sessions|--rate|--seed) LOAD+=("$1" "$2"); shift ;;
+    --sessions|--rate|--seed|--move-margin) LOAD+=("$1" "$2"); shift ;;
+    --pin) LOAD+=("$1") ;;
     --no-peers) PEERS=0 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "bench-real.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift

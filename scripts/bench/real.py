@@ -3,7 +3,8 @@ TTFT, decode, vLLM's own prefix-cache hit share, and infergate's predicted-vs-me
 
 Run by scripts/bench-real.sh, which builds the binaries, the vLLM venv and the peers; arguments:
   real.py --python VLLM_PYTHON --model-dir DIR --bin DIR --out DIR [--vllm-router PATH] [--smg PATH]
-          [--only SUBSTRING] [--sessions N] [--rate PER_SECOND] [--seed N]
+          [--only SUBSTRING] [--sessions N] [--rate PER_SECOND] [--seed N] [--pin] [--move-margin M]
+(--pin: engine i runs on CPU i (taskset); --move-margin: infergate's sessions.move_margin, default 0.1)
 Only 127.0.0.1 is used; every process started gets its own process group and is stopped after its run."""
 import argparse
 import json
@@ -128,7 +129,9 @@ def one_run(a, scenario, router, policy, run_dir):
                 kv_urls.append(f"tcp://127.0.0.1:{kv_port}")
                 events = ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                                             "endpoint": f"tcp://*:{kv_port}", "topic": "kv"})]
-            procs.append(start([a.python, "scripts/vllm/serve.py", "serve", a.model_dir, "--load-format", "dummy",
+            # --pin: engine i on core i, so that one engine's work does not slow the other.
+            pin = ["taskset", "-c", str(i)] if a.pin else []
+            procs.append(start([*pin, a.python, "scripts/vllm/serve.py", "serve", a.model_dir, "--load-format", "dummy",
                                 "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
                                 "--max-model-len", "16384", "--enforce-eager", "--kv-cache-memory-bytes", "512M",
                                 "--max-num-seqs", "8", "--enable-prompt-tokens-details", *events],
@@ -155,7 +158,7 @@ pools:
     endpoints: [{eps}]
     health_check: {{ path: /health, interval: 1s, timeout: 1s, healthy_after: 1, unhealthy_after: 3 }}
     engine_stats: {{ kind: vllm, path: /metrics, interval: 200ms }}
-    sessions: {{ header: x-session-id }}
+    sessions: {{ header: x-session-id, move_margin: {a.move_margin} }}
 {extra}"""
             with open(f"{run_dir}/infergate.yaml", "w") as f:
                 f.write(cfg)
@@ -251,6 +254,8 @@ def main():
     ap.add_argument("--sessions", type=int, default=24)
     ap.add_argument("--rate", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--pin", action="store_true")
+    ap.add_argument("--move-margin", type=float, default=0.1)
     a = ap.parse_args()
     rows = []
     for scenario, router, policy in RUNS:
