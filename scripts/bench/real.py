@@ -113,6 +113,15 @@ def vllm_counts(urls):
     return out
 
 
+def engine_cmd(a, port, core=None, extra=()):
+    """One vLLM engine of the test model on `port` (`a.python`, `a.model_dir`), on CPU `core` if given."""
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    return [*pin, a.python, "scripts/vllm/serve.py", "serve", a.model_dir, "--load-format", "dummy",
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
+            "--max-model-len", "16384", "--enforce-eager", "--kv-cache-memory-bytes", "512M",
+            "--max-num-seqs", "8", "--enable-prompt-tokens-details", *extra]
+
+
 def one_run(a, scenario, router, policy, run_dir):
     os.makedirs(run_dir, exist_ok=True)
     procs = []
@@ -130,12 +139,8 @@ def one_run(a, scenario, router, policy, run_dir):
                 events = ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                                             "endpoint": f"tcp://*:{kv_port}", "topic": "kv"})]
             # --pin: engine i on core i, so that one engine's work does not slow the other.
-            pin = ["taskset", "-c", str(i)] if a.pin else []
-            procs.append(start([*pin, a.python, "scripts/vllm/serve.py", "serve", a.model_dir, "--load-format", "dummy",
-                                "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
-                                "--max-model-len", "16384", "--enforce-eager", "--kv-cache-memory-bytes", "512M",
-                                "--max-num-seqs", "8", "--enable-prompt-tokens-details", *events],
-                               f"{run_dir}/engine-{i}.log", ENGINE_ENV))
+            procs.append(start(engine_cmd(a, port, i if a.pin else None, events), f"{run_dir}/engine-{i}.log",
+                               ENGINE_ENV))
         for u, p in zip(urls, procs):
             wait_up(u + "/health", 180, p)
         port, mport = free_port(), free_port()
