@@ -4,13 +4,18 @@
 use async_trait::async_trait;
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
+use pingora_core::services::background::background_service;
 use pingora_core::services::listening::Service;
 
 use crate::clients::{self, ClientGate};
 use crate::config::Config;
+use crate::lifecycle::ExitWhenDrained;
 use crate::metrics_port::MetricsApp;
 use crate::proxy::Router;
 pub use crate::state::RouterState;
+
+/// The longest the early exit of a graceful shutdown waits for the access log to write what is queued.
+const ACCESS_LOG_SYNC: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Build the Pingora server: proxy on every `listen` address, metrics on `metrics_listen`, housekeeping in the
 /// background. The proxy starts accepting only after the first round of health checks (endpoints start unknown).
@@ -28,6 +33,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
         Some(c) => Some(crate::access_log::AccessLog::open(c, &state.metrics)?),
         None => None,
     };
+    let log_sync = access_log.as_ref().map(|l| l.sync_handle());
     let router = Router::new(state.clone()).with_access_log(access_log);
     // Slow and idle clients and the connection cap: see crate::clients.
     let max_clients = clients::effective_max(
@@ -40,6 +46,7 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
         max_clients,
         &state.metrics,
     );
+    let open_connections = gate.open_connections();
     let mut proxy = Service::new("infergate proxy".to_string(), gate);
     if let Some(tls) = &state.cfg.tls {
         log::info!(
@@ -58,6 +65,20 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
         }
         proxy.add_listener(listener);
     }
+    server.add_service(background_service(
+        "infergate exit when drained",
+        ExitWhenDrained {
+            open_connections: Box::new(open_connections),
+            before_exit: Box::new(move || {
+                if let Some(s) = &log_sync {
+                    if !s.wait(ACCESS_LOG_SYNC) {
+                        log::warn!("access log: lines still queued at exit were not written");
+                    }
+                }
+            }),
+            grace_seconds: server.configuration.grace_period_seconds.unwrap_or(300), // Pingora's default
+        },
+    ));
     crate::state_file::install(&mut server, &state.sessions());
     crate::cluster::install(&mut server, state.cluster.as_ref());
     let hk = crate::housekeeping::install(&mut server, &state);

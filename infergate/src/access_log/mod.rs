@@ -14,7 +14,8 @@ use std::borrow::Cow;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use prometheus::{IntCounter, IntCounterVec, Opts};
@@ -328,6 +329,7 @@ fn push_logfmt(out: &mut String, v: Option<&str>) {
 /// of directory or user).
 pub struct AccessLog {
     tx: SyncSender<String>,
+    progress: Arc<Progress>,
     format: LogFormat,
     queue_full: IntCounter,
     writer: parking_lot::Mutex<Option<Writer>>,
@@ -337,10 +339,38 @@ pub struct AccessLog {
 /// What the writer thread takes when it starts.
 struct Writer {
     rx: Receiver<String>,
+    progress: Arc<Progress>,
     out: Box<dyn Write + Send>,
     errors: IntCounter,
     /// The file to open again on [`request_reopen`]; None for stderr.
     path: Option<std::path::PathBuf>,
+}
+
+/// Lines queued, and lines the writer has handled (written and flushed, or failed): [`LogSync`] waits for the
+/// second to reach the first.
+#[derive(Default)]
+struct Progress {
+    queued: AtomicU64,
+    handled: AtomicU64,
+}
+
+/// Waits for an access log to write what is queued (the graceful shutdown, before the process exits).
+#[derive(Clone)]
+pub struct LogSync(Arc<Progress>);
+
+impl LogSync {
+    /// Block until every line queued so far is written and flushed, at most `within`; false if it was not.
+    pub fn wait(&self, within: Duration) -> bool {
+        let target = self.0.queued.load(Ordering::Acquire);
+        let start = Instant::now();
+        while self.0.handled.load(Ordering::Acquire) < target {
+            if start.elapsed() >= within {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
 }
 
 /// Bumped by [`request_reopen`]; each writer reopens its file when it sees a new value.
@@ -386,12 +416,15 @@ impl AccessLog {
         let write_error = dropped.with_label_values(&["write_error"]);
         metrics.register(Box::new(dropped));
         let (tx, rx) = std::sync::mpsc::sync_channel(cfg.buffer_lines.max(1));
+        let progress = Arc::new(Progress::default());
         Ok(AccessLog {
             tx,
+            progress: progress.clone(),
             format: cfg.format,
             queue_full,
             writer: parking_lot::Mutex::new(Some(Writer {
                 rx,
+                progress,
                 out,
                 errors: write_error,
                 path,
@@ -417,16 +450,25 @@ impl AccessLog {
         }
     }
 
+    /// A handle that waits for this log to write what is queued.
+    pub fn sync_handle(&self) -> LogSync {
+        LogSync(self.progress.clone())
+    }
+
     /// Queue one line; a full queue drops it (counted). Never blocks (beyond the first line's thread start).
     pub fn write(&self, line: &Line<'_>) {
         self.start_writer();
         let mut text = line.render(self.format);
         text.push('\n');
+        // Counted before the send, so that the writer never handles more than was queued.
+        self.progress.queued.fetch_add(1, Ordering::AcqRel);
         match self.tx.try_send(text) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.queue_full.inc(),
-            // The writer is gone (it never exits while a sender lives, unless it panicked).
-            Err(TrySendError::Disconnected(_)) => self.queue_full.inc(),
+            Err(_) => {
+                // Full, or the writer is gone (it never exits while a sender lives, unless it panicked).
+                self.progress.queued.fetch_sub(1, Ordering::AcqRel);
+                self.queue_full.inc();
+            }
         }
     }
 }
@@ -450,6 +492,7 @@ impl Write for StderrLines {
 fn write_lines(w: Writer) {
     let Writer {
         rx,
+        progress,
         mut out,
         errors,
         path,
@@ -477,16 +520,19 @@ fn write_lines(w: Writer) {
             }
         }
         let mut next = Some(first);
+        let mut lines = 0;
         while let Some(line) = next {
             if let Err(e) = out.write_all(line.as_bytes()) {
                 errors.inc();
                 warn(e);
             }
+            lines += 1;
             next = rx.try_recv().ok();
         }
         if let Err(e) = out.flush() {
             warn(e);
         }
+        progress.handled.fetch_add(lines, Ordering::AcqRel);
     }
     let _ = out.flush();
 }

@@ -103,20 +103,29 @@ fn client_values_are_bounded() {
     assert_eq!(bounded("ééé", 3), "é...");
 }
 
-#[test]
-fn a_full_queue_drops_and_counts_instead_of_blocking() {
+/// A JSON access log to a fresh file in the temporary directory, `name` in its file name: the log, its metrics
+/// and the file's path.
+fn file_log(
+    name: &str,
+    buffer_lines: usize,
+) -> (AccessLog, std::sync::Arc<Metrics>, std::path::PathBuf) {
     let metrics = Metrics::new();
     let path = std::env::temp_dir().join(format!(
-        "infergate-access-log-test-{}.log",
+        "infergate-access-log-{name}-{}.log",
         std::process::id()
     ));
     let _ = std::fs::remove_file(&path);
     let cfg = AccessLogConfig {
         format: LogFormat::Json,
         target: LogTarget::File(path.clone()),
-        buffer_lines: 1,
+        buffer_lines,
     };
-    let log = AccessLog::open(&cfg, &metrics).unwrap();
+    (AccessLog::open(&cfg, &metrics).unwrap(), metrics, path)
+}
+
+#[test]
+fn a_full_queue_drops_and_counts_instead_of_blocking() {
+    let (log, metrics, path) = file_log("test", 1);
     let text = String::from_utf8(metrics.render()).unwrap();
     assert!(text.contains("infergate_access_log_dropped_total{cause=\"queue_full\"} 0"));
     assert!(text.contains("infergate_access_log_dropped_total{cause=\"write_error\"} 0"));
@@ -171,4 +180,23 @@ fn line_separators_and_bidi_controls_are_escaped_in_both_formats() {
         "{}",
         l.text()
     );
+}
+
+#[test]
+fn a_sync_waits_until_every_queued_line_is_in_the_file() {
+    let (log, _metrics, path) = file_log("sync", 100_000);
+    let sync = log.sync_handle();
+    assert!(sync.wait(Duration::ZERO), "nothing queued yet");
+    for _ in 0..20_000 {
+        log.write(&sample());
+    }
+    // The log stays open (a running router's does): the lines are in the file because of the wait, not a close.
+    assert!(
+        sync.wait(Duration::from_secs(20)),
+        "written within the wait"
+    );
+    let lines = std::fs::read_to_string(&path).unwrap().lines().count();
+    assert_eq!(lines, 20_000);
+    drop(log);
+    let _ = std::fs::remove_file(&path);
 }

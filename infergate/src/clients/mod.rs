@@ -179,7 +179,7 @@ pub struct ClientGate<A> {
     app: Arc<A>,
     header_timeout: Duration,
     max: usize,
-    open: AtomicUsize,
+    open: Arc<AtomicUsize>,
     shared: Arc<Shared>,
     started: Instant,
     /// Milliseconds after `started` of the last "cap reached" warning (0 = none yet).
@@ -193,7 +193,7 @@ impl<A> ClientGate<A> {
             app: Arc::new(app),
             header_timeout: cfg.timeouts.request_header,
             max,
-            open: AtomicUsize::new(0),
+            open: Arc::new(AtomicUsize::new(0)),
             shared: Arc::new(Shared {
                 stats: ClientStats::new(metrics),
                 waiting: Mutex::new(Waiting::default()),
@@ -201,6 +201,12 @@ impl<A> ClientGate<A> {
             started: Instant::now(),
             last_refused_log: AtomicU64::new(0),
         }
+    }
+
+    /// How many client connections are open, read on demand (the graceful shutdown's exit waits for none).
+    pub fn open_connections(&self) -> impl Fn() -> usize + Send + Sync + 'static {
+        let open = self.open.clone();
+        move || open.load(Ordering::Acquire)
     }
 
     /// A slot for a new connection: a free one, or the one of a waiting connection closed to make room (taken

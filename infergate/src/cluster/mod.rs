@@ -51,6 +51,7 @@ use pingora_core::services::background::BackgroundService;
 use redis::aio::ConnectionManager;
 
 use crate::config::ClusterConfig;
+use crate::lifecycle::ShutdownWork;
 use crate::pool::Pools;
 pub use check::check_store;
 pub use load::{MAX_REPLICAS_READ, PEER_TTL_INTERVALS};
@@ -127,12 +128,15 @@ pub fn install(server: &mut Server, cluster: Option<&Arc<Cluster>>) {
         "infergate cluster",
         ClusterService {
             cluster: cluster.clone(),
+            load_key: Mutex::new(Some(ShutdownWork::expect())),
         },
     ));
 }
 
 struct ClusterService {
     cluster: Arc<Cluster>,
+    /// This replica's load key removed at shutdown, which the process's early exit waits for.
+    load_key: Mutex<Option<ShutdownWork>>,
 }
 
 #[async_trait]
@@ -141,5 +145,6 @@ impl BackgroundService for ClusterService {
         let writer = tokio::spawn(self.cluster.clone().write_batches(shutdown.clone()));
         self.cluster.clone().run(shutdown).await;
         let _ = writer.await;
+        drop(self.load_key.lock().take());
     }
 }

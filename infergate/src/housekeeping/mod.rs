@@ -50,6 +50,7 @@ pub fn install(server: &mut Server, state: &RouterState) -> Handles {
         "infergate tracing",
         tracing::Tracing {
             state: state.clone(),
+            flush: parking_lot::Mutex::new(Some(crate::lifecycle::ShutdownWork::expect())),
         },
     ));
     server.add_service(background_service(

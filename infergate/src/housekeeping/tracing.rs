@@ -6,10 +6,13 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use pingora_core::services::ServiceReadyNotifier;
 
+use crate::lifecycle::ShutdownWork;
 use crate::state::RouterState;
 
 pub(super) struct Tracing {
     pub(super) state: RouterState,
+    /// The flush at shutdown, which the process's early exit waits for.
+    pub(super) flush: parking_lot::Mutex<Option<ShutdownWork>>,
 }
 
 #[async_trait]
@@ -34,5 +37,6 @@ impl BackgroundService for Tracing {
         let _ = stop.changed().await;
         let tracing = self.state.tracing.clone();
         let _ = tokio::task::spawn_blocking(move || tracing.shutdown()).await;
+        drop(self.flush.lock().take());
     }
 }

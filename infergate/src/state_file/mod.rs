@@ -31,6 +31,7 @@ use pingora_core::services::background::BackgroundService;
 
 use crate::config::Config;
 use crate::config::StateFileConfig;
+use crate::lifecycle::ShutdownWork;
 use crate::placement::sessions::SavedSession;
 use crate::pool::Endpoint;
 use crate::pool::Pools;
@@ -430,6 +431,7 @@ pub fn install(server: &mut Server, state: &Sessions) {
         StateService {
             state: state.clone(),
             file,
+            last_write: Mutex::new(Some(ShutdownWork::expect())),
         },
     ));
 }
@@ -438,6 +440,8 @@ pub fn install(server: &mut Server, state: &Sessions) {
 pub struct StateService {
     state: Sessions,
     file: Arc<StateFile>,
+    /// The write at shutdown, which the process's early exit waits for.
+    last_write: Mutex<Option<ShutdownWork>>,
 }
 
 impl StateService {
@@ -481,6 +485,7 @@ impl BackgroundService for StateService {
                 self.file.path.display()
             );
         }
+        drop(self.last_write.lock().take());
     }
 }
 

@@ -1,4 +1,4 @@
-//! The process around Pingora's server: the order services start in, and the drain before a shutdown.
+//! The process around Pingora's server: the order services start in, the drain before a shutdown, and the exit.
 //!
 //! **Start-up order.** Pingora's `Bootstrap` does two things: it tells the parent of a daemon that it may exit
 //! (`daemon_wait_for_ready`, SIGUSR1) and, in an upgrade (`-u`), it receives the listening sockets from the old
@@ -23,6 +23,12 @@
 //! socket, which the new instance serves. Without the flag, Pingora answers those requests with `keep-alive`
 //! and then drops every idle connection at once when the grace period starts, while the clients are already
 //! sending their next request on it: one failed request per keep-alive connection.
+//!
+//! **Exit.** Once the listeners stopped, the process exits as soon as nothing is left to serve ([`drained`]), not
+//! at the end of the grace period.
+
+mod drained;
+pub use drained::{ExitWhenDrained, ShutdownWork};
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
