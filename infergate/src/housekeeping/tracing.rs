@@ -1,5 +1,5 @@
 //! The span pipeline's life: built once the process runs (after a daemon's fork, which its export thread would
-//! not survive), flushed when the router stops.
+//! not survive), flushed when the router stops, after the requests in flight then have ended.
 
 use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
@@ -35,6 +35,8 @@ impl BackgroundService for Tracing {
         }
         ready.notify_ready();
         let _ = stop.changed().await;
+        // The spans of requests still in flight at a stop end with them: flush after the last one.
+        crate::lifecycle::clients_drained().await;
         let tracing = self.state.tracing.clone();
         let _ = tokio::task::spawn_blocking(move || tracing.shutdown()).await;
         drop(self.flush.lock().take());

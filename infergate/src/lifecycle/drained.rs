@@ -4,12 +4,13 @@
 //! Pingora 0.9.1 `thread::sleep`s `grace_period_seconds` after a SIGTERM (or after an upgrade's hand-over window)
 //! whether or not anything is still in flight, so `systemctl stop` or `restart` of an idle router took the full 30
 //! s of the shipped config. [`ExitWhenDrained`] watches from the moment the listeners stop: while a client
-//! connection is open (a stream in flight, a keep-alive connection Pingora still holds) or a [`ShutdownWork`] is
-//! held (the state file's last write, the span exporter's flush, the cluster's load key), it waits; then it lets
-//! the access log catch up and ends the process with status 0, as Pingora does after the grace period. The grace
-//! period stays the longest a stop can take.
+//! connection is open (a stream in flight, a keep-alive connection Pingora still holds) it waits; then
+//! [`clients_drained`] resolves, and it waits while a [`ShutdownWork`] is held (the state file's last write, the
+//! span exporter's last flush, which waits for the clients so that it carries their spans, the cluster's load
+//! key); then it lets the access log catch up and ends the process with status 0, as Pingora does after the grace
+//! period. The grace period stays the longest a stop can take.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -21,6 +22,19 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// Shutdown work still to do (one server per process: the binary's).
 static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Set once a signalled stop has no client connection open: no request can end after it.
+static CLIENTS_DRAINED: AtomicBool = AtomicBool::new(false);
+
+/// Resolves when no request can end any more: at once for a stop the process was not signalled (the caller's
+/// shutdown work runs when the shutdown starts, as Pingora's own does); for a signalled one, once no client
+/// connection is open. Shutdown work that must see every request (the span exporter's last flush) awaits this
+/// while holding its [`ShutdownWork`]; if the grace period ends first, Pingora stops the runtime as before.
+pub async fn clients_drained() {
+    while super::draining() && !CLIENTS_DRAINED.load(Ordering::Acquire) {
+        tokio::time::sleep(POLL).await;
+    }
+}
 
 /// Work a service does when the shutdown starts (taken when the service is built, dropped when that work is
 /// done): the process does not exit before it. A service that never runs keeps the exit at the grace period's
@@ -51,10 +65,9 @@ pub struct ExitWhenDrained {
     pub grace_seconds: u64,
 }
 
-impl ExitWhenDrained {
-    fn drained(&self) -> bool {
-        (self.open_connections)() == 0 && PENDING.load(Ordering::Acquire) == 0
-    }
+/// Whether shutdown work is still held.
+fn work_pending() -> bool {
+    PENDING.load(Ordering::Acquire) > 0
 }
 
 #[async_trait]
@@ -73,7 +86,11 @@ impl BackgroundService for ExitWhenDrained {
             return;
         }
         let since = Instant::now();
-        while !self.drained() {
+        while (self.open_connections)() > 0 {
+            tokio::time::sleep(POLL).await;
+        }
+        CLIENTS_DRAINED.store(true, Ordering::Release);
+        while work_pending() {
             tokio::time::sleep(POLL).await;
         }
         (self.before_exit)();
@@ -92,19 +109,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shutdown_work_holds_the_exit_until_dropped() {
-        let open = std::sync::Arc::new(AtomicUsize::new(1));
-        let o = open.clone();
-        let exit = ExitWhenDrained {
-            open_connections: Box::new(move || o.load(Ordering::Relaxed)),
-            before_exit: Box::new(|| {}),
-            grace_seconds: 30,
-        };
+    fn shutdown_work_is_pending_until_dropped() {
+        // The only test in the crate that takes shutdown work (services take it when they are installed).
         let work = ShutdownWork::expect();
-        assert!(!exit.drained(), "a connection is open");
-        open.store(0, Ordering::Relaxed);
-        assert!(!exit.drained(), "shutdown work is held");
+        assert!(work_pending());
         drop(work);
-        assert!(exit.drained());
+        assert!(!work_pending());
+    }
+
+    #[tokio::test]
+    async fn a_stop_not_signalled_to_the_process_does_not_wait_for_clients() {
+        assert!(!super::super::draining());
+        tokio::time::timeout(Duration::from_secs(5), clients_drained())
+            .await
+            .expect("at once");
     }
 }

@@ -2,7 +2,7 @@
 //! never reaching an engine, keys reloaded in place and by SIGHUP, and each limit's 429 with Retry-After.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -399,16 +399,7 @@ async fn sighup_reloads_keys_and_a_bad_keys_file_keeps_the_old_ones_without_logg
         ),
     )
     .unwrap();
-    let log = std::fs::File::create(dir.join("stderr")).unwrap();
-    let mut child = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_infergate"))
-            .args(["-c", conf.to_str().unwrap()])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = spawn_router(&dir, &[]);
     let url = format!("http://127.0.0.1:{listen}/v1/chat/completions");
     let status = |key: &'static str| {
         let url = url.clone();

@@ -284,21 +284,6 @@ async fn prometheus_scrapes_with_the_shipped_config_and_a_wrong_token_is_refused
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The router binary on `dir/infergate.yaml`, its stderr in `dir/stderr`.
-fn spawn_router(dir: &Path, args: &[&str]) -> KillOnDrop {
-    let log = std::fs::File::create(dir.join("stderr")).unwrap();
-    KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_infergate"))
-            .args(args)
-            .args(["-c", dir.join("infergate.yaml").to_str().unwrap()])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
-}
-
 /// A router config over `engine` with metrics on `metrics` (files in `dir`) and `extra` at the top level.
 fn binary_conf(dir: &Path, listen: &str, metrics: &str, engine: &str, extra: &str) -> String {
     format!(

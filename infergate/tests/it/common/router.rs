@@ -291,6 +291,21 @@ pub fn sessions_yaml(max_sessions: usize) -> String {
 /// Pool `extra`: scrape the engines' `/metrics` every 100 ms.
 pub const ENGINE_STATS: &str = "    engine_stats: { path: /metrics, interval: 100ms }\n";
 
+/// The router binary on `dir/infergate.yaml`, its stderr in `dir/stderr`.
+pub fn spawn_router(dir: &Path, args: &[&str]) -> KillOnDrop {
+    let log = std::fs::File::create(dir.join("stderr")).unwrap();
+    KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(args)
+            .args(["-c", dir.join("infergate.yaml").to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// A child process (the router binary) killed and reaped when dropped, so that a failed assertion does not leave
 /// it running and holding its ports.
 pub struct KillOnDrop(pub std::process::Child);
