@@ -431,10 +431,7 @@ async fn a_request_in_flight_at_sigterm_is_exported_before_the_exit() {
     .unwrap();
     let mut child = spawn_router(&dir, &[]);
     let url = format!("http://127.0.0.1:{listen}");
-    wait_metrics(metrics, "a healthy endpoint", |m| {
-        metric_value(m, "infergate_endpoint_healthy", &[]) == Some(1.0)
-    })
-    .await;
+    wait_serving(listen).await;
     let in_flight = tokio::spawn({
         let url = url.clone();
         async move { post_chat(&url, chat_body(64, false, 100)).await }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::requests::client;
 use super::router::TestRouter;
 
 impl TestRouter {
@@ -58,6 +59,28 @@ pub async fn wait_metrics(port: u16, what: &str, f: impl Fn(&str) -> bool) {
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Wait until the client port `listen` of a router binary answers `/health` with 200, every 50 ms; panics after
+/// 20 s. The metrics port can be up first: it does not wait for the first health checks, the client port does.
+pub async fn wait_serving(listen: u16) {
+    let start = std::time::Instant::now();
+    loop {
+        let status = client()
+            .get(format!("http://127.0.0.1:{listen}/health"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .map(|r| r.status().as_u16());
+        if status.ok() == Some(200) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the client port {listen} did not answer /health with 200 within 20 s"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
