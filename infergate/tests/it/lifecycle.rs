@@ -517,11 +517,7 @@ async fn start_foreground(s: &mut Scratch, listen: u16) -> std::process::Child {
         .spawn()
         .unwrap();
     s.pids.push(child.id());
-    let start = Instant::now();
-    while health(listen).await != Some(200) {
-        assert!(start.elapsed() < Duration::from_secs(15), "router not up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::wait_serving(listen, Duration::from_secs(15)).await;
     child
 }
 

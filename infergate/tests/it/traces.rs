@@ -431,7 +431,7 @@ async fn a_request_in_flight_at_sigterm_is_exported_before_the_exit() {
     .unwrap();
     let mut child = spawn_router(&dir, &[]);
     let url = format!("http://127.0.0.1:{listen}");
-    wait_serving(listen).await;
+    wait_serving(listen, Duration::from_secs(15)).await;
     let in_flight = tokio::spawn({
         let url = url.clone();
         async move { post_chat(&url, chat_body(64, false, 100)).await }

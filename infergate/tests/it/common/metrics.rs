@@ -65,8 +65,8 @@ pub async fn wait_metrics(port: u16, what: &str, f: impl Fn(&str) -> bool) {
 }
 
 /// Wait until the client port `listen` of a router binary answers `/health` with 200, every 50 ms; panics after
-/// 20 s. The metrics port can be up first: it does not wait for the first health checks, the client port does.
-pub async fn wait_serving(listen: u16) {
+/// `within`. The metrics port can be up first: it does not wait for the first health checks, the client port does.
+pub async fn wait_serving(listen: u16, within: Duration) {
     let start = std::time::Instant::now();
     loop {
         let status = client()
@@ -79,8 +79,8 @@ pub async fn wait_serving(listen: u16) {
             return;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the client port {listen} did not answer /health with 200 within 20 s"
+            start.elapsed() < within,
+            "the client port {listen} did not answer /health with 200 within {within:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
