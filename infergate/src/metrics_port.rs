@@ -30,7 +30,7 @@ impl MetricsApp {
     fn answer(&self, path: &str, authorization: Option<&[u8]>) -> (u16, &'static str, Vec<u8>) {
         let (pools, metrics) = (&self.state.pools, &self.state.metrics);
         if path == "/health" {
-            let (status, body) = clients::health(pools);
+            let (status, body) = health(self.state.serving.get(), pools);
             return (status, "application/json", body.as_bytes().to_vec());
         }
         // Every other path, known or not, needs the token: a 404 would tell what exists.
@@ -83,6 +83,20 @@ impl ServeHttp for MetricsApp {
     }
 }
 
+/// `/health` here: the proxy's answer once its listeners accept connections, 503 before. This listener starts
+/// before the first health-check round ends and the proxy's after it, so without the first case a probe here
+/// would say ready while the client port still refuses connections.
+fn health(serving: bool, pools: &crate::pool::Pools) -> (u16, &'static str) {
+    if serving {
+        clients::health(pools)
+    } else {
+        (
+            503,
+            r#"{"status":"starting","reason":"the client listeners do not accept connections yet"}"#,
+        )
+    }
+}
+
 /// Whether the `Authorization` header carries `token`: `Bearer TOKEN`, or `Basic` credentials whose password is
 /// TOKEN, whatever the user name (a browser's login prompt). Compared in constant time (`subtle`).
 fn authorized(authorization: Option<&[u8]>, token: &[u8]) -> bool {
@@ -121,6 +135,26 @@ mod tests {
             base64::engine::general_purpose::STANDARD.encode(user_pass)
         )
         .into_bytes()
+    }
+
+    #[test]
+    fn health_says_starting_until_the_client_listeners_accept_then_what_the_proxy_says() {
+        let text = "metrics_listen: 127.0.0.1:9100\npools:\n  - name: a\n    endpoints:\n      \
+                    - url: http://127.0.0.1:8101\n";
+        let cfg = crate::config::Config::parse(std::path::Path::new("t.yaml"), text).unwrap();
+        let state = RouterState::new(cfg);
+        let app = MetricsApp::new(state.clone());
+        let ep = state.pools.pools[0].endpoints()[0].clone();
+        ep.health.record(true, 2, 2);
+        assert!(state.pools.any_healthy());
+        // The first health round is over (the proxy would say 200) but its listeners are not up yet.
+        let (status, _, body) = app.answer("/health", None);
+        assert_eq!(status, 503);
+        assert!(String::from_utf8_lossy(&body).contains(r#""status":"starting""#));
+        state.serving.set();
+        assert_eq!(app.answer("/health", None).0, 200);
+        ep.health.record(false, 2, 1);
+        assert_eq!(app.answer("/health", None).0, 503, "no healthy endpoint");
     }
 
     #[test]

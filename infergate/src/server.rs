@@ -104,7 +104,14 @@ pub fn build_server(cfg: Config, mut opt: Opt) -> Result<(Server, RouterState), 
         .chain(&state.cfg.metrics_listen)
         .cloned()
         .collect();
-    crate::lifecycle::order_startup(&mut server, upgrade, &hk_handle, &listening, &addrs);
+    crate::lifecycle::order_startup(
+        &mut server,
+        upgrade,
+        &hk_handle,
+        &listening,
+        &addrs,
+        &state.serving,
+    );
     Ok((server, state))
 }
 

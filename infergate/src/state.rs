@@ -33,6 +33,8 @@ pub struct RouterState {
     pub tracing: Arc<crate::traces::Tracing>,
     /// The certificate the `listen` addresses serve (`tls`), swapped by a reload; None = plain HTTP.
     pub server_cert: Option<Arc<crate::tls::ServerCert>>,
+    /// Set once every listening address accepts connections (`lifecycle::order_startup`).
+    pub serving: crate::lifecycle::Serving,
 }
 
 impl RouterState {
@@ -52,6 +54,7 @@ impl RouterState {
                 .as_ref()
                 .map(|t| crate::tls::ServerCert::new(&t.loaded)),
             tokens,
+            serving: Default::default(),
             tracing: crate::traces::Tracing::new(&metrics),
             cluster: crate::cluster::Cluster::new(cfg.cluster.as_ref(), &pools, &metrics),
             pools,

@@ -33,6 +33,7 @@ pub use drained::{clients_drained, ExitWhenDrained, ShutdownWork};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -64,6 +65,22 @@ pub fn start_draining() {
     }
 }
 
+/// Whether every `listen` and `metrics_listen` address accepts connections: set once [`ListenGate`] passed, so
+/// the metrics port's `/health` (which starts before the proxy's listeners) cannot say ready before clients can
+/// connect. One per server; clones share it.
+#[derive(Clone, Default)]
+pub struct Serving(Arc<AtomicBool>);
+
+impl Serving {
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// While draining, the response to this request closes its connection (`Connection: close`), so the client
 /// reconnects, to the new instance in an upgrade, instead of reusing a connection about to be dropped.
 pub fn close_if_draining(session: &mut Session) {
@@ -91,13 +108,14 @@ impl ShutdownSignalWatch for DrainingSignals {
 }
 
 /// Order the services for a start (`upgrade` false) or an upgrade (see the module doc). `listening` are the
-/// services with listeners (proxy, metrics), `addrs` their addresses.
+/// services with listeners (proxy, metrics), `addrs` their addresses; `serving` is set once they all accept.
 pub fn order_startup(
     server: &mut Server,
     upgrade: bool,
     housekeeping: &ServiceHandle,
     listening: &[ServiceHandle],
     addrs: &[String],
+    serving: &Serving,
 ) {
     let wait_for_parent = server.configuration.daemon && server.configuration.daemon_wait_for_ready;
     let bootstrap = server.bootstrap_as_a_service();
@@ -110,19 +128,21 @@ pub fn order_startup(
         ));
         bootstrap.add_dependency(&listens);
     }
+    let gate = server.add_service(background_service(
+        "infergate listen gate",
+        ListenGate {
+            addrs: addrs.iter().filter_map(|a| probe_addr(a)).collect(),
+            serving: serving.clone(),
+        },
+    ));
+    gate.add_dependencies(listening);
     if upgrade {
+        // The gate only marks the listeners serving: the inherited sockets accept from the start.
         bootstrap.add_dependency(housekeeping);
         for l in listening {
             l.add_dependency(&bootstrap);
         }
     } else {
-        let gate = server.add_service(background_service(
-            "infergate listen gate",
-            ListenGate {
-                addrs: addrs.iter().filter_map(|a| probe_addr(a)).collect(),
-            },
-        ));
-        gate.add_dependencies(listening);
         bootstrap.add_dependency(&gate);
     }
 }
@@ -141,9 +161,10 @@ pub fn probe_addr(addr: &str) -> Option<SocketAddr> {
 }
 
 /// Ready once every address accepts a TCP connection (the probe closes without sending anything, which the
-/// listeners take silently), or after [`GATE_LIMIT`].
+/// listeners take silently), or after [`GATE_LIMIT`]; marks [`Serving`] when every address accepted.
 struct ListenGate {
     addrs: Vec<SocketAddr>,
+    serving: Serving,
 }
 
 #[async_trait]
@@ -154,6 +175,7 @@ impl BackgroundService for ListenGate {
         ready: ServiceReadyNotifier,
     ) {
         let start = Instant::now();
+        let mut all = true;
         for addr in &self.addrs {
             while tokio::net::TcpStream::connect(addr).await.is_err() {
                 if *shutdown.borrow() {
@@ -163,10 +185,14 @@ impl BackgroundService for ListenGate {
                     log::warn!(
                         "{addr} does not accept connections after {GATE_LIMIT:?}; starting anyway"
                     );
+                    all = false;
                     break;
                 }
                 tokio::time::sleep(GATE_POLL).await;
             }
+        }
+        if all {
+            self.serving.set();
         }
         log::info!("listening on {} address(es)", self.addrs.len());
         ready.notify_ready();
