@@ -7,7 +7,8 @@
 //! * **Running**: the bindings are written every `interval` (10 s by default), atomically (a temporary file in the
 //!   same directory, fsync, rename), so a crash or `kill -9` loses at most one interval.
 //! * **Graceful shutdown or upgrade**: when Pingora's shutdown watch fires (SIGTERM; SIGQUIT after the listening
-//!   sockets were handed over), the bindings are written once more.
+//!   sockets were handed over), the bindings are written once more, and again once no client connection is open
+//!   (turns in flight commit late), unless another instance wrote the file in between.
 //! * **Graceful upgrade order**: the new instance starts *before* the old one hands over its sockets, and the old
 //!   one keeps serving for Pingora's 5 s close timeout after that; only then does its shutdown watch fire and its
 //!   last write happen. So the new instance loads what the old one wrote last (at most `interval` old) and, for
@@ -299,6 +300,11 @@ impl StateFile {
         format::peek(&first).ok()
     }
 
+    /// Whether the file's header names this instance as its writer.
+    fn last_written_by_us(&self) -> bool {
+        self.peek().is_some_and(|(writer, _)| writer == self.writer)
+    }
+
     /// Load the file at start and adopt every binding still meaningful. Never fails: a file that cannot be used
     /// is one warning.
     pub fn load(&self, state: &Sessions) -> Option<LoadReport> {
@@ -484,6 +490,25 @@ impl BackgroundService for StateService {
                 "state file {}: wrote {n} session bindings for the next instance",
                 self.file.path.display()
             );
+        }
+        // A turn still in flight commits its binding when its answer starts (a non-streamed one at its end):
+        // once a signalled stop has no client left, write again, unless another instance (the new one of an
+        // upgrade) wrote the file since. The new instance adopts it as it adopted the first.
+        if crate::lifecycle::draining() {
+            crate::lifecycle::clients_drained().await;
+            if self.file.last_written_by_us() {
+                if let Some(n) = self.file.save_logged(&self.state) {
+                    log::info!(
+                        "state file {}: wrote {n} session bindings once the clients were gone",
+                        self.file.path.display()
+                    );
+                }
+            } else {
+                log::info!(
+                    "state file {}: another instance wrote it since the stop began; not written again",
+                    self.file.path.display()
+                );
+            }
         }
         drop(self.last_write.lock().take());
     }

@@ -212,7 +212,12 @@ fn a_newer_file_from_another_instance_is_adopted_but_not_its_own() {
     assert_eq!((r.adopted, r.older), (1, 1));
     assert_eq!(bindings(&new).len(), 2);
     assert_eq!(fnew.adopt_newer(&new), None, "once");
+    // The old instance's write once its clients are gone happens only while the file is still its own.
+    assert!(fold.last_written_by_us() && !fnew.last_written_by_us());
+    fnew.save(&new).unwrap();
+    assert!(!fold.last_written_by_us() && fnew.last_written_by_us());
     let _ = std::fs::remove_file(&p);
+    assert!(!fnew.last_written_by_us(), "no file");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! conversation's growth.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::common::*;
 use infergate::placement::estimate_tokens;
@@ -100,4 +101,70 @@ async fn a_session_stays_sticky_on_its_engine_across_a_graceful_restart() {
     );
     drop(second);
     let _ = std::fs::remove_file(&path);
+}
+
+/// A non-streamed turn commits its binding only when its answer comes, which for one in flight at SIGTERM is after
+/// the state file's write at the stop's start: the binary writes again once the clients are gone, so the next
+/// instance knows the session. Real signals to the real binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_answered_during_a_graceful_stop_is_in_the_state_file() {
+    // About 100 decode steps of 18 ms: a non-streamed answer of nearly 2 s.
+    let eng = engines(2, infergate_sim::SimConfig::default()).await;
+    let (listen, metrics) = (free_port(), free_port());
+    let dir = std::env::temp_dir().join(format!("infergate-state-stop-{listen}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sessions.state");
+    std::fs::write(
+        dir.join("infergate.yaml"),
+        format!(
+            "{}state_file: {{ path: \"{}\", interval: 1h }}\n\
+             server:\n  grace_period_seconds: 30\n  graceful_shutdown_timeout_seconds: 1\n  \
+             pid_file: {d}/infergate.pid\n  upgrade_sock: {d}/upgrade.sock\n",
+            pool_yaml("load_aware", &urls(&eng), &sessions_yaml(100))
+                .replace("{listen}", &format!("127.0.0.1:{listen}"))
+                .replace("{metrics}", &format!("127.0.0.1:{metrics}")),
+            path.display(),
+            d = dir.display(),
+        ),
+    )
+    .unwrap();
+    let mut child = spawn_router(&dir, &[]);
+    let url = format!("http://127.0.0.1:{listen}");
+    wait_serving(listen, Duration::from_secs(15)).await;
+    let in_flight = tokio::spawn({
+        let url = url.clone();
+        async move { post_chat_in_session(&url, "agent-9", chat_body(64, false, 100)).await }
+    });
+    wait_metrics(metrics, "the turn in flight", |m| {
+        metric_sum(m, "infergate_endpoint_requests_in_flight", &[]) == 1.0
+    })
+    .await;
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    assert_eq!(in_flight.await.unwrap(), 200, "answered after SIGTERM");
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let log = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+    let text = std::fs::read_to_string(&path).expect("the state file");
+    let served: Vec<usize> = eng.iter().map(chat_requests).collect();
+    let bound = served
+        .iter()
+        .position(|&n| n == 1)
+        .expect("one engine served it");
+    assert!(
+        text.contains(&eng[bound].url()) && text.lines().count() == 4,
+        "header, pool, the one binding, end: {text}\n{log}"
+    );
+    assert!(
+        log.contains("wrote 1 session bindings once the clients were gone"),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
