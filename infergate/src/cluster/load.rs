@@ -161,7 +161,11 @@ impl Cluster {
 
     /// The publish loop: connect, publish and read every interval, track the store's state, catch up after an
     /// outage. Ends at shutdown, removing this replica's load key so its peers drop it at once.
-    pub(super) async fn run(self: Arc<Self>, mut stop: ShutdownWatch) {
+    pub(super) async fn run(self: Arc<Self>, stop: ShutdownWatch) {
+        // A stopping replica's requests still load the engines until they end: its peers keep seeing them. In an
+        // upgrade the new instance publishes under the same replica name, so the old one stops at once.
+        let stopped = crate::lifecycle::own_requests_done(stop);
+        tokio::pin!(stopped);
         let mut tick = tokio::time::interval(self.cfg.publish_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_ok = Instant::now();
@@ -171,7 +175,7 @@ impl Cluster {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.changed() => break,
+                _ = &mut stopped => break,
             }
             let mut conn = match self.conn.load().as_deref().cloned() {
                 Some(c) => c,

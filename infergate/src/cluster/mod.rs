@@ -135,7 +135,8 @@ pub fn install(server: &mut Server, cluster: Option<&Arc<Cluster>>) {
 
 struct ClusterService {
     cluster: Arc<Cluster>,
-    /// This replica's load key removed at shutdown, which the process's early exit waits for.
+    /// This replica's load key, published until a stop's requests in flight ended, then removed: the process's
+    /// early exit waits for it.
     load_key: Mutex<Option<ShutdownWork>>,
 }
 

@@ -62,16 +62,19 @@ impl Sent {
 
 impl Cluster {
     /// The writer: sends queued writes in batches.
-    pub(super) async fn write_batches(self: Arc<Self>, mut stop: ShutdownWatch) {
+    pub(super) async fn write_batches(self: Arc<Self>, stop: ShutdownWatch) {
         let Some(mut rx) = self.writes_rx.lock().take() else {
             return;
         };
+        // The writes of requests still in flight at a stop are sent until they end (see `run`).
+        let stopped = crate::lifecycle::own_requests_done(stop);
+        tokio::pin!(stopped);
         let mut batch = Vec::with_capacity(256);
         let mut sent = Sent::default();
         loop {
             tokio::select! {
                 n = rx.recv_many(&mut batch, 256) => if n == 0 { return },
-                _ = stop.changed() => return,
+                _ = &mut stopped => return,
             }
             let Some(mut conn) = self.conn() else {
                 for w in batch.drain(..) {

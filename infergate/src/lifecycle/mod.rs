@@ -28,7 +28,7 @@
 //! at the end of the grace period.
 
 mod drained;
-pub use drained::{clients_drained, ExitWhenDrained, ShutdownWork};
+pub use drained::{clients_drained, own_requests_done, ExitWhenDrained, ShutdownWork};
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
@@ -53,9 +53,17 @@ const GATE_POLL: Duration = Duration::from_millis(20);
 /// Set once a graceful upgrade or terminate was signalled (one server per process: the binary's).
 static DRAINING: AtomicBool = AtomicBool::new(false);
 
+/// Set with [`DRAINING`] when the drain is a graceful upgrade (SIGQUIT): a new instance serves meanwhile.
+static UPGRADING: AtomicBool = AtomicBool::new(false);
+
 /// Whether this process is draining: a new instance took over or a stop was requested.
 pub fn draining() -> bool {
     DRAINING.load(Ordering::Acquire)
+}
+
+/// Whether this process is draining because a new instance took over (SIGQUIT), not for a stop.
+pub fn upgrading() -> bool {
+    UPGRADING.load(Ordering::Acquire)
 }
 
 /// Mark the process as draining (what [`DrainingSignals`] does on SIGQUIT and SIGTERM).
@@ -97,6 +105,9 @@ pub struct DrainingSignals;
 impl ShutdownSignalWatch for DrainingSignals {
     async fn recv(&self) -> ShutdownSignal {
         let signal = UnixShutdownSignalWatch.recv().await;
+        if matches!(signal, ShutdownSignal::GracefulUpgrade) {
+            UPGRADING.store(true, Ordering::Release);
+        }
         if matches!(
             signal,
             ShutdownSignal::GracefulUpgrade | ShutdownSignal::GracefulTerminate

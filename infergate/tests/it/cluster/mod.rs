@@ -160,11 +160,16 @@ impl ProcessReplica {
     /// Start the binary on `yaml` (with `{listen}` and `{metrics}` placeholders) at RUST_LOG=info; returns once its
     /// metrics answer.
     async fn start(yaml: &str) -> ProcessReplica {
+        ProcessReplica::start_with_grace(yaml, 0).await
+    }
+
+    /// [`ProcessReplica::start`] with a graceful stop's grace period of `grace` seconds.
+    async fn start_with_grace(yaml: &str, grace: u32) -> ProcessReplica {
         let (listen, metrics) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(format!("infergate-cluster-{listen}"));
         std::fs::create_dir_all(&dir).unwrap();
         let text = format!(
-            "{}\nserver:\n  threads: 2\n  grace_period_seconds: 0\n  graceful_shutdown_timeout_seconds: 1\n  \
+            "{}\nserver:\n  threads: 2\n  grace_period_seconds: {grace}\n  graceful_shutdown_timeout_seconds: 1\n  \
              pid_file: {dir}/pid\n  upgrade_sock: {dir}/sock\n",
             yaml.replace("{listen}", &format!("127.0.0.1:{listen}"))
                 .replace("{metrics}", &format!("127.0.0.1:{metrics}")),

@@ -275,3 +275,66 @@ async fn keys_of_the_wrong_type_under_the_prefix_are_replaced_and_junk_replica_n
     wait_state(&[&a, &b], "connected", Duration::from_secs(1)).await;
     assert_eq!(turn(&b, "typed", 1_500).await.0, 200);
 }
+
+/// A replica stopped gracefully keeps publishing its load while the requests it dispatched are still running on
+/// the engines (its peers must go on counting them), and removes its key once they ended, before it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_replica_publishes_its_load_until_its_last_request_ends() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    // About 100 decode steps of 18 ms: a non-streamed answer of nearly 2 s.
+    let engines = engines(1, SimConfig::default()).await;
+    let yaml = format!(
+        "{}{}",
+        pool_yaml("load_aware", &urls(&engines), ""),
+        cluster_yaml(&redis, "leaving")
+    );
+    let mut r = ProcessReplica::start_with_grace(&yaml, 30).await;
+    wait_metrics(r.metrics, "the endpoint healthy", |m| {
+        metric_sum(m, "infergate_endpoint_healthy", &[]) == 1.0
+    })
+    .await;
+    let key = Keys::new("infergate").load("leaving");
+    let mut c = redis.conn().await;
+    let in_flight = tokio::spawn({
+        let url = r.url();
+        async move { post_chat(&url, chat_body(64, false, 100)).await }
+    });
+    wait_metrics(r.metrics, "the request in flight", |m| {
+        metric_sum(m, "infergate_endpoint_requests_in_flight", &[]) == 1.0
+    })
+    .await;
+    let exists = |c: &mut redis::aio::MultiplexedConnection| {
+        let key = key.clone();
+        let mut c = c.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async::<i64>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(exists(&mut c).await, 1, "published while serving");
+    assert!(Command::new("kill")
+        .args(["-TERM", &r.child.0.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    // Past the key's lifetime (5 publish intervals of 100 ms, at least 500 ms): still there, so still published.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        exists(&mut c).await,
+        1,
+        "the load of a request still running is published during the stop: {}",
+        r.log()
+    );
+    assert_eq!(in_flight.await.unwrap(), 200, "answered after SIGTERM");
+    let status = tokio::task::spawn_blocking(move || r.child.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(exists(&mut c).await, 0, "removed before the exit");
+}
