@@ -5,10 +5,11 @@
 //! whether or not anything is still in flight, so `systemctl stop` or `restart` of an idle router took the full 30
 //! s of the shipped config. [`ExitWhenDrained`] watches from the moment the listeners stop: while a client
 //! connection is open (a stream in flight, a keep-alive connection Pingora still holds) it waits; then
-//! [`clients_drained`] resolves, and it waits while a [`ShutdownWork`] is held (the state file's last write, the
-//! span exporter's last flush, which waits for the clients so that it carries their spans, the cluster's load
-//! key); then it lets the access log catch up and ends the process with status 0, as Pingora does after the grace
-//! period. The grace period stays the longest a stop can take.
+//! [`clients_drained`] resolves, and it waits while a [`ShutdownWork`] is held (the work that waits for the clients
+//! so that it carries what their requests did: the state file's last write, the span exporter's last flush, the
+//! cluster's load key, published until then and removed after); then it lets the access log catch up and ends the
+//! process with status 0, as Pingora does after the grace period. The grace period stays the longest a stop can
+//! take.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
