@@ -15,7 +15,7 @@ impl Cluster {
     ) -> redis::RedisResult<usize> {
         let own = [
             (self.keys.replicas(), "zset"),
-            (self.keys.reserved(&self.cfg.replica), "hash"),
+            (self.keys.reserved(&self.publishing_as()), "hash"),
         ];
         let mut replaced = 0;
         for (key, want) in own {

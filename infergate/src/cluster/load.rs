@@ -35,6 +35,17 @@ pub const MAX_REPLICAS_READ: usize = 256;
 const FUTURE_SLACK_MS: u64 = 60_000;
 
 impl Cluster {
+    /// The name this process publishes its load and reservations under: the replica's, or, once a graceful
+    /// upgrade began, the replica's with this process's id. The new instance publishes under the replica's name
+    /// meanwhile: each must count, and neither may overwrite or remove the other's keys.
+    pub(super) fn publishing_as(&self) -> String {
+        if crate::lifecycle::upgrading() {
+            format!("{}~{}", self.cfg.replica, std::process::id())
+        } else {
+            self.cfg.replica.clone()
+        }
+    }
+
     pub(super) fn peer_ttl(&self) -> Duration {
         (self.cfg.publish_interval * PEER_TTL_INTERVALS).max(MIN_PEER_TTL)
     }
@@ -69,7 +80,7 @@ impl Cluster {
     /// at most [`MAX_REPLICAS_READ`] names.
     async fn publish_and_read(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
         let now_ms = wall_ms();
-        let me = &self.cfg.replica;
+        let me = &self.publishing_as();
         let ttl_ms = wire::millis(self.peer_ttl());
         let replicas_key = self.keys.replicas();
         let record = self.next_record();
@@ -162,9 +173,8 @@ impl Cluster {
     /// The publish loop: connect, publish and read every interval, track the store's state, catch up after an
     /// outage. Ends at shutdown, removing this replica's load key so its peers drop it at once.
     pub(super) async fn run(self: Arc<Self>, stop: ShutdownWatch) {
-        // A stopping replica's requests still load the engines until they end: its peers keep seeing them. In an
-        // upgrade the new instance publishes under the same replica name, so the old one stops at once.
-        let stopped = crate::lifecycle::own_requests_done(stop);
+        // A stopping replica's requests still load the engines until they end: its peers keep seeing them.
+        let stopped = crate::lifecycle::requests_done(stop);
         tokio::pin!(stopped);
         let mut tick = tokio::time::interval(self.cfg.publish_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -252,7 +262,7 @@ impl Cluster {
             }
         }
         if let Some(mut conn) = self.conn() {
-            let me = &self.cfg.replica;
+            let me = &self.publishing_as();
             let _ = tokio::time::timeout(
                 BACKGROUND_TIMEOUT,
                 redis::cmd("DEL")

@@ -67,7 +67,7 @@ impl Cluster {
             return;
         };
         // The writes of requests still in flight at a stop are sent until they end (see `run`).
-        let stopped = crate::lifecycle::own_requests_done(stop);
+        let stopped = crate::lifecycle::requests_done(stop);
         tokio::pin!(stopped);
         let mut batch = Vec::with_capacity(256);
         let mut sent = Sent::default();
@@ -107,7 +107,7 @@ impl Cluster {
                 }
             }
             if !reserved.is_empty() {
-                let key = self.keys.reserved(&self.cfg.replica);
+                let key = self.keys.reserved(&self.publishing_as());
                 for (field, by) in reserved {
                     pipe.cmd("HINCRBY").arg(&key).arg(field).arg(by).ignore();
                 }

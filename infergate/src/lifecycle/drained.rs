@@ -37,18 +37,15 @@ pub async fn clients_drained() {
     }
 }
 
-/// Resolves once the shutdown began and, for a stop (not an upgrade, whose new instance serves meanwhile), no
-/// request can end any more ([`clients_drained`]): work that stands for this process's requests in flight
-/// (publishing their load to the other replicas) goes on until then.
-pub async fn own_requests_done(mut shutdown: ShutdownWatch) {
+/// Resolves once the shutdown began and no request can end any more ([`clients_drained`]): work that stands for
+/// this process's requests in flight (publishing their load to the other replicas) goes on until then.
+pub async fn requests_done(mut shutdown: ShutdownWatch) {
     while !*shutdown.borrow() {
         if shutdown.changed().await.is_err() {
             break;
         }
     }
-    if !super::upgrading() {
-        clients_drained().await;
-    }
+    clients_drained().await;
 }
 
 /// Work a service does when the shutdown starts (taken when the service is built, dropped when that work is

@@ -28,7 +28,7 @@
 //! at the end of the grace period.
 
 mod drained;
-pub use drained::{clients_drained, own_requests_done, ExitWhenDrained, ShutdownWork};
+pub use drained::{clients_drained, requests_done, ExitWhenDrained, ShutdownWork};
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::Path;

@@ -338,3 +338,101 @@ async fn a_stopping_replica_publishes_its_load_until_its_last_request_ends() {
     assert!(status.success(), "{status:?}");
     assert_eq!(exists(&mut c).await, 0, "removed before the exit");
 }
+
+/// In a graceful upgrade the new instance publishes under the replica's name from its start, and the old one,
+/// from SIGQUIT on, publishes the requests it still serves under that name with its process id: the peers count
+/// both, and the old one removes only its own keys when its last request has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrades_old_instance_publishes_apart_from_the_new_one() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    // About 300 decode steps of 18 ms: a non-streamed answer of about 5.5 s, past the 5-s hand-over.
+    let engines = engines(1, SimConfig::default()).await;
+    let yaml = format!(
+        "{}{}",
+        pool_yaml("load_aware", &urls(&engines), ""),
+        cluster_yaml(&redis, "up")
+    );
+    let mut old = ProcessReplica::start_with_grace(&yaml, 30).await;
+    wait_metrics(old.metrics, "the endpoint healthy", |m| {
+        metric_sum(m, "infergate_endpoint_healthy", &[]) == 1.0
+    })
+    .await;
+    let in_flight = tokio::spawn({
+        let url = old.url();
+        async move { post_chat(&url, chat_body(64, false, 300)).await }
+    });
+    wait_metrics(old.metrics, "the request in flight", |m| {
+        metric_sum(m, "infergate_endpoint_requests_in_flight", &[]) == 1.0
+    })
+    .await;
+    let conf = std::env::temp_dir()
+        .join(format!("infergate-cluster-{}", old.listen))
+        .join("infergate.yaml");
+    let new_log = conf.with_file_name("new.log");
+    let _new = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(["-u", "-c", conf.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&new_log).unwrap()))
+            .spawn()
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = old.child.0.id();
+    assert!(Command::new("kill")
+        .args(["-QUIT", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let keys = Keys::new("infergate");
+    let (shared, apart) = (keys.load("up"), keys.load(&format!("up~{pid}")));
+    let mut c = redis.conn().await;
+    let exists = |key: String, c: &mut redis::aio::MultiplexedConnection| {
+        let mut c = c.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async::<i64>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    let start = Instant::now();
+    while exists(apart.clone(), &mut c).await == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "the old instance does not publish apart after SIGQUIT: {}",
+            old.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        exists(shared.clone(), &mut c).await,
+        1,
+        "the new instance publishes under the replica's name: {}",
+        std::fs::read_to_string(&new_log).unwrap_or_default()
+    );
+    assert_eq!(
+        in_flight.await.unwrap(),
+        200,
+        "answered by the old instance"
+    );
+    let status = tokio::task::spawn_blocking(move || old.child.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        exists(apart, &mut c).await,
+        0,
+        "the old one removed its keys"
+    );
+    assert_eq!(
+        exists(shared, &mut c).await,
+        1,
+        "and left the new one's alone"
+    );
+}
