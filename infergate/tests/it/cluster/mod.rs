@@ -105,6 +105,16 @@ impl Redis {
             .expect("the test reaches redis")
     }
 
+    /// Whether the store holds `key`.
+    async fn exists(&self, key: &str) -> bool {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut self.conn().await)
+            .await
+            .expect("EXISTS");
+        n == 1
+    }
+
     /// The endpoint URL the store binds `session` of pool `default` to, under replica `r`'s key prefix; None while
     /// the store holds no such binding (or does not answer).
     async fn binding(&self, r: &TestRouter, session: &str) -> Option<String> {

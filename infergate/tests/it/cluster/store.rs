@@ -296,7 +296,6 @@ async fn a_stopping_replica_publishes_its_load_until_its_last_request_ends() {
     })
     .await;
     let key = Keys::new("infergate").load("leaving");
-    let mut c = redis.conn().await;
     let in_flight = tokio::spawn({
         let url = r.url();
         async move { post_chat(&url, chat_body(64, false, 100)).await }
@@ -305,18 +304,7 @@ async fn a_stopping_replica_publishes_its_load_until_its_last_request_ends() {
         metric_sum(m, "infergate_endpoint_requests_in_flight", &[]) == 1.0
     })
     .await;
-    let exists = |c: &mut redis::aio::MultiplexedConnection| {
-        let key = key.clone();
-        let mut c = c.clone();
-        async move {
-            redis::cmd("EXISTS")
-                .arg(&key)
-                .query_async::<i64>(&mut c)
-                .await
-                .unwrap()
-        }
-    };
-    assert_eq!(exists(&mut c).await, 1, "published while serving");
+    assert!(redis.exists(&key).await, "published while serving");
     assert!(Command::new("kill")
         .args(["-TERM", &r.child.0.id().to_string()])
         .status()
@@ -324,9 +312,8 @@ async fn a_stopping_replica_publishes_its_load_until_its_last_request_ends() {
         .success());
     // Past the key's lifetime (5 publish intervals of 100 ms, at least 500 ms): still there, so still published.
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert_eq!(
-        exists(&mut c).await,
-        1,
+    assert!(
+        redis.exists(&key).await,
         "the load of a request still running is published during the stop: {}",
         r.log()
     );
@@ -336,7 +323,7 @@ async fn a_stopping_replica_publishes_its_load_until_its_last_request_ends() {
         .unwrap()
         .unwrap();
     assert!(status.success(), "{status:?}");
-    assert_eq!(exists(&mut c).await, 0, "removed before the exit");
+    assert!(!redis.exists(&key).await, "removed before the exit");
 }
 
 /// In a graceful upgrade the new instance publishes under the replica's name from its start, and the old one,
@@ -389,19 +376,8 @@ async fn an_upgrades_old_instance_publishes_apart_from_the_new_one() {
         .success());
     let keys = Keys::new("infergate");
     let (shared, apart) = (keys.load("up"), keys.load(&format!("up~{pid}")));
-    let mut c = redis.conn().await;
-    let exists = |key: String, c: &mut redis::aio::MultiplexedConnection| {
-        let mut c = c.clone();
-        async move {
-            redis::cmd("EXISTS")
-                .arg(&key)
-                .query_async::<i64>(&mut c)
-                .await
-                .unwrap()
-        }
-    };
     let start = Instant::now();
-    while exists(apart.clone(), &mut c).await == 0 {
+    while !redis.exists(&apart).await {
         assert!(
             start.elapsed() < Duration::from_secs(3),
             "the old instance does not publish apart after SIGQUIT: {}",
@@ -409,9 +385,8 @@ async fn an_upgrades_old_instance_publishes_apart_from_the_new_one() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        exists(shared.clone(), &mut c).await,
-        1,
+    assert!(
+        redis.exists(&shared).await,
         "the new instance publishes under the replica's name: {}",
         std::fs::read_to_string(&new_log).unwrap_or_default()
     );
@@ -425,14 +400,6 @@ async fn an_upgrades_old_instance_publishes_apart_from_the_new_one() {
         .unwrap()
         .unwrap();
     assert!(status.success(), "{status:?}");
-    assert_eq!(
-        exists(apart, &mut c).await,
-        0,
-        "the old one removed its keys"
-    );
-    assert_eq!(
-        exists(shared, &mut c).await,
-        1,
-        "and left the new one's alone"
-    );
+    assert!(!redis.exists(&apart).await, "the old one removed its keys");
+    assert!(redis.exists(&shared).await, "and left the new one's alone");
 }
