@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{self, chat_body, client, engines, free_port, time_scaled, CHAT};
+use crate::common::{self, chat_body, client, engines, free_port, signal, time_scaled, CHAT};
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -66,14 +66,6 @@ impl Drop for Scratch {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([&format!("-{sig}"), &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill -{sig} {pid}");
 }
 
 /// Whether `pid` runs (a zombie does not count: a daemon's parent may be slow to reap it).

@@ -129,7 +129,7 @@ async fn a_turn_answered_during_a_graceful_stop_is_in_the_state_file() {
         ),
     )
     .unwrap();
-    let mut child = spawn_router(&dir, &[]);
+    let child = spawn_router(&dir, &[]);
     let url = format!("http://127.0.0.1:{listen}");
     wait_serving(listen, Duration::from_secs(15)).await;
     let in_flight = tokio::spawn({
@@ -140,16 +140,9 @@ async fn a_turn_answered_during_a_graceful_stop_is_in_the_state_file() {
         metric_sum(m, "infergate_endpoint_requests_in_flight", &[]) == 1.0
     })
     .await;
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    signal(child.id(), "TERM");
     assert_eq!(in_flight.await.unwrap(), 200, "answered after SIGTERM");
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = exit_status(child).await;
     assert!(status.success(), "{status:?}");
     let log = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
     let text = std::fs::read_to_string(&path).expect("the state file");

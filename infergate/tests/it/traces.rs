@@ -429,7 +429,7 @@ async fn a_request_in_flight_at_sigterm_is_exported_before_the_exit() {
         ),
     )
     .unwrap();
-    let mut child = spawn_router(&dir, &[]);
+    let child = spawn_router(&dir, &[]);
     let url = format!("http://127.0.0.1:{listen}");
     wait_serving(listen, Duration::from_secs(15)).await;
     let in_flight = tokio::spawn({
@@ -440,16 +440,9 @@ async fn a_request_in_flight_at_sigterm_is_exported_before_the_exit() {
         metric_value(m, "infergate_endpoint_requests_in_flight", &[]) == Some(1.0)
     })
     .await;
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    signal(child.id(), "TERM");
     assert_eq!(in_flight.await.unwrap(), 200, "answered after SIGTERM");
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = exit_status(child).await;
     assert!(status.success(), "{status:?}");
     let spans = receiver.spans();
     assert_eq!(

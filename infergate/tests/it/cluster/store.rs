@@ -276,6 +276,39 @@ async fn keys_of_the_wrong_type_under_the_prefix_are_replaced_and_junk_replica_n
     assert_eq!(turn(&b, "typed", 1_500).await.0, 200);
 }
 
+/// A replica (the binary, grace period 30 s) in front of one engine, named `name`, with a non-streamed request of
+/// `max_tokens` in flight through it (18 ms a decode step); the engines stay up while they are held.
+async fn replica_serving(
+    redis: &Redis,
+    name: &str,
+    max_tokens: u32,
+) -> (
+    ProcessReplica,
+    tokio::task::JoinHandle<u16>,
+    Vec<infergate_sim::EngineHandle>,
+) {
+    let engines = engines(1, SimConfig::default()).await;
+    let yaml = format!(
+        "{}{}",
+        pool_yaml("load_aware", &urls(&engines), ""),
+        cluster_yaml(redis, name)
+    );
+    let r = ProcessReplica::start_with_grace(&yaml, 30).await;
+    wait_metrics(r.metrics, "the endpoint healthy", |m| {
+        metric_sum(m, "infergate_endpoint_healthy", &[]) == 1.0
+    })
+    .await;
+    let in_flight = tokio::spawn({
+        let url = r.url();
+        async move { post_chat(&url, chat_body(64, false, max_tokens)).await }
+    });
+    wait_metrics(r.metrics, "the request in flight", |m| {
+        metric_sum(m, "infergate_endpoint_requests_in_flight", &[]) == 1.0
+    })
+    .await;
+    (r, in_flight, engines)
+}
+
 /// A replica stopped gracefully keeps publishing its load while the requests it dispatched are still running on
 /// the engines (its peers must go on counting them), and removes its key once they ended, before it exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,33 +316,11 @@ async fn a_stopping_replica_publishes_its_load_until_its_last_request_ends() {
     let Some(redis) = Redis::start().await else {
         return;
     };
-    // About 100 decode steps of 18 ms: a non-streamed answer of nearly 2 s.
-    let engines = engines(1, SimConfig::default()).await;
-    let yaml = format!(
-        "{}{}",
-        pool_yaml("load_aware", &urls(&engines), ""),
-        cluster_yaml(&redis, "leaving")
-    );
-    let mut r = ProcessReplica::start_with_grace(&yaml, 30).await;
-    wait_metrics(r.metrics, "the endpoint healthy", |m| {
-        metric_sum(m, "infergate_endpoint_healthy", &[]) == 1.0
-    })
-    .await;
+    // An answer of nearly 2 s.
+    let (r, in_flight, _engines) = replica_serving(&redis, "leaving", 100).await;
     let key = Keys::new("infergate").load("leaving");
-    let in_flight = tokio::spawn({
-        let url = r.url();
-        async move { post_chat(&url, chat_body(64, false, 100)).await }
-    });
-    wait_metrics(r.metrics, "the request in flight", |m| {
-        metric_sum(m, "infergate_endpoint_requests_in_flight", &[]) == 1.0
-    })
-    .await;
     assert!(redis.exists(&key).await, "published while serving");
-    assert!(Command::new("kill")
-        .args(["-TERM", &r.child.0.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    signal(r.child.0.id(), "TERM");
     // Past the key's lifetime (5 publish intervals of 100 ms, at least 500 ms): still there, so still published.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(
@@ -318,10 +329,7 @@ async fn a_stopping_replica_publishes_its_load_until_its_last_request_ends() {
         r.log()
     );
     assert_eq!(in_flight.await.unwrap(), 200, "answered after SIGTERM");
-    let status = tokio::task::spawn_blocking(move || r.child.0.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = exit_status(r.child).await;
     assert!(status.success(), "{status:?}");
     assert!(!redis.exists(&key).await, "removed before the exit");
 }
@@ -334,26 +342,8 @@ async fn an_upgrades_old_instance_publishes_apart_from_the_new_one() {
     let Some(redis) = Redis::start().await else {
         return;
     };
-    // About 300 decode steps of 18 ms: a non-streamed answer of about 5.5 s, past the 5-s hand-over.
-    let engines = engines(1, SimConfig::default()).await;
-    let yaml = format!(
-        "{}{}",
-        pool_yaml("load_aware", &urls(&engines), ""),
-        cluster_yaml(&redis, "up")
-    );
-    let mut old = ProcessReplica::start_with_grace(&yaml, 30).await;
-    wait_metrics(old.metrics, "the endpoint healthy", |m| {
-        metric_sum(m, "infergate_endpoint_healthy", &[]) == 1.0
-    })
-    .await;
-    let in_flight = tokio::spawn({
-        let url = old.url();
-        async move { post_chat(&url, chat_body(64, false, 300)).await }
-    });
-    wait_metrics(old.metrics, "the request in flight", |m| {
-        metric_sum(m, "infergate_endpoint_requests_in_flight", &[]) == 1.0
-    })
-    .await;
+    // An answer of about 5.5 s, past the 5-s hand-over.
+    let (old, in_flight, _engines) = replica_serving(&redis, "up", 300).await;
     let conf = std::env::temp_dir()
         .join(format!("infergate-cluster-{}", old.listen))
         .join("infergate.yaml");
@@ -369,11 +359,7 @@ async fn an_upgrades_old_instance_publishes_apart_from_the_new_one() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = old.child.0.id();
-    assert!(Command::new("kill")
-        .args(["-QUIT", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    signal(pid, "QUIT");
     let keys = Keys::new("infergate");
     let (shared, apart) = (keys.load("up"), keys.load(&format!("up~{pid}")));
     let start = Instant::now();
@@ -395,10 +381,7 @@ async fn an_upgrades_old_instance_publishes_apart_from_the_new_one() {
         200,
         "answered by the old instance"
     );
-    let status = tokio::task::spawn_blocking(move || old.child.0.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = exit_status(old.child).await;
     assert!(status.success(), "{status:?}");
     assert!(!redis.exists(&apart).await, "the old one removed its keys");
     assert!(redis.exists(&shared).await, "and left the new one's alone");

@@ -306,6 +306,23 @@ pub fn spawn_router(dir: &Path, args: &[&str]) -> KillOnDrop {
     )
 }
 
+/// Send `sig` (`TERM`, `QUIT`, ...) to `pid` with kill(1).
+pub fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// The exit status of `child`, waited for off the async runtime.
+pub async fn exit_status(mut child: KillOnDrop) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("the wait")
+        .expect("the child's status")
+}
+
 /// A child process (the router binary) killed and reaped when dropped, so that a failed assertion does not leave
 /// it running and holding its ports.
 pub struct KillOnDrop(pub std::process::Child);
