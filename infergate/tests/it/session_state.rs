@@ -3,7 +3,6 @@
 //! conversation's growth.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use crate::common::*;
 use infergate::placement::estimate_tokens;
@@ -115,23 +114,13 @@ async fn a_turn_answered_during_a_graceful_stop_is_in_the_state_file() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("sessions.state");
-    std::fs::write(
-        dir.join("infergate.yaml"),
-        format!(
-            "{}state_file: {{ path: \"{}\", interval: 1h }}\n\
-             server:\n  grace_period_seconds: 30\n  graceful_shutdown_timeout_seconds: 1\n  \
-             pid_file: {d}/infergate.pid\n  upgrade_sock: {d}/upgrade.sock\n",
-            pool_yaml("load_aware", &urls(&eng), &sessions_yaml(100))
-                .replace("{listen}", &format!("127.0.0.1:{listen}"))
-                .replace("{metrics}", &format!("127.0.0.1:{metrics}")),
-            path.display(),
-            d = dir.display(),
-        ),
-    )
-    .unwrap();
-    let child = spawn_router(&dir, &[]);
+    let pool = pool_yaml("load_aware", &urls(&eng), &sessions_yaml(100));
+    let extra = format!(
+        "state_file: {{ path: \"{}\", interval: 1h }}\n",
+        path.display()
+    );
+    let child = serving_binary(&dir, (listen, metrics), &pool, &extra, 30).await;
     let url = format!("http://127.0.0.1:{listen}");
-    wait_serving(listen, Duration::from_secs(15)).await;
     let in_flight = tokio::spawn({
         let url = url.clone();
         async move { post_chat_in_session(&url, "agent-9", chat_body(64, false, 100)).await }

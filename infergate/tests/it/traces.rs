@@ -415,23 +415,9 @@ async fn the_daemon_exports_and_sighup_changes_tracing_in_place() {
 async fn a_request_in_flight_at_sigterm_is_exported_before_the_exit() {
     // About 100 decode steps of 18 ms: an answer of nearly 2 s.
     let (receiver, eng, listen, metrics, dir) = for_the_binary("traces-stop").await;
-    let path = dir.join("infergate.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            "{}server:\n  grace_period_seconds: 30\n  graceful_shutdown_timeout_seconds: 1\n  \
-             pid_file: {d}/infergate.pid\n  upgrade_sock: {d}/upgrade.sock\n{}",
-            pool_yaml("load_aware", &urls(&eng), "")
-                .replace("{listen}", &format!("127.0.0.1:{listen}"))
-                .replace("{metrics}", &format!("127.0.0.1:{metrics}")),
-            traced(&receiver, ""),
-            d = dir.display(),
-        ),
-    )
-    .unwrap();
-    let child = spawn_router(&dir, &[]);
+    let pool = pool_yaml("load_aware", &urls(&eng), "");
+    let child = serving_binary(&dir, (listen, metrics), &pool, &traced(&receiver, ""), 30).await;
     let url = format!("http://127.0.0.1:{listen}");
-    wait_serving(listen, Duration::from_secs(15)).await;
     let in_flight = tokio::spawn({
         let url = url.clone();
         async move { post_chat(&url, chat_body(64, false, 100)).await }

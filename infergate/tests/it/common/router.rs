@@ -306,6 +306,32 @@ pub fn spawn_router(dir: &Path, args: &[&str]) -> KillOnDrop {
     )
 }
 
+/// The router binary in `dir` on `pool` (a [`pool_yaml`] with its `{listen}` and `{metrics}` placeholders) plus
+/// `extra` top-level keys, with a graceful stop's grace period of `grace` seconds; returns once its client port
+/// serves.
+pub async fn serving_binary(
+    dir: &Path,
+    (listen, metrics): (u16, u16),
+    pool: &str,
+    extra: &str,
+    grace: u32,
+) -> KillOnDrop {
+    std::fs::write(
+        dir.join("infergate.yaml"),
+        format!(
+            "{}{extra}server:\n  grace_period_seconds: {grace}\n  graceful_shutdown_timeout_seconds: 1\n  \
+             pid_file: {d}/infergate.pid\n  upgrade_sock: {d}/upgrade.sock\n",
+            pool.replace("{listen}", &format!("127.0.0.1:{listen}"))
+                .replace("{metrics}", &format!("127.0.0.1:{metrics}")),
+            d = dir.display(),
+        ),
+    )
+    .unwrap();
+    let child = spawn_router(dir, &[]);
+    super::wait_serving(listen, Duration::from_secs(15)).await;
+    child
+}
+
 /// Send `sig` (`TERM`, `QUIT`, ...) to `pid` with kill(1).
 pub fn signal(pid: u32, sig: &str) {
     let ok = std::process::Command::new("kill")
