@@ -33,7 +33,11 @@
 //! including its own. The endpoint with the lowest total wins (ties at random). A session stays on its bound
 //! endpoint unless another one's total is lower by more than the move margin (`sessions.move_margin`) of
 //! staying's: the recompute of the whole context elsewhere, and the stall and queue it causes there, are inside
-//! that total, so a move is taken only when the saving exceeds its cost.
+//! that total, so a move is taken only when the saving exceeds its cost. And only when the turn's own time is
+//! shorter there, `ttft + F` and its decode read at the batch running at home on both
+//! ([`Pricing::shortens_own_time`]): the stall and batch terms, and the decode's dependence on the batch, are read
+//! off the streams running at this instant, which turn over within the turn's own answer, while the recompute is
+//! paid in full (BENCHMARKS.md, "A move must shorten the moved turn's own time").
 //!
 //! A turn **stuck** on its bound endpoint, one that would wait there at least [`STUCK_RATIO`] times as long as its
 //! whole recompute takes elsewhere, is in the time-to-first-token tail wherever the totals put it. It moves where
@@ -84,8 +88,17 @@ pub struct Cost {
     /// The delay it adds to others: streams decoding there stalled by its prefill and slowed by its sequence,
     /// and session turns arriving behind its prefill.
     pub harm: f64,
-    /// All of it, with the weight of the requests that failed there (not in `ttft`: no wait is known).
+    /// The weight of the requests that failed there (**failed**; not in `ttft`: no wait is known).
+    pub failed: f64,
+    /// All of it.
     pub total: f64,
+}
+
+impl Cost {
+    /// The request's own wait for its first token, the failed requests' weight counted as wait.
+    pub fn own_wait(&self) -> f64 {
+        self.ttft + self.failed
+    }
 }
 
 /// The learned line, when usable.
@@ -157,6 +170,23 @@ impl<'a> Pricing<'a> {
         cost(c, uncached, arrivals, self.output_tokens, self.stall_free)
     }
 
+    /// Whether the request's own time is shorter on `cands[to]` than on `cands[home]`: its wait for the first token
+    /// (the failed requests' weight counted as wait) and its decode, the decode read at the batch running at home on
+    /// both, so that an endpoint's speed counts and not how many streams happen to run on it now. False when either
+    /// is unpriced.
+    pub fn shortens_own_time(&self, cands: &[Candidate], home: usize, to: usize) -> bool {
+        let batch = cands.get(home).map_or(0, Candidate::request_load);
+        let own = |i: usize| {
+            let c = cands.get(i)?;
+            let decode = match c.decode.filter(|_| self.output_tokens > 0.0) {
+                Some(line) => self.output_tokens * seconds_per_token(&line, batch),
+                None => 0.0,
+            };
+            Some(self.cost(i, c)?.own_wait() + decode).filter(|t| t.is_finite())
+        };
+        matches!((own(home), own(to)), (Some(h), Some(t)) if t < h)
+    }
+
     /// The key candidates are ranked by: the total; None for a candidate without a learned prefill line.
     pub fn total(&self) -> impl Fn(usize, &Candidate) -> Option<f64> + '_ {
         |i, c| Some(self.cost(i, c)?.total).filter(|t| t.is_finite())
@@ -198,6 +228,7 @@ pub fn cost(
         queued_ahead: ahead,
         decode,
         harm,
+        failed,
         total: ttft + failed + decode + harm,
     })
 }
@@ -242,7 +273,8 @@ pub fn cheapest(
 }
 
 /// Whether a session bound where it would cost `stay` should move to where it would cost `best`: only when that
-/// saves more than `margin` (0..=1) of staying's cost; with 1 it never does.
+/// saves more than `margin` (0..=1) of staying's cost; with 1 it never does. (A migration must also shorten the
+/// turn's own time: [`Pricing::shortens_own_time`].)
 pub fn should_move(stay: Cost, best: Cost, margin: f64) -> bool {
     best.total + margin * stay.total < stay.total
 }
@@ -404,6 +436,7 @@ mod tests {
             queued_ahead: 0.0,
             decode: 0.0,
             harm: 0.0,
+            failed: 0.0,
             total,
         };
         let a = saving(1.0);
@@ -413,6 +446,54 @@ mod tests {
         assert!(should_move(a, saving(0.95), 0.0));
         assert!(!should_move(a, saving(0.8), 0.5));
         assert!(!should_move(a, saving(0.0), 1.0));
+    }
+
+    #[test]
+    fn a_move_must_shorten_the_turns_own_time_not_only_the_others() {
+        // Home: 10 streams decoding, nothing queued, 1k tokens of growth (0.05 s, stalling the 10 by 0.5 s). There:
+        // idle, 4k tokens to recompute (0.2 s, stalling no one). By the totals (0.55 s against 0.2 s) it would move,
+        // for a stall read off streams that will have finished long before the session's next turn.
+        let mut cands = [cand(10, 0, 20_000.0), cand(0, 0, 20_000.0)];
+        let pricing = Pricing::prefill(&[1_000, 4_000]);
+        let (stay, go) = (
+            pricing.cost(0, &cands[0]).unwrap(),
+            pricing.cost(1, &cands[1]).unwrap(),
+        );
+        assert!(should_move(stay, go, MARGIN), "{stay:?} {go:?}");
+        assert!(!pricing.shortens_own_time(&cands, 0, 1));
+        assert!(
+            pricing.shortens_own_time(&cands, 1, 0),
+            "the other way round it would"
+        );
+        // Requests that failed at home weigh as wait there: an engine that never answers is left.
+        cands[0].debt_requests = 2;
+        let stay = pricing.cost(0, &cands[0]).unwrap();
+        assert!(
+            stay.ttft < go.ttft && stay.own_wait() > go.own_wait(),
+            "{stay:?}"
+        );
+        assert!(pricing.shortens_own_time(&cands, 0, 1));
+        cands[0].debt_requests = 0;
+        // The decode counts at the same batch on both: a busier batch at home is no reason to leave, a slower
+        // engine is. 100 tokens to answer; both decode at 20 ms a token plus 1 ms a sequence.
+        let with = |c: Candidate, base: f64| decoding_at(c, base, 0.001);
+        let answer = Pricing {
+            output_tokens: 100.0,
+            ..pricing
+        };
+        let busy = [with(cands[0], 0.02), with(cands[1], 0.02)];
+        assert!(
+            answer.cost(0, &busy[0]).unwrap().decode
+                > answer.cost(1, &busy[1]).unwrap().decode + 0.9
+        );
+        assert!(!answer.shortens_own_time(&busy, 0, 1));
+        // Home has slowed to 30 ms a token: 1 s more of its own decode outweighs the 0.15 s longer first token.
+        let slow = [with(cands[0], 0.03), with(cands[1], 0.02)];
+        assert!(answer.shortens_own_time(&slow, 0, 1));
+        // Unpriced (no learned prefill line there): no.
+        let mut unknown = cands;
+        unknown[1].prefill_speed = None;
+        assert!(!pricing.shortens_own_time(&unknown, 0, 1));
     }
 
     #[test]

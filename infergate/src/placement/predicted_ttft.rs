@@ -1,7 +1,8 @@
 //! `predicted_ttft`: the endpoint where the request costs everyone least: its own predicted time to first token
 //! and decode, and the delay it adds to the streams decoding there and the session turns arriving there (see
-//! `predicted`), where a session moves only when that saves more than its recompute costs. Owns a session
-//! table (with `sessions`) and a prefix index (what each endpoint holds of a prompt, across sessions).
+//! `predicted`), where a session moves only when that saves more than its recompute costs and shortens its own
+//! time. Owns a session table (with `sessions`) and a prefix index (what each endpoint holds of a prompt, across
+//! sessions).
 //!
 //! Until every eligible endpoint's prefill throughput is learned, it places as `load_aware` does.
 
@@ -328,7 +329,10 @@ impl PredictedTtft {
                 let stay = pricing.cost(b, &cands[b])?;
                 let best = l.cheapest(rng, |i, c| i == b || !c.kv_full())?;
                 let saves = pricing.cost(best, &cands[best])?;
-                if best != b && should_move(stay, saves, self.move_margin()) {
+                if best != b
+                    && should_move(stay, saves, self.move_margin())
+                    && pricing.shortens_own_time(cands, b, best)
+                {
                     return Some((best, Reason::Migrate));
                 }
                 // Not worth a move by the totals: a stuck turn whose recompute is short stalls no one there.

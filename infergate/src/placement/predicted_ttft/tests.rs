@@ -393,3 +393,18 @@ fn failed_requests_weigh_as_queued_work_even_when_their_prompts_were_cached() {
     let p = fx.place(None, &prompt("x", 400), &cands);
     assert_eq!(p.ticket.prediction().map(|(_, ahead)| ahead), Some(0));
 }
+
+#[test]
+fn a_session_stays_beside_a_busy_batch_when_moving_would_lengthen_its_own_first_token() {
+    let mut fx = Fx::new();
+    let first = prompt("s", 4_000);
+    let home = fx.serve(Some("s"), &first, &[cand(0, 0), cand(0, 0)]).index;
+    let mut next = first.clone();
+    next.extend_from_slice(&prompt("turn", 4_000));
+    // Home: 10 streams decoding, 1k tokens of growth (0.05 s); the other endpoint idle, 2k tokens to recompute
+    // (0.1 s). By the totals the growth's stall on the 10 streams (0.5 s) would send the turn away.
+    let mut cands = [cand(0, 0), cand(0, 0)];
+    cands[home] = cand(10, 0);
+    let p = fx.place(Some("s"), &next, &cands);
+    assert_eq!((p.index, p.reason), (home, Reason::Sticky));
+}
