@@ -170,21 +170,21 @@ impl<'a> Pricing<'a> {
         cost(c, uncached, arrivals, self.output_tokens, self.stall_free)
     }
 
-    /// Whether the request's own time is shorter on `cands[to]` than on `cands[home]`: its wait for the first token
-    /// (the failed requests' weight counted as wait) and its decode, the decode read at the batch running at home on
-    /// both, so that an endpoint's speed counts and not how many streams happen to run on it now. False when either
-    /// is unpriced.
-    pub fn shortens_own_time(&self, cands: &[Candidate], home: usize, to: usize) -> bool {
-        let batch = cands.get(home).map_or(0, Candidate::request_load);
-        let own = |i: usize| {
-            let c = cands.get(i)?;
+    /// Whether the request's own time is shorter on `to` than on `home` (each an endpoint and its cost, as priced
+    /// here): its wait for the first token (the failed requests' weight counted as wait) and its decode, the decode
+    /// read at the batch running at home on both, so that an endpoint's speed counts and not how many streams happen
+    /// to run on it now.
+    pub fn shortens_own_time(&self, home: (&Candidate, Cost), to: (&Candidate, Cost)) -> bool {
+        let batch = home.0.request_load();
+        let own = |(c, k): (&Candidate, Cost)| {
             let decode = match c.decode.filter(|_| self.output_tokens > 0.0) {
                 Some(line) => self.output_tokens * seconds_per_token(&line, batch),
                 None => 0.0,
             };
-            Some(self.cost(i, c)?.own_wait() + decode).filter(|t| t.is_finite())
+            k.own_wait() + decode
         };
-        matches!((own(home), own(to)), (Some(h), Some(t)) if t < h)
+        let (h, t) = (own(home), own(to));
+        h.is_finite() && t.is_finite() && t < h
     }
 
     /// The key candidates are ranked by: the total; None for a candidate without a learned prefill line.
@@ -460,9 +460,14 @@ mod tests {
             pricing.cost(1, &cands[1]).unwrap(),
         );
         assert!(should_move(stay, go, MARGIN), "{stay:?} {go:?}");
-        assert!(!pricing.shortens_own_time(&cands, 0, 1));
+        // Each one priced as the policy prices it.
+        let shortens = |p: &Pricing, cands: &[Candidate], home: usize, to: usize| {
+            let priced = |i: usize| (&cands[i], p.cost(i, &cands[i]).unwrap());
+            p.shortens_own_time(priced(home), priced(to))
+        };
+        assert!(!shortens(&pricing, &cands, 0, 1));
         assert!(
-            pricing.shortens_own_time(&cands, 1, 0),
+            shortens(&pricing, &cands, 1, 0),
             "the other way round it would"
         );
         // Requests that failed at home weigh as wait there: an engine that never answers is left.
@@ -472,7 +477,7 @@ mod tests {
             stay.ttft < go.ttft && stay.own_wait() > go.own_wait(),
             "{stay:?}"
         );
-        assert!(pricing.shortens_own_time(&cands, 0, 1));
+        assert!(shortens(&pricing, &cands, 0, 1));
         cands[0].debt_requests = 0;
         // The decode counts at the same batch on both: a busier batch at home is no reason to leave, a slower
         // engine is. 100 tokens to answer; both decode at 20 ms a token plus 1 ms a sequence.
@@ -486,14 +491,14 @@ mod tests {
             answer.cost(0, &busy[0]).unwrap().decode
                 > answer.cost(1, &busy[1]).unwrap().decode + 0.9
         );
-        assert!(!answer.shortens_own_time(&busy, 0, 1));
+        assert!(!shortens(&answer, &busy, 0, 1));
         // Home has slowed to 30 ms a token: 1 s more of its own decode outweighs the 0.15 s longer first token.
         let slow = [with(cands[0], 0.03), with(cands[1], 0.02)];
-        assert!(answer.shortens_own_time(&slow, 0, 1));
-        // Unpriced (no learned prefill line there): no.
+        assert!(shortens(&answer, &slow, 0, 1));
+        // Unpriced (no learned prefill line there): no cost, so nothing to move to.
         let mut unknown = cands;
         unknown[1].prefill_speed = None;
-        assert!(!pricing.shortens_own_time(&unknown, 0, 1));
+        assert_eq!(pricing.cost(1, &unknown[1]), None);
     }
 
     #[test]

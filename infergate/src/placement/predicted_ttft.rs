@@ -331,7 +331,7 @@ impl PredictedTtft {
                 let saves = pricing.cost(best, &cands[best])?;
                 if best != b
                     && should_move(stay, saves, self.move_margin())
-                    && pricing.shortens_own_time(cands, b, best)
+                    && pricing.shortens_own_time((&cands[b], stay), (&cands[best], saves))
                 {
                     return Some((best, Reason::Migrate));
                 }
