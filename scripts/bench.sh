@@ -11,7 +11,7 @@
 #              seconds at the default time scale, a fifth of an agent run) after it first has work
 #   --matrix     issue 26's matrix: agent, shared-prefix and mixed on fleets 2 4 4-unequal 2-slowing, seeds 7 8 9,
 #              infergate predicted_ttft with and without engine_stats beside vllm-router cache_aware and
-#              consistent_hash and smg cache_aware, one table per scenario and fleet (about 7 hours)
+#              consistent_hash and smg cache_aware, one table per scenario and fleet (about 1.5 hours on 2 cores)
 #   scenarios: agent (default set: agent burst overhead), shared-prefix (every session opens with one shared
 #              SHARED_PREFIX_TOKENS-token system prompt), mixed (agent plus single-turn chats without the session
 #              header, 2 per session at twice the session rate)
