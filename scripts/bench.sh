@@ -25,6 +25,7 @@
 # INFERGATE_BIN (the router binary to measure, default the release build; for A/B runs of two builds),
 # INFERGATE_POOL_EXTRA (one more line of infergate's pool, e.g. 'ttft_budget: { default: 400ms, when_over: place }'),
 # INFERGATE_SESSIONS_EXTRA (more keys of infergate's `sessions`, e.g. 'move_margin: 1'),
+# INFERGATE_ACCESS_LOG=1 (infergate writes its JSON access log to each run's access.jsonl: reasons, estimates, predictions),
 # OVERHEAD_REQUESTS (20000), OVERHEAD_CONCURRENCY (8), OVERHEAD_REPEAT (1: the overhead list runs this many times,
 # each time with fresh processes, and the report gives each router's median and the median of the ratios to the
 # floor of the same pass: a process's CPU per request moves by up to a fifth from one start to the next on a
@@ -308,6 +309,7 @@ start_router() {
         echo "  pid_file: $RUN_DIR/infergate.pid"
         echo "  upgrade_sock: $RUN_DIR/infergate_upgrade.sock"
         echo "timeouts: { connect: 2s, response_header: 600s, stream_idle: 120s }"
+        [ "${INFERGATE_ACCESS_LOG:-0}" = 1 ] && echo "access_log: { format: json, path: $RUN_DIR/access.jsonl }"
         echo "pools:"
         echo "  - name: default"
         echo "    models: [\"*\"]"
