@@ -144,6 +144,7 @@ pub fn order_startup(
         ListenGate {
             addrs: addrs.iter().filter_map(|a| probe_addr(a)).collect(),
             serving: serving.clone(),
+            limit: GATE_LIMIT,
         },
     ));
     gate.add_dependencies(listening);
@@ -172,10 +173,36 @@ pub fn probe_addr(addr: &str) -> Option<SocketAddr> {
 }
 
 /// Ready once every address accepts a TCP connection (the probe closes without sending anything, which the
-/// listeners take silently), or after [`GATE_LIMIT`]; marks [`Serving`] when every address accepted.
+/// listeners take silently), or after [`GATE_LIMIT`]; marks [`Serving`] when every address accepted, also when
+/// that happens only after the gate gave up waiting (it keeps probing, slower), so `/health` on the metrics port
+/// says "starting" while the client port refuses connections and not for the rest of the process's life.
 struct ListenGate {
     addrs: Vec<SocketAddr>,
     serving: Serving,
+    /// [`GATE_LIMIT`].
+    limit: Duration,
+}
+
+/// How often the gate probes once it gave up waiting.
+const GATE_LATE_POLL: Duration = Duration::from_secs(1);
+
+/// Whether every one of `addrs` accepts a TCP connection, probing each every `poll` until it does: false at
+/// `until` (None: no limit) or once `shutdown` is set.
+async fn accepts_all(
+    addrs: &[SocketAddr],
+    shutdown: &ShutdownWatch,
+    until: Option<Instant>,
+    poll: Duration,
+) -> bool {
+    for addr in addrs {
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if *shutdown.borrow() || until.is_some_and(|u| Instant::now() > u) {
+                return false;
+            }
+            tokio::time::sleep(poll).await;
+        }
+    }
+    true
 }
 
 #[async_trait]
@@ -185,28 +212,22 @@ impl BackgroundService for ListenGate {
         shutdown: ShutdownWatch,
         ready: ServiceReadyNotifier,
     ) {
-        let start = Instant::now();
-        let mut all = true;
-        for addr in &self.addrs {
-            while tokio::net::TcpStream::connect(addr).await.is_err() {
-                if *shutdown.borrow() {
-                    return;
-                }
-                if start.elapsed() > GATE_LIMIT {
-                    log::warn!(
-                        "{addr} does not accept connections after {GATE_LIMIT:?}; starting anyway"
-                    );
-                    all = false;
-                    break;
-                }
-                tokio::time::sleep(GATE_POLL).await;
-            }
-        }
+        let limit = Instant::now() + self.limit;
+        let all = accepts_all(&self.addrs, &shutdown, Some(limit), GATE_POLL).await;
         if all {
             self.serving.set();
+        } else if !*shutdown.borrow() {
+            log::warn!(
+                "the client listeners do not all accept connections after {:?}; starting anyway",
+                self.limit
+            );
         }
         log::info!("listening on {} address(es)", self.addrs.len());
         ready.notify_ready();
+        if !all && accepts_all(&self.addrs, &shutdown, None, GATE_LATE_POLL).await {
+            self.serving.set();
+            log::info!("the client listeners accept connections now");
+        }
     }
 }
 
@@ -322,6 +343,78 @@ pub fn path_warnings(conf: &ServerConf, daemon: bool, runtime_dir: Option<&str>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_gate_waits_for_a_listener_that_comes_late_and_stops_at_its_limit_or_shutdown() {
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let addr = free.local_addr().expect("its address");
+        drop(free);
+        let soon = Some(Instant::now() + Duration::from_millis(100));
+        assert!(!accepts_all(&[addr], &shutdown, soon, Duration::from_millis(10)).await);
+        // No limit: it keeps probing until the listener is there.
+        let late = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { accepts_all(&[addr], &shutdown, None, Duration::from_millis(10)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!late.is_finished());
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .expect("the port again");
+        let all = tokio::time::timeout(Duration::from_secs(10), late).await;
+        assert!(matches!(all, Ok(Ok(true))), "{all:?}");
+        drop(listener);
+        // A stop ends the probing.
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let stopped = tokio::spawn(async move {
+            accepts_all(&[addr], &shutdown, None, Duration::from_millis(10)).await
+        });
+        stop.send(true).expect("the gate listens");
+        let all = tokio::time::timeout(Duration::from_secs(10), stopped).await;
+        assert!(matches!(all, Ok(Ok(false))), "{all:?}");
+    }
+
+    #[tokio::test]
+    async fn health_says_serving_once_a_listener_late_past_the_gates_limit_accepts() {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let addr = free.local_addr().expect("its address");
+        drop(free);
+        let serving = Serving::default();
+        let gate = Arc::new(ListenGate {
+            addrs: vec![addr],
+            serving: serving.clone(),
+            limit: Duration::from_millis(100),
+        });
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let (ready_tx, mut ready) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn({
+            let gate = gate.clone();
+            async move {
+                gate.start_with_ready_notifier(shutdown, ServiceReadyNotifier::new(ready_tx))
+                    .await
+            }
+        });
+        // Past its limit the start goes on, and /health says starting: the client port refuses connections.
+        tokio::time::timeout(Duration::from_secs(10), ready.wait_for(|r| *r))
+            .await
+            .expect("ready within the limit")
+            .expect("the gate notifies");
+        assert!(!serving.get());
+        // The listener comes: /health follows it.
+        let _listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .expect("the port again");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !serving.get() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(serving.get(), "serving stays unset after the listener came");
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the gate ends once serving")
+            .expect("no panic");
+    }
 
     #[test]
     fn a_parent_catches_sigusr1_when_its_sigcgt_mask_says_so() {
