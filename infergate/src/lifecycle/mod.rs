@@ -186,23 +186,23 @@ struct ListenGate {
 /// How often the gate probes once it gave up waiting.
 const GATE_LATE_POLL: Duration = Duration::from_secs(1);
 
-/// Whether every one of `addrs` accepts a TCP connection, probing each every `poll` until it does: false at
-/// `until` (None: no limit) or once `shutdown` is set.
+/// Whether every one of `addrs` accepts a TCP connection, probing each every `poll` until it does; at `until`
+/// (None: no limit) or once `shutdown` is set, the first address that did not.
 async fn accepts_all(
     addrs: &[SocketAddr],
     shutdown: &ShutdownWatch,
     until: Option<Instant>,
     poll: Duration,
-) -> bool {
+) -> Result<(), SocketAddr> {
     for addr in addrs {
         while tokio::net::TcpStream::connect(addr).await.is_err() {
             if *shutdown.borrow() || until.is_some_and(|u| Instant::now() > u) {
-                return false;
+                return Err(*addr);
             }
             tokio::time::sleep(poll).await;
         }
     }
-    true
+    Ok(())
 }
 
 #[async_trait]
@@ -214,17 +214,23 @@ impl BackgroundService for ListenGate {
     ) {
         let limit = Instant::now() + self.limit;
         let all = accepts_all(&self.addrs, &shutdown, Some(limit), GATE_POLL).await;
-        if all {
-            self.serving.set();
-        } else if !*shutdown.borrow() {
-            log::warn!(
-                "the client listeners do not all accept connections after {:?}; starting anyway",
+        if *shutdown.borrow() {
+            return;
+        }
+        match all {
+            Ok(()) => self.serving.set(),
+            Err(addr) => log::warn!(
+                "{addr} does not accept connections after {:?}; starting anyway",
                 self.limit
-            );
+            ),
         }
         log::info!("listening on {} address(es)", self.addrs.len());
         ready.notify_ready();
-        if !all && accepts_all(&self.addrs, &shutdown, None, GATE_LATE_POLL).await {
+        if all.is_err()
+            && accepts_all(&self.addrs, &shutdown, None, GATE_LATE_POLL)
+                .await
+                .is_ok()
+        {
             self.serving.set();
             log::info!("the client listeners accept connections now");
         }
@@ -351,7 +357,10 @@ mod tests {
         let addr = free.local_addr().expect("its address");
         drop(free);
         let soon = Some(Instant::now() + Duration::from_millis(100));
-        assert!(!accepts_all(&[addr], &shutdown, soon, Duration::from_millis(10)).await);
+        assert_eq!(
+            accepts_all(&[addr], &shutdown, soon, Duration::from_millis(10)).await,
+            Err(addr)
+        );
         // No limit: it keeps probing until the listener is there.
         let late = tokio::spawn({
             let shutdown = shutdown.clone();
@@ -363,7 +372,7 @@ mod tests {
             .await
             .expect("the port again");
         let all = tokio::time::timeout(Duration::from_secs(10), late).await;
-        assert!(matches!(all, Ok(Ok(true))), "{all:?}");
+        assert!(matches!(all, Ok(Ok(Ok(())))), "{all:?}");
         drop(listener);
         // A stop ends the probing.
         let (stop, shutdown) = tokio::sync::watch::channel(false);
@@ -372,7 +381,7 @@ mod tests {
         });
         stop.send(true).expect("the gate listens");
         let all = tokio::time::timeout(Duration::from_secs(10), stopped).await;
-        assert!(matches!(all, Ok(Ok(false))), "{all:?}");
+        assert!(matches!(all, Ok(Ok(Err(_)))), "{all:?}");
     }
 
     #[tokio::test]
