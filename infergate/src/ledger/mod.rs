@@ -111,6 +111,13 @@ pub struct EndpointLoad {
     requests_since_mark: AtomicU64,
     /// Requests whose prefill was not released yet (no first output): the rest of `requests` decode.
     prefilling: AtomicU64,
+    /// When the prefill at the head of the queue began, in nanoseconds since `PEAK_EPOCH`: when the tokens in
+    /// flight rose from none, or some were last released (the next prefill in line starts then).
+    head_since: AtomicU64,
+}
+
+fn epoch_nanos(now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(*PEAK_EPOCH).as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl EndpointLoad {
@@ -150,15 +157,25 @@ impl EndpointLoad {
             .max(self.prefill_tokens())
     }
 
+    /// How long the engine has been on the prefill at the head of our queue: 0 when none of ours is in flight.
+    pub fn prefill_busy(&self, now: Instant) -> Duration {
+        if self.prefill_tokens() == 0 {
+            return Duration::ZERO;
+        }
+        let since = self.head_since.load(Ordering::Relaxed);
+        Duration::from_nanos(epoch_nanos(now).saturating_sub(since))
+    }
+
     fn add_prefill(&self, tokens: u64) {
         if tokens == 0 {
             return;
         }
-        let level = self
-            .prefill_tokens
-            .fetch_add(tokens, Ordering::Relaxed)
-            .saturating_add(tokens);
-        self.peak.record(level, Instant::now());
+        let now = Instant::now();
+        let before = self.prefill_tokens.fetch_add(tokens, Ordering::Relaxed);
+        if before == 0 {
+            self.head_since.store(epoch_nanos(now), Ordering::Relaxed);
+        }
+        self.peak.record(before.saturating_add(tokens), now);
     }
 
     fn sub_prefill(&self, tokens: u64) {
@@ -170,7 +187,9 @@ impl EndpointLoad {
             });
         if let Ok(level) = before {
             if tokens > 0 {
-                self.peak.record(level, Instant::now());
+                let now = Instant::now();
+                self.head_since.store(epoch_nanos(now), Ordering::Relaxed);
+                self.peak.record(level, now);
             }
         }
     }

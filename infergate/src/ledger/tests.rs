@@ -278,3 +278,31 @@ fn a_request_prefills_until_its_first_output_and_decodes_after() {
     drop(a);
     assert_eq!((load.requests(), load.prefilling()), (0, 0));
 }
+
+#[test]
+fn the_head_prefill_is_timed_from_the_first_token_in_flight_or_the_last_release() {
+    let ledger = Ledger::new();
+    let load = Arc::new(EndpointLoad::default());
+    let (hook, _) = counting_hook();
+    let later = Instant::now() + Duration::from_secs(10);
+    assert_eq!(
+        load.prefill_busy(later),
+        Duration::ZERO,
+        "nothing in flight"
+    );
+    let a = ledger.hold(load.clone(), 100_000, hook.clone());
+    let from_a = load.prefill_busy(later);
+    assert!(from_a > Duration::from_secs(9), "{from_a:?}");
+    // Queued behind it, a second prompt and a cached turn do not restart the head's clock.
+    std::thread::sleep(Duration::from_millis(5));
+    let b = ledger.hold(load.clone(), 2_000, hook.clone());
+    let c = ledger.hold(load.clone(), 0, hook.clone());
+    drop(c);
+    assert_eq!(load.prefill_busy(later), from_a);
+    // The head's first byte: the next in line starts now.
+    assert!(a.release_prefill(ReleaseCause::FirstByte));
+    let from_b = load.prefill_busy(later);
+    assert!(from_b < from_a, "{from_b:?} {from_a:?}");
+    assert!(b.release_prefill(ReleaseCause::FirstByte));
+    assert_eq!(load.prefill_busy(later), Duration::ZERO);
+}
