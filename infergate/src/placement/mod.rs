@@ -89,6 +89,10 @@ pub struct Candidate {
     /// Some(weight < 1) while the endpoint is a speed outlier (`pool::drift`): `load_aware` weighs its load by
     /// 1 / weight. (`predicted_ttft` reads the slowdown in its corrected lines instead.)
     pub speed_weight: Option<f64>,
+    /// Seconds the engine has been on the prefill at the head of our queue there (since our prefill tokens in
+    /// flight rose from none, or one of them was last released): what it computed meanwhile is no longer ahead of
+    /// a new request. 0 when nothing of ours is prefilling there.
+    pub prefill_busy_seconds: f64,
 }
 
 impl Candidate {

@@ -10,7 +10,9 @@
 //!
 //! * **wait** `W = o + ahead / s`: chunked prefill is FIFO, so the request waits for the prefill tokens in flight
 //!   there (ours, our peers', and the requests placed elsewhere that fresh engine stats show, at
-//!   [`FOREIGN_REQUEST_TOKENS`] each: the ledger cannot see them).
+//!   [`FOREIGN_REQUEST_TOKENS`] each: the ledger cannot see them), less what the engine has computed of ours since
+//!   the prefill at the head of the queue began: a long prompt half done is half as far ahead, and a line learned
+//!   over whole counts would read every turn queued behind one as a faster engine.
 //! * **own prefill** `P = uncached / s`: the body less what `e` holds of it (the session's recorded size where it
 //!   is bound, the prefix index or the engine's own KV events elsewhere); a session move recomputes its context.
 //! * **ttft** `W + P`; **own decode** `D = answer tokens × seconds per token at the sequences there plus one`.
@@ -112,12 +114,35 @@ fn speed(c: &Candidate) -> Option<Fitted> {
 }
 
 /// Prefill tokens queued ahead of a request on `c`: ours and our peers' (replicas sharing the engine through
-/// `cluster`), and the engine's requests placed elsewhere at [`FOREIGN_REQUEST_TOKENS`] each. The learned line's
-/// samples are taken over the same figure, so that a flood sent around the router is counted once (here), not
-/// also learned as a slower engine.
+/// `cluster`), and the engine's requests placed elsewhere at [`FOREIGN_REQUEST_TOKENS`] each, less what the engine
+/// has computed of ours ([`prefill_done`]). The learned line's samples are taken over the same figure, so that a
+/// flood sent around the router is counted once (here), not also learned as a slower engine, and a turn queued
+/// behind a half-done prompt is not learned as a faster one.
 pub fn tokens_ahead(c: &Candidate) -> u64 {
     let foreign = c.foreign_requests().saturating_mul(FOREIGN_REQUEST_TOKENS);
-    c.live_prefill_tokens().saturating_add(foreign)
+    c.live_prefill_tokens()
+        .saturating_sub(prefill_done(c))
+        .saturating_add(foreign)
+}
+
+/// Of our prefill tokens in flight on `c`, those computed since the prefill at the head of the queue began, at
+/// its learned speed: chunked prefill is first come, first served, so a long prompt half done is half as far
+/// ahead of the next request. None once the engine is past the time all of ours should have taken without a
+/// first byte (it is slower than learned, a GPU that throttles: what it has done is unknown, and unknown is not
+/// idle), and none until the line is learned.
+fn prefill_done(c: &Candidate) -> u64 {
+    let t = c.prefill_busy_seconds;
+    match speed(c) {
+        Some(f) if t.is_finite() && t > 0.0 => {
+            let ours = c.prefill_tokens as f64;
+            if t > f.overhead_seconds + ours / f.tokens_per_second {
+                0
+            } else {
+                (f.tokens_per_second * t).min(ours) as u64
+            }
+        }
+        _ => 0,
+    }
 }
 
 /// The failed requests' weight beyond their own prefill tokens (**failed** above), in tokens. Placement only: the
@@ -690,6 +715,35 @@ mod tests {
         let (best, k) =
             cheapest(&cands, &Pricing::prefill(&uncached), &mut rng, |_, _| true).unwrap();
         assert!(best == 1 && should_move(stay, k, MARGIN), "{stay:?} {k:?}");
+    }
+
+    #[test]
+    fn what_the_engine_computed_of_the_head_prefill_is_not_ahead() {
+        // 120k tokens of ours in flight at 200k tokens/s: 0.6 s of prefill, 0.5 s of it done.
+        let mut c = cand(3, 120_000, 200_000.0);
+        assert_eq!(tokens_ahead(&c), 120_000);
+        c.prefill_busy_seconds = 0.5;
+        assert_eq!(tokens_ahead(&c), 20_000);
+        let k = cost(&c, 2_000, 0.0, 0.0, 0).unwrap();
+        assert!((k.ttft - 0.11).abs() < 1e-9, "{k:?}");
+        // The stall of the three streams there stacks on what is left ahead, 0.1 s.
+        assert!(
+            (k.harm - 3.0 * 0.01 * (1.0 + STACKED_STALL_PER_SECOND * 0.1)).abs() < 1e-9,
+            "{k:?}"
+        );
+        // What others hold stays ahead.
+        c.peer_prefill_tokens = 4_000;
+        assert_eq!(tokens_ahead(&c), 24_000);
+        // Past the time all of ours should take without a first byte, the engine is slower than learned: none of
+        // it is taken as done.
+        c.prefill_busy_seconds = 0.61;
+        assert_eq!(tokens_ahead(&c), 124_000);
+        // Not learned: nothing is taken as done.
+        c.prefill_speed = None;
+        assert_eq!(tokens_ahead(&c), 124_000);
+        c.prefill_speed = Some(Fitted::ratio(200_000.0));
+        c.prefill_busy_seconds = f64::NAN;
+        assert_eq!(tokens_ahead(&c), 124_000);
     }
 
     #[test]

@@ -272,6 +272,7 @@ impl Pool {
                     slope: l.slope * k.decode,
                 }),
                 speed_weight: e.drift.weight(now),
+                prefill_busy_seconds: e.load.prefill_busy(now).as_secs_f64(),
             });
         }
         // Per endpoint: ejected, saturated, hung (a stream got no headers in time). Each filter applies only if

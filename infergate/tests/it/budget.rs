@@ -129,10 +129,21 @@ async fn a_request_waits_at_the_router_until_a_prediction_fits() {
     router.learn_both_throughputs().await;
     let long = occupy_both(&router).await;
     let t0 = Instant::now();
-    // 1.5 s: it waits until an engine's queue has drained enough, then goes.
-    let r = send(&router.url(), 2_000, Some("1500")).await;
+    // 1 s: it waits until an engine's queue has drained enough, then goes, while the long prompt there is still
+    // prefilling (what the engine has computed of it is no longer ahead).
+    let r = send(&router.url(), 2_000, Some("1000")).await;
     assert_eq!(r.status(), 200);
     assert!(t0.elapsed() > Duration::from_millis(300), "it waited");
+    let held: Vec<u64> = router.state.pools.pools[0]
+        .endpoints()
+        .iter()
+        .map(|e| e.load.prefill_tokens())
+        .collect();
+    assert!(
+        held.iter().all(|&t| t > 50_000),
+        "it went before the prompts ahead reached their first byte: {held:?} after {:?}",
+        t0.elapsed()
+    );
     assert_eq!(finish(r).await, 200);
     // A new prompt (no endpoint holds any of it) whose own prefill, about 3 s, can never fit 1.5 s is refused at
     // once, without Retry-After.

@@ -211,6 +211,32 @@ fn a_turn_stuck_behind_a_long_prompt_is_rescued_beside_a_busy_batch() {
 }
 
 #[test]
+fn a_turn_behind_a_long_prompt_leaves_for_an_engine_whose_own_long_prompt_is_nearly_done() {
+    let mut fx = Fx::new();
+    let text = prompt("s", 32_000);
+    let home = fx.serve(Some("s"), &text, &[cand(0, 0), cand(0, 0)]).index;
+    let mut next = text.clone();
+    next.extend_from_slice(&prompt("turn", 2_000));
+    // Both engines hold 100k tokens of ours (5 s at 20k tokens/s), home's just sent.
+    let mut cands = [cand(4, 100_000), cand(4, 100_000)];
+    let p = fx.place(Some("s"), &next, &cands);
+    assert_eq!((p.index, p.reason), (home, Reason::Sticky));
+    // The other engine has been on its prompt for 4.8 s: 4k tokens are left of it, 0.2 s, and the turn's 8.5k
+    // tokens take 0.43 s there against more than 5 s at home.
+    cands[1 - home].prefill_busy_seconds = 4.8;
+    let p = fx.place(Some("s"), &next, &cands);
+    assert_eq!(p.index, 1 - home, "{:?}", p.reason);
+    assert!(matches!(p.reason, Reason::Rescue | Reason::Migrate));
+    let (predicted, ahead) = p.ticket.prediction().unwrap();
+    // The throughput sample is taken over the same tokens ahead.
+    assert_eq!(ahead, 4_000);
+    assert!(
+        (predicted.unwrap() - (4_000.0 + 8_500.0) / SPEED).abs() < 1e-9,
+        "{predicted:?}"
+    );
+}
+
+#[test]
 fn a_move_margin_of_1_keeps_the_session_home_until_a_reload_lowers_it() {
     let mut fx = Fx::new();
     fx.p = policy_with_margin(1.0);
