@@ -93,6 +93,18 @@ impl Fx {
         self.p.served(IDS[p.index], &p.ticket, self.now);
         p
     }
+
+    /// A session's first turn of `bytes` served on two idle endpoints: its home and its next turn, `grow` bytes
+    /// longer.
+    fn session(&mut self, key: &str, bytes: usize, grow: usize) -> (usize, Vec<u8>) {
+        let text = prompt(key, bytes);
+        let home = self
+            .serve(Some(key), &text, &[cand(0, 0), cand(0, 0)])
+            .index;
+        let mut next = text;
+        next.extend_from_slice(&prompt("turn", grow));
+        (home, next)
+    }
 }
 
 #[test]
@@ -188,10 +200,7 @@ fn a_turn_stuck_behind_a_long_prompt_is_rescued_beside_a_busy_batch() {
     let mut fx = Fx::new();
     // The other endpoint: 20 streams decoding, nothing queued. Home: `queued` prefill tokens ahead.
     let mut turn = |key: &str, bytes: usize, queued: u64| {
-        let text = prompt(key, bytes);
-        let home = fx.serve(Some(key), &text, &[cand(0, 0), cand(0, 0)]).index;
-        let mut next = text.clone();
-        next.extend_from_slice(&prompt("turn", 2_000));
+        let (home, next) = fx.session(key, bytes, 2_000);
         let mut cands = [cand(20, 0), cand(20, 0)];
         cands[home] = cand(1, queued);
         let p = fx.place(Some(key), &next, &cands);
@@ -213,10 +222,7 @@ fn a_turn_stuck_behind_a_long_prompt_is_rescued_beside_a_busy_batch() {
 #[test]
 fn a_turn_behind_a_long_prompt_leaves_for_an_engine_whose_own_long_prompt_is_nearly_done() {
     let mut fx = Fx::new();
-    let text = prompt("s", 32_000);
-    let home = fx.serve(Some("s"), &text, &[cand(0, 0), cand(0, 0)]).index;
-    let mut next = text.clone();
-    next.extend_from_slice(&prompt("turn", 2_000));
+    let (home, next) = fx.session("s", 32_000, 2_000);
     // Both engines hold 100k tokens of ours (5 s at 20k tokens/s), home's just sent.
     let mut cands = [cand(4, 100_000), cand(4, 100_000)];
     let p = fx.place(Some("s"), &next, &cands);
@@ -240,15 +246,10 @@ fn a_turn_behind_a_long_prompt_leaves_for_an_engine_whose_own_long_prompt_is_nea
 fn a_move_margin_of_1_keeps_the_session_home_until_a_reload_lowers_it() {
     let mut fx = Fx::new();
     fx.p = policy_with_margin(1.0);
-    let short = prompt("short", 8_000);
-    let home = fx
-        .serve(Some("short"), &short, &[cand(0, 0), cand(0, 0)])
-        .index;
+    let (home, next) = fx.session("short", 8_000, 2_000);
     // The case above that moves by default: 2.5k tokens to recompute against 40.5k queued at home.
     let mut cands = [cand(0, 0), cand(0, 0)];
     cands[home] = cand(1, 40_000);
-    let mut next = short.clone();
-    next.extend_from_slice(&prompt("turn", 2_000));
     let p = fx.place(Some("short"), &next, &cands);
     assert_eq!((p.index, p.reason), (home, Reason::Sticky));
     // Unhealthy home: the margin does not hold the session there.
@@ -423,10 +424,7 @@ fn failed_requests_weigh_as_queued_work_even_when_their_prompts_were_cached() {
 #[test]
 fn a_session_stays_beside_a_busy_batch_when_moving_would_lengthen_its_own_first_token() {
     let mut fx = Fx::new();
-    let first = prompt("s", 4_000);
-    let home = fx.serve(Some("s"), &first, &[cand(0, 0), cand(0, 0)]).index;
-    let mut next = first.clone();
-    next.extend_from_slice(&prompt("turn", 4_000));
+    let (home, next) = fx.session("s", 4_000, 4_000);
     // Home: 10 streams decoding, 1k tokens of growth (0.05 s); the other endpoint idle, 2k tokens to recompute
     // (0.1 s). By the totals the growth's stall on the 10 streams (0.5 s) would send the turn away.
     let mut cands = [cand(0, 0), cand(0, 0)];
