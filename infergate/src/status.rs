@@ -99,7 +99,7 @@ pub struct EndpointStatus {
     pub prefill_tokens_peak: u64,
     /// Learned prefill speed (estimated tokens per second); null until learned.
     pub prefill_tokens_per_second: Option<f64>,
-    /// Learned time between a stream's chunks with one sequence running; null until learned.
+    /// Learned time per streamed token with one sequence running; null until learned.
     pub decode_seconds_per_token: Option<f64>,
     /// Its speed against its own recent history or the pool's median (1: as usual); null until judged.
     pub relative_speed: Option<f64>,

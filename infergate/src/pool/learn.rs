@@ -41,8 +41,8 @@ pub struct DecodeSample {
     /// Sequences running beside it on average, itself included.
     pub running: f64,
     pub seconds_per_token: f64,
-    /// Its answer length in chunks.
-    pub chunks: u64,
+    /// Its answer length: tokens from the first output on (a chat or completions stream's chunks).
+    pub tokens: u64,
 }
 
 impl Pool {
@@ -95,7 +95,7 @@ impl Pool {
                     .observe_decode(d.seconds_per_token, line.at(d.running), now);
             }
             ep.decode_speed.observe(d.running, d.seconds_per_token);
-            self.answers.observe(d.chunks);
+            self.answers.observe(d.tokens);
         }
         self.judge_speed(ep, now);
     }

@@ -29,12 +29,12 @@ impl SpeedCollector {
         let ep = ["pool", "endpoint"];
         let decode_step = gauge(
             "infergate_endpoint_decode_seconds_per_token",
-            "Learned time between a stream's chunks with one sequence running (the decode line's value at 1); absent until learned.",
+            "Learned time per streamed token with one sequence running (the decode line's value at 1); absent until learned.",
             &ep,
         );
         let decode_per_sequence = gauge(
             "infergate_endpoint_decode_seconds_per_sequence",
-            "Learned extra time between chunks per sequence running beside a stream (the decode line's slope); absent until learned.",
+            "Learned extra time per streamed token per sequence running beside it (the decode line's slope); absent until learned.",
             &ep,
         );
         let relative = gauge(

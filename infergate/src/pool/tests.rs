@@ -324,7 +324,7 @@ fn stream(pool: &Pool, ep: &Endpoint, tokens: u64, ahead: Option<u64>, ttft_ms: 
     let decode = learn::DecodeSample {
         running: 1.0,
         seconds_per_token: spt,
-        chunks: 5,
+        tokens: 5,
     };
     pool.learn_stream(ep, Some(prefill), Some(decode), Instant::now());
 }

@@ -90,6 +90,8 @@ pub(super) struct Attempt {
     pub(super) learned: Option<Learned>,
     /// A successful stream's chunks from its first output on: its decode speed, learned if it ends well.
     pub(super) timing: super::stream_timing::StreamTiming,
+    /// Which of a stream's chunks carry tokens (the timing's weights).
+    pub(super) tokens: super::token_events::TokenEvents,
     /// A 2xx stream read for an error event the engine owns (stream_error).
     pub(super) stream_errors: super::stream_error::StreamErrors,
     /// The engine ended this 2xx stream with its own error event.

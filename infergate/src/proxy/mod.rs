@@ -67,6 +67,7 @@ mod spans;
 mod stored;
 mod stream_error;
 mod stream_timing;
+mod token_events;
 mod upstream;
 
 use std::ops::Deref;

@@ -66,9 +66,17 @@ impl Router {
         }
         // An error body has no preamble: its first byte ends the hold. A background answer precedes the work.
         let work_follows = success && ctx.attempt.background_until.is_some();
+        let timed = success && ctx.is_stream();
+        let tokens = if timed {
+            ctx.attempt.tokens.tokens_in(chunk)
+        } else {
+            0
+        };
         if ctx.attempt.first_output_seen {
-            if let (true, Some(ep)) = (success && ctx.is_stream(), &ctx.endpoint) {
-                ctx.attempt.timing.chunk(Instant::now(), ep.load.requests());
+            if let (true, Some(ep)) = (timed && tokens > 0, &ctx.endpoint) {
+                ctx.attempt
+                    .timing
+                    .chunk(Instant::now(), ep.load.requests(), tokens);
             }
         } else if !work_follows && (!success || ctx.attempt.preamble.output_in(chunk)) {
             ctx.attempt.first_output_seen = true;
@@ -76,7 +84,7 @@ impl Router {
                 let now = *clock.get_or_insert_with(Instant::now);
                 ctx.attempt.first_output_at = Some(now);
                 if ctx.is_stream() {
-                    ctx.attempt.timing.first_output(now);
+                    ctx.attempt.timing.first_output(now, tokens);
                 }
             }
             if let (Some(_), Some(pool), Some(t0), true) = (

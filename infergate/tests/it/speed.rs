@@ -1,6 +1,9 @@
 //! Learned decode speeds and speed outliers end to end with engine-sim: each endpoint's decode line is learned
 //! from the streams it serves; an engine that slows to a third mid-run becomes a speed outlier (metric, status
-//! page) and gets less new work, and leaves once it is back at speed.
+//! page) and gets less new work, and leaves once it is back at speed. A stream's decode is timed by the tokens
+//! it carries, on every API.
+
+use std::time::Duration;
 
 use crate::common::*;
 
@@ -110,4 +113,130 @@ async fn an_engine_that_slows_to_a_third_gets_less_work_until_it_recovers() {
     }
     assert!(left, "engine 1 stayed a speed outlier after it recovered");
     router.wait_idle().await;
+}
+
+/// Events of one named type: `event: <name>` and its data.
+fn event(name: &str, data: &str) -> String {
+    format!("event: {name}\ndata: {{\"type\":\"{name}\"{data}}}\n\n")
+}
+
+/// A short answer in the shape of `head`'s API: 8 tokens 5 ms apart, 4 of reasoning and 4 of text, and the events
+/// that open and close each part 1 ms after the token before them.
+fn paced_answer(head: &[u8]) -> Vec<(Duration, String)> {
+    let ms = Duration::from_millis;
+    let api = if head.starts_with(b"POST /v1/responses") {
+        "responses"
+    } else if head.starts_with(b"POST /v1/messages") {
+        "messages"
+    } else {
+        "chat"
+    };
+    let delta = |part: usize| match (api, part) {
+        ("responses", 0) => event("response.reasoning_text.delta", ",\"delta\":\"r\""),
+        ("responses", _) => event("response.output_text.delta", ",\"delta\":\"t\""),
+        ("messages", _) => event("content_block_delta", ",\"delta\":{\"text\":\"t\"}"),
+        _ => "data: {\"choices\":[{\"delta\":{\"content\":\"t\"}}]}\n\n".to_string(),
+    };
+    let (open, between, close): (&[&str], &[&str], &[&str]) = match api {
+        "responses" => (
+            &[
+                "response.output_item.added",
+                "response.reasoning_part.added",
+            ],
+            &[
+                "response.reasoning_text.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.content_part.added",
+            ],
+            &[
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed",
+            ],
+        ),
+        "messages" => (
+            &["message_start", "content_block_start", "ping"],
+            &["content_block_stop", "content_block_start"],
+            &["content_block_stop", "message_delta", "message_stop"],
+        ),
+        _ => (&[], &[], &[]),
+    };
+    let mut out = Vec::new();
+    if api == "responses" {
+        out.push((
+            ms(0),
+            event("response.created", "") + &event("response.in_progress", ""),
+        ));
+    }
+    // The first output 20 ms in, its opening events 1 ms apart, then a token every 5 ms.
+    let mut at = ms(20);
+    for name in open {
+        out.push((at, event(name, "")));
+        at += ms(1);
+    }
+    for i in 0..8 {
+        let token_at = ms(20 + open.len() as u64 + 5 * i);
+        if i == 4 {
+            for (k, name) in between.iter().enumerate() {
+                out.push((token_at - ms(4) + ms(k as u64), event(name, "")));
+            }
+        }
+        out.push((token_at, delta(i as usize / 4)));
+        at = token_at;
+    }
+    for name in close {
+        at += ms(1);
+        out.push((at, event(name, "")));
+    }
+    if api == "chat" {
+        out.push((at, "data: [DONE]\n\n".to_string()));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_decode_is_timed_by_its_tokens_on_every_api() {
+    // Responses and Messages answers open and close their parts with events that carry no token, here 1 ms after
+    // the token before them: timed as tokens, they made a short answer's decode read about 1 ms a token, not 5.
+    let engine = paced_engine(paced_answer).await;
+    let mut learned = Vec::new();
+    for path in ["/v1/chat/completions", "/v1/responses", "/v1/messages"] {
+        let router =
+            start_router(&pool_yaml("load_aware", std::slice::from_ref(&engine), "")).await;
+        router.all_healthy().await;
+        let c = client();
+        let body = serde_json::json!({"model": "m", "stream": true, "max_tokens": 8,
+                                      "messages": [{"role": "user", "content": "hi"}], "input": "hi"});
+        for _ in 0..4 {
+            let r = post_json(&c, &router.url(), path)
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(finish(r).await, 200, "{path}");
+        }
+        let m = router
+            .metrics_when(|m| {
+                metric_value(m, "infergate_endpoint_decode_seconds_per_token", &[]).is_some()
+            })
+            .await;
+        learned.push((
+            path,
+            metric_value(&m, "infergate_endpoint_decode_seconds_per_token", &[]).unwrap(),
+            metric_value(&m, "infergate_pool_typical_answer_tokens", &[]),
+        ));
+        router.wait_idle().await;
+    }
+    for (path, step, answer) in &learned {
+        assert!(
+            (step / 0.005 - 1.0).abs() < 0.3,
+            "{path} taught {step} s a token, not 5 ms: {learned:?}"
+        );
+        assert!(
+            answer.is_some_and(|a| (8.0..=9.0).contains(&a)),
+            "{path}: {learned:?}"
+        );
+    }
 }
