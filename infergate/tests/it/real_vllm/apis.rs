@@ -92,6 +92,54 @@ async fn every_api_reaches_vllm_and_comes_back_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs real vLLM engines: scripts/real-vllm.sh runs it"]
+async fn vllms_streams_teach_decode_speed_on_every_api() {
+    // The router times only the tokens of a stream: on Responses and Messages streams, the events vLLM names
+    // `response.*.delta` and `content_block_delta`. Each API's streams, through a router of its own, must teach
+    // a decode speed and an answer length near the others'. (vLLM may put two tokens in one event when it falls
+    // behind, so the length can read a little short.)
+    let f = fleet();
+    let m = &f.model;
+    let mut learned = Vec::new();
+    for path in [CHAT, "/v1/responses", "/v1/messages"] {
+        let router = start_router(&fleet_yaml(&f, "load_aware", "")).await;
+        router.all_healthy().await;
+        for i in 0..4 {
+            let text = format!("Decode speed on {path}, stream {i}.");
+            let body = match path {
+                CHAT => {
+                    serde_json::from_str(&chat(&f, user(&text), true, 24)).expect("a chat body")
+                }
+                "/v1/responses" => {
+                    json!({"model": m, "input": text, "max_output_tokens": 24, "stream": true})
+                }
+                _ => json!({"model": m, "messages": user(&text), "max_tokens": 24, "stream": true}),
+            };
+            let (s, text) = post(&router.url(), path, body.to_string()).await;
+            assert_eq!(s, 200, "{path}: {text}");
+        }
+        let metrics = router
+            .metrics_when(|t| t.contains("infergate_endpoint_decode_seconds_per_token{"))
+            .await;
+        let step = metric_value(&metrics, "infergate_endpoint_decode_seconds_per_token", &[])
+            .expect("a decode line");
+        let answer = metric_value(&metrics, "infergate_pool_typical_answer_tokens", &[])
+            .expect("a typical answer");
+        learned.push((path, step, answer));
+        router.wait_idle().await;
+    }
+    eprintln!("seconds a token and answer tokens learned per API: {learned:?}");
+    let chat_step = learned[0].1;
+    for (path, step, answer) in &learned {
+        assert!(
+            (0.5..2.0).contains(&(step / chat_step)),
+            "{path}: {learned:?}"
+        );
+        assert!((10.0..=26.0).contains(answer), "{path}: {learned:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs real vLLM engines: scripts/real-vllm.sh runs it"]
 async fn the_openai_sdk_talks_to_vllm_through_the_router() {
     let f = fleet();
     let router = start_router(&fleet_yaml(&f, "predicted_ttft", "")).await;
