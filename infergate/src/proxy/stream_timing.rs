@@ -6,9 +6,9 @@
 //!
 //! The sample's time per token is the mean of the gaps within 2.8× of the median (`NEAR_MEDIAN`), not of all
 //! gaps: a step that carries a chunk of another request's long prefill is ten times a decode step, and a handful
-//! of those would read as a slow engine (twin engines learned decode lines 2× apart on the agent benchmark). Nor is it the
-//! median alone: an engine whose steps are not a whole number of its clock's ticks sends one token or two a tick,
-//! and the median of that mix is either, up to 30% off. What a prefill does to the streams beside it is priced
+//! of those would read as a slow engine (twin engines learned decode lines 2× apart on the agent benchmark). Nor
+//! is it the median alone: an engine whose steps are not a whole number of its clock's ticks sends one token or
+//! two a tick, and the median of that mix is either, up to 30% off. What a prefill does to the streams beside it is priced
 //! separately (the cost model's stall term); the decode line is the engine's own step time.
 //!
 //! Only tokens are timed (token_events): the events that structure a Responses or Messages answer are not. Tokens
