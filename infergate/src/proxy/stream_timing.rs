@@ -8,8 +8,8 @@
 //! gaps: a step that carries a chunk of another request's long prefill is ten times a decode step, and a handful
 //! of those would read as a slow engine (twin engines learned decode lines 2× apart on the agent benchmark). Nor
 //! is it the median alone: an engine whose steps are not a whole number of its clock's ticks sends one token or
-//! two a tick, and the median of that mix is either, up to 30% off. What a prefill does to the streams beside it is priced
-//! separately (the cost model's stall term); the decode line is the engine's own step time.
+//! two a tick, and the median of that mix is either, up to 30% off. What a prefill does to the streams beside it
+//! is priced separately (the cost model's stall term); the decode line is the engine's own step time.
 //!
 //! Only tokens are timed (token_events): the events that structure a Responses or Messages answer are not. Tokens
 //! that arrive together (one read of several events: an engine's write of two tokens, a token held up behind
