@@ -17,42 +17,16 @@ const MIN_SPREAD: f64 = 0.25;
 /// The fitted slope's standard error must stay under this share of the slope before it is used.
 const MAX_SLOPE_ERROR: f64 = 0.5;
 
-/// Once the line stands on this many effective samples, a sample more than `OUTLIER_FACTOR` times its prediction
-/// counts as that factor, at a weight of that factor over its own.
-const TRUSTED_SAMPLES: f64 = 8.0;
-
-/// A short answer that decoded wholly beside another request's long prefill reads 5 to 10 times the step, and a
-/// least-squares line takes it at full weight: a couple near the end of a run tilted a line's slope eightfold. In
-/// that run 98% of the samples were within 1.25× of the engine's speed and the rest 4.6× to 10×. Held to 2× the
-/// prediction, and weighed less the further out it was, such a sample still counts as slow, and a real slowdown
-/// to a third still raises the line nearly as fast as before (each capped sample raises the next cap); the drift
-/// judge sees every sample as measured.
-const OUTLIER_FACTOR: f64 = 2.0;
-
 /// The running sums of one endpoint's decode samples.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct DecodeFit(EwLine);
 
 impl DecodeFit {
     /// One stream: `running` sequences ran beside it on average (itself included), and it took
-    /// `seconds_per_token` between tokens. Samples that are not finite and positive are ignored; once the line is
-    /// trusted, one far above it counts as `OUTLIER_FACTOR` above, and less.
+    /// `seconds_per_token` between chunks. Samples that are not finite and positive are ignored.
     pub fn observe(&mut self, running: f64, seconds_per_token: f64) {
-        if !(running > 0.0 && seconds_per_token.is_finite() && seconds_per_token > 0.0) {
-            return;
-        }
-        let predicted = self
-            .line()
-            .filter(|_| self.0.samples() >= TRUSTED_SAMPLES)
-            .map(|l| l.at(running))
-            .filter(|p| *p > 0.0);
-        match predicted {
-            Some(p) if seconds_per_token > p * OUTLIER_FACTOR => self.0.observe_weighted(
-                running,
-                p * OUTLIER_FACTOR,
-                p * OUTLIER_FACTOR / seconds_per_token,
-            ),
-            _ => self.0.observe(running, seconds_per_token),
+        if running > 0.0 {
+            self.0.observe(running, seconds_per_token);
         }
     }
 
@@ -144,52 +118,6 @@ mod tests {
         let b = lines[1].unwrap();
         assert!((b.at(20.0) - 2.0 * sim(20.0)).abs() < 1e-6, "{b:?}");
         assert_eq!(lines[2], None, "no samples, no line");
-    }
-
-    #[test]
-    fn a_few_stalled_streams_do_not_tilt_the_line() {
-        // engine-sim at time scale 0.2: 3.6 ms a step plus 0.05 ms a sequence.
-        let truth = |n: f64| 0.0036 + 0.00005 * n;
-        let mut f = DecodeFit::default();
-        for i in 0..200 {
-            let n = (i % 12 + 1) as f64;
-            f.observe(n, truth(n));
-        }
-        // Two short answers that decoded beside long prefills near the end of a run read 30 and 38 ms a token,
-        // with ordinary streams between them.
-        for (n, y) in [(11.0, 0.038), (12.0, 0.03)] {
-            f.observe(n, y);
-            for m in [3.0, 8.0, 5.0] {
-                f.observe(m, truth(m));
-            }
-        }
-        let l = f.line().unwrap();
-        // Taken at full weight they left no slope pinned down and the line at their mean, 1.5× the truth.
-        assert!(l.slope < 0.00012, "{l:?}");
-        assert!(l.at(8.0) < 1.1 * truth(8.0), "{l:?}");
-    }
-
-    #[test]
-    fn a_real_slowdown_still_moves_the_line() {
-        let mut f = DecodeFit::default();
-        for i in 0..200 {
-            let n = (i % 12 + 1) as f64;
-            f.observe(n, 0.004 + 0.00005 * n);
-        }
-        // The engine slows to a third: every sample is 3× its old line.
-        for i in 0..60 {
-            let n = (i % 12 + 1) as f64;
-            f.observe(n, 3.0 * (0.004 + 0.00005 * n));
-        }
-        let l = f.line().unwrap();
-        assert!(l.at(6.0) > 2.5 * (0.004 + 0.00005 * 6.0), "{l:?}");
-        // And a faster one comes back down as well.
-        for i in 0..60 {
-            let n = (i % 12 + 1) as f64;
-            f.observe(n, 0.004 + 0.00005 * n);
-        }
-        let l = f.line().unwrap();
-        assert!(l.at(6.0) < 1.2 * (0.004 + 0.00005 * 6.0), "{l:?}");
     }
 
     #[test]

@@ -34,23 +34,17 @@ impl Line {
 impl EwLine {
     /// One sample; samples that are not finite, or not positive in `y` or negative in `x`, are ignored.
     pub fn observe(&mut self, x: f64, y: f64) {
-        self.observe_weighted(x, y, 1.0);
-    }
-
-    /// One sample that counts `weight` (0 to 1) of a full one; otherwise as `observe`.
-    pub fn observe_weighted(&mut self, x: f64, y: f64, weight: f64) {
-        if !(x.is_finite() && y.is_finite() && x >= 0.0 && y > 0.0 && weight > 0.0) {
+        if !(x.is_finite() && y.is_finite() && x >= 0.0 && y > 0.0) {
             return;
         }
-        let new = WEIGHT * weight.min(1.0);
-        let keep = 1.0 - new;
-        self.w = self.w * keep + new;
-        self.x = self.x * keep + new * x;
-        self.y = self.y * keep + new * y;
-        self.xx = self.xx * keep + new * x * x;
-        self.xy = self.xy * keep + new * x * y;
-        self.yy = self.yy * keep + new * y * y;
-        self.ww = self.ww * keep * keep + new * new;
+        let keep = 1.0 - WEIGHT;
+        self.w = self.w * keep + WEIGHT;
+        self.x = self.x * keep + WEIGHT * x;
+        self.y = self.y * keep + WEIGHT * y;
+        self.xx = self.xx * keep + WEIGHT * x * x;
+        self.xy = self.xy * keep + WEIGHT * x * y;
+        self.yy = self.yy * keep + WEIGHT * y * y;
+        self.ww = self.ww * keep * keep + WEIGHT * WEIGHT;
     }
 
     /// Any sample seen.
@@ -115,18 +109,13 @@ impl EwLine {
         })
     }
 
-    /// The effective number of samples behind the sums (0 before any).
-    pub fn samples(&self) -> f64 {
-        if self.ww > 0.0 {
+    /// Standard error of the fitted slope (infinite with fewer than three effective samples).
+    fn slope_error(&self, var_x: f64, cov: f64, mean_y: f64) -> f64 {
+        let n = if self.ww > 0.0 {
             self.w * self.w / self.ww
         } else {
             0.0
-        }
-    }
-
-    /// Standard error of the fitted slope (infinite with fewer than three effective samples).
-    fn slope_error(&self, var_x: f64, cov: f64, mean_y: f64) -> f64 {
-        let n = self.samples();
+        };
         if n <= 2.0 {
             return f64::INFINITY;
         }
