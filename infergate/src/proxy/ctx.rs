@@ -92,6 +92,8 @@ pub(super) struct Attempt {
     pub(super) timing: super::stream_timing::StreamTiming,
     /// Which of a stream's chunks carry tokens (the timing's weights).
     pub(super) tokens: super::token_events::TokenEvents,
+    /// The engine's own count of the stream's output tokens (the timing's scale when events carry several).
+    pub(super) reported: super::reported_tokens::ReportedTokens,
     /// A 2xx stream read for an error event the engine owns (stream_error).
     pub(super) stream_errors: super::stream_error::StreamErrors,
     /// The engine ended this 2xx stream with its own error event.

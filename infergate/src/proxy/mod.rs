@@ -62,6 +62,7 @@ mod intake;
 mod output;
 mod prefill_leg;
 mod receipt;
+mod reported_tokens;
 mod router;
 mod spans;
 mod stored;

@@ -68,6 +68,7 @@ impl Router {
         let work_follows = success && ctx.attempt.background_until.is_some();
         let timed = success && ctx.is_stream();
         let tokens = if timed {
+            ctx.attempt.reported.feed(chunk);
             ctx.attempt.tokens.tokens_in(chunk)
         } else {
             0

@@ -439,7 +439,9 @@ impl Router {
         {
             let peers = ep.peers.get().0;
             let elsewhere = peers + ep.stats.fresh(now).map_or(0, |l| l.foreign_beyond(peers));
-            ctx.attempt.timing.sample(elsewhere)
+            ctx.attempt
+                .timing
+                .sample(elsewhere, ctx.attempt.reported.count())
         } else {
             None
         };

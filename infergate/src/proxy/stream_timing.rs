@@ -16,7 +16,8 @@
 //! another, or a stream's last token and its usage) are one arrival, and the gap before it is shared among them:
 //! they were made during it. Timed one by one, their microsecond gaps made a short stream's median read decode 50
 //! times too fast, and an endpoint that served short streams looked far faster than its twin. A stream's last
-//! arrival is not timed (its closing chunks).
+//! arrival is not timed (its closing chunks). When the engine reports its own output token count and it is more
+//! than the events counted (events of several tokens each), the time per token is scaled by it.
 
 use std::time::Instant;
 
@@ -25,6 +26,9 @@ use crate::pool::DecodeSample;
 /// Fewer chunks after the first output than this teach nothing about decode speed: two or three gaps are
 /// mostly scheduling noise and network jitter.
 const MIN_GAPS: u32 = 4;
+
+/// An engine's reported token count more than this many times the tokens counted is not believed.
+const MAX_TOKENS_AN_EVENT: u64 = 16;
 
 /// Chunks closer than this are one arrival: far below any engine's decode step (milliseconds on a GPU).
 const SAME_ARRIVAL_MICROS: u64 = 100;
@@ -130,8 +134,9 @@ impl StreamTiming {
     }
 
     /// The sample, with `elsewhere` sequences on the endpoint that our count does not see (our cluster peers'
-    /// and other routers' requests, as last known). None for a stream too short to time.
-    pub(super) fn sample(&self, elsewhere: u64) -> Option<DecodeSample> {
+    /// and other routers' requests, as last known), and the engine's own count of the output tokens when it
+    /// reported one (`reported_tokens`). None for a stream too short to time.
+    pub(super) fn sample(&self, elsewhere: u64, reported: Option<u64>) -> Option<DecodeSample> {
         if self.gaps < MIN_GAPS {
             return None;
         }
@@ -151,10 +156,16 @@ impl StreamTiming {
                     (n + c, sum + c * bucket_seconds(i))
                 });
         let gaps = f64::from(self.gaps);
+        // The engine's count, unless it is far from ours (a count of something else). Events that carried
+        // several tokens each make every gap several steps: the time per token is scaled by how many more
+        // tokens there were than counted. Fewer (a chat stream's role or usage chunk counted) scale nothing.
+        let counted = u64::from(self.tokens);
+        let reported = reported.filter(|&r| 2 * r >= counted && r <= counted * MAX_TOKENS_AN_EVENT);
+        let per_event = reported.map_or(1.0, |r| (r as f64 / counted as f64).max(1.0));
         Some(DecodeSample {
             running: (self.running_sum as f64 / gaps + elsewhere as f64).max(1.0),
-            seconds_per_token: sum / n,
-            tokens: u64::from(self.tokens),
+            seconds_per_token: sum / n / per_event,
+            tokens: reported.unwrap_or(counted),
         })
     }
 }
@@ -182,20 +193,20 @@ mod tests {
         let mut t = StreamTiming::default();
         // Before the first output nothing is timed.
         t.chunk(t0, 9, 1);
-        assert_eq!(t.sample(0), None);
+        assert_eq!(t.sample(0, None), None);
         t.first_output(t0, 1);
         let mut at = t0;
         for _ in 0..3 {
             at += Duration::from_millis(20);
             t.chunk(at, 3, 1);
         }
-        assert_eq!(t.sample(0), None, "three gaps are too few");
+        assert_eq!(t.sample(0, None), None, "three gaps are too few");
         // 20 ms steps, two of them stretched to 200 ms by another request's prefill.
         for gap in [20, 200, 20, 20, 200, 20] {
             at += Duration::from_millis(gap);
             t.chunk(at, 5, 1);
         }
-        let s = t.sample(2).unwrap();
+        let s = t.sample(2, None).unwrap();
         assert_eq!(s.tokens, 10);
         assert!((s.seconds_per_token / 0.020 - 1.0).abs() < 0.1, "{s:?}");
         assert!((s.running - (36.0 / 8.0 + 2.0)).abs() < 1e-9, "{s:?}");
@@ -220,7 +231,7 @@ mod tests {
                 }
             }
         }
-        let s = t.sample(0).unwrap();
+        let s = t.sample(0, None).unwrap();
         // Timed one by one, half the gaps were 5 µs and the median read 18 µs a token.
         assert!((s.seconds_per_token / 0.005 - 1.0).abs() < 0.1, "{s:?}");
         // The last arrival (with the closing chunks) is not timed: 10 tokens shared 5 gaps; the answer had 15.
@@ -239,7 +250,7 @@ mod tests {
             at += Duration::from_micros(1150);
             t.chunk(at, 1, tokens);
         }
-        let s = t.sample(0).unwrap();
+        let s = t.sample(0, None).unwrap();
         // The median alone read 0.58 ms; the timed ticks carried 16 tokens in 13.8 ms: 0.86 ms a token.
         assert!((s.seconds_per_token / 0.00086 - 1.0).abs() < 0.1, "{s:?}");
     }
@@ -266,7 +277,7 @@ mod tests {
         let timed: Vec<_> = (0..BUCKETS).filter(|&i| t.hist[i] > 0).collect();
         assert_eq!(timed, [step], "{:?}", t.hist);
         assert_eq!(t.hist[step], 7);
-        assert_eq!(t.sample(0).unwrap().tokens, 9);
+        assert_eq!(t.sample(0, None).unwrap().tokens, 9);
     }
 
     #[test]
@@ -283,7 +294,7 @@ mod tests {
             t.chunk(at, 1, 1);
             t.chunk(at + Duration::from_micros(200), 1, 0);
         }
-        let s = t.sample(0).unwrap();
+        let s = t.sample(0, None).unwrap();
         assert!((s.seconds_per_token / 0.010 - 1.0).abs() < 0.1, "{s:?}");
         assert_eq!(s.tokens, 6);
         // Two tokens in one chunk share its gap.
@@ -294,8 +305,33 @@ mod tests {
             at += Duration::from_millis(10);
             t.chunk(at, 1, 2);
         }
-        let s = t.sample(0).unwrap();
+        let s = t.sample(0, None).unwrap();
         assert!((s.seconds_per_token / 0.005 - 1.0).abs() < 0.1, "{s:?}");
         assert_eq!(s.tokens, 11);
+    }
+
+    #[test]
+    fn the_engines_count_scales_events_that_carried_several_tokens() {
+        // Eight events 15 ms apart, each of three tokens (vLLM's API server behind its engine): 5 ms a token.
+        let t0 = Instant::now();
+        let mut t = StreamTiming::default();
+        t.first_output(t0, 1);
+        for i in 1..8 {
+            t.chunk(t0 + Duration::from_millis(15 * i), 4, 1);
+        }
+        let per_event = t.sample(0, None).unwrap();
+        assert!((per_event.seconds_per_token / 0.015 - 1.0).abs() < 0.1);
+        let s = t.sample(0, Some(24)).unwrap();
+        assert!((s.seconds_per_token / 0.005 - 1.0).abs() < 0.1, "{s:?}");
+        assert_eq!((s.tokens, s.running), (24, 4.0));
+        // Fewer than counted (a role or usage chunk counted as a token): the length is the engine's, the time
+        // per token ours.
+        let s = t.sample(0, Some(7)).unwrap();
+        assert_eq!(s.tokens, 7);
+        assert_eq!(s.seconds_per_token, per_event.seconds_per_token);
+        // A count far from ours is of something else.
+        for wrong in [0, 3, 8 * 16 + 1] {
+            assert_eq!(t.sample(0, Some(wrong)), Some(per_event), "{wrong}");
+        }
     }
 }

@@ -13,7 +13,7 @@ use crate::errors::ApiError;
 use super::ctx::Attempt;
 use super::router::{non_streaming_release, Leg};
 use super::Ctx;
-use super::{first_output, token_events, Router};
+use super::{first_output, reported_tokens, token_events, Router};
 use crate::admission::X_API_KEY;
 use crate::forwarded;
 use crate::header_case::Headers;
@@ -45,6 +45,7 @@ impl Router {
         ctx.attempt = Attempt {
             preamble: first_output::Preamble::new(preamble),
             tokens: token_events::TokenEvents::for_path(path),
+            reported: reported_tokens::ReportedTokens::for_path(path),
             ..Attempt::default()
         };
         loop {
