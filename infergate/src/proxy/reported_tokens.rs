@@ -9,6 +9,8 @@ use std::sync::LazyLock;
 
 use memchr::memmem::Finder;
 
+use super::token_events::Api;
+
 static COMPLETION_TOKENS: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new(b"\"completion_tokens\":"));
 static OUTPUT_TOKENS: LazyLock<Finder<'static>> =
@@ -33,7 +35,7 @@ impl ReportedTokens {
     /// For a stream answering a request to `path`.
     pub(super) fn for_path(path: &str) -> Self {
         ReportedTokens {
-            chat: !matches!(path, "/v1/responses" | "/v1/messages"),
+            chat: Api::for_path(path) == Api::Chunks,
             ..Self::default()
         }
     }

@@ -7,8 +7,9 @@
 /// Bytes of a line kept to classify it: `event: response.function_call_arguments.delta` fits.
 const LINE_HEAD: usize = 64;
 
+/// How a stream's answer is shaped: by the API it answers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-enum Api {
+pub(super) enum Api {
     /// One token a chunk, `[DONE]` none.
     #[default]
     Chunks,
@@ -27,6 +28,17 @@ pub(super) struct TokenEvents {
     head_len: usize,
 }
 
+impl Api {
+    /// The API a request to `path` is answered in.
+    pub(super) fn for_path(path: &str) -> Self {
+        match path {
+            "/v1/responses" => Api::Responses,
+            "/v1/messages" => Api::Messages,
+            _ => Api::Chunks,
+        }
+    }
+}
+
 impl Default for TokenEvents {
     fn default() -> Self {
         TokenEvents {
@@ -40,13 +52,8 @@ impl Default for TokenEvents {
 impl TokenEvents {
     /// For a stream answering a request to `path`.
     pub(super) fn for_path(path: &str) -> Self {
-        let api = match path {
-            "/v1/responses" => Api::Responses,
-            "/v1/messages" => Api::Messages,
-            _ => Api::Chunks,
-        };
         TokenEvents {
-            api,
+            api: Api::for_path(path),
             ..Self::default()
         }
     }
