@@ -1,7 +1,7 @@
 //! A stream's decode, timed as its chunks pass: from the first output on, the gaps between tokens in a small
 //! fixed histogram, and the sequences running on its endpoint at each (our requests in flight there). The
 //! per-chunk step is a clock read, an atomic load, a bucket index and two additions (no lock, no allocation; a
-//! Responses or Messages chunk's lines are also read for their event names); the sample is made once, when the
+//! chunk's lines are also read for their `data:` lines or event names); the sample is made once, when the
 //! request has ended well.
 //!
 //! The sample's time per token is the mean of the gaps within 2.8× of the median (`NEAR_MEDIAN`), not of all

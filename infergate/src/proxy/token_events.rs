@@ -2,7 +2,8 @@
 //! none (`response.created`, `output_item.added`, `content_block_start`, `ping`, the closing events): timed as
 //! decode steps, a short stream's handful of them made an engine look many times faster than its twin. Those
 //! streams name each event (`event: <type>` lines, as vLLM and Anthropic send them); a token is a
-//! `response.*.delta` or a `content_block_delta`. Chat and completions streams carry one token a chunk.
+//! `response.*.delta` or a `content_block_delta`. Chat and completions streams carry one token a `data:` line
+//! (not `[DONE]`), counted by line, not by read: two events in one read are two tokens.
 
 /// Bytes of a line kept to classify it: `event: response.function_call_arguments.delta` fits.
 const LINE_HEAD: usize = 64;
@@ -10,7 +11,7 @@ const LINE_HEAD: usize = 64;
 /// How a stream's answer is shaped: by the API it answers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) enum Api {
-    /// One token a chunk, `[DONE]` none.
+    /// One token a `data:` line, `[DONE]` none.
     #[default]
     Chunks,
     /// OpenAI Responses: `event: response.<...>.delta`.
@@ -60,9 +61,6 @@ impl TokenEvents {
 
     /// The tokens `chunk` carries. Fed every chunk in order.
     pub(super) fn tokens_in(&mut self, chunk: &[u8]) -> u32 {
-        if self.api == Api::Chunks {
-            return u32::from(!chunk.is_empty() && !chunk.starts_with(b"data: [DONE]"));
-        }
         let mut tokens = 0;
         let mut rest = chunk;
         while !rest.is_empty() {
@@ -84,18 +82,20 @@ impl TokenEvents {
         tokens
     }
 
-    /// Whether the line just ended (its head) names a token-carrying event.
+    /// Whether the line just ended (its head) carries a token: a chat or completions `data:` line, or a line
+    /// naming a token-carrying event.
     fn carries_token(&self) -> bool {
         let line = &self.head[..self.head_len];
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(name) = line.strip_prefix(b"event:") else {
-            return false;
+        let field = |name: &[u8]| {
+            line.strip_prefix(name)
+                .map(|value| value.strip_prefix(b" ").unwrap_or(value))
         };
-        let name = name.strip_prefix(b" ").unwrap_or(name);
         match self.api {
-            Api::Responses => name.starts_with(b"response.") && name.ends_with(b".delta"),
-            Api::Messages => name == b"content_block_delta",
-            Api::Chunks => false,
+            Api::Chunks => field(b"data:").is_some_and(|data| data != b"[DONE]"),
+            Api::Responses => field(b"event:")
+                .is_some_and(|name| name.starts_with(b"response.") && name.ends_with(b".delta")),
+            Api::Messages => field(b"event:").is_some_and(|name| name == b"content_block_delta"),
         }
     }
 }
@@ -128,6 +128,13 @@ mod tests {
         "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
     ];
 
+    const CHAT: &[&str] = &[
+        "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"a\\ndata: [DONE]\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\r\n\r\n",
+        "data: [DONE]\n\n",
+    ];
+
     fn per_event(path: &str, events: &[&str]) -> Vec<u32> {
         let mut t = TokenEvents::for_path(path);
         events.iter().map(|e| t.tokens_in(e.as_bytes())).collect()
@@ -150,6 +157,7 @@ mod tests {
         for (path, events, total) in [
             ("/v1/responses", RESPONSES, 4),
             ("/v1/messages", MESSAGES, 2),
+            ("/v1/chat/completions", CHAT, 3),
         ] {
             let all = events.concat();
             let all = all.as_bytes();
@@ -171,13 +179,19 @@ mod tests {
     }
 
     #[test]
-    fn chat_and_completions_carry_a_token_a_chunk() {
+    fn chat_and_completions_carry_a_token_a_data_line() {
         for path in ["/v1/chat/completions", "/v1/completions"] {
             let mut t = TokenEvents::for_path(path);
             assert_eq!(t.tokens_in(b"data: {\"choices\":[]}\n\n"), 1);
-            assert_eq!(t.tokens_in(b"x"), 1);
+            // Two events in one read are two tokens; a line is counted in the read that ends it.
+            assert_eq!(
+                t.tokens_in(b"data: {\"a\":1}\n\ndata: {\"a\":2}\n\ndata: {\"a\""),
+                2
+            );
+            assert_eq!(t.tokens_in(b":3}\r\n\r\n"), 1);
             assert_eq!(t.tokens_in(b""), 0);
-            assert_eq!(t.tokens_in(b"data: [DONE]\n\n"), 0);
+            assert_eq!(t.tokens_in(b": keep-alive\n\n"), 0);
+            assert_eq!(t.tokens_in(b"data:{\"a\":4}\n\ndata: [DONE]\n\n"), 1);
         }
     }
 

@@ -122,7 +122,8 @@ fn event(name: &str, data: &str) -> String {
 
 /// A short answer in the shape of `head`'s API: 8 events of `x-tokens-per-event` tokens each (1 by default) at 5 ms
 /// a token, 4 of reasoning and 4 of text, the events that open and close each part 1 ms after the token before
-/// them, and the usage the engine reports at the end.
+/// them, and the usage the engine reports at the end. With `x-events-per-write: n` the token events are written n
+/// at a time (one read of several events), and a chat stream reports no usage (as without `include_usage`).
 fn paced_answer(head: &[u8]) -> Vec<(Duration, String)> {
     let ms = Duration::from_millis;
     let api = if head.starts_with(b"POST /v1/responses") {
@@ -135,6 +136,11 @@ fn paced_answer(head: &[u8]) -> Vec<(Duration, String)> {
     let per_event: u64 = head
         .split(|&b| b == b'\n')
         .find_map(|l| l.strip_prefix(b"x-tokens-per-event: "))
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+        .unwrap_or(1);
+    let per_write: u64 = head
+        .split(|&b| b == b'\n')
+        .find_map(|l| l.strip_prefix(b"x-events-per-write: "))
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
         .unwrap_or(1);
     let usage = 8 * per_event;
@@ -183,6 +189,7 @@ fn paced_answer(head: &[u8]) -> Vec<(Duration, String)> {
         out.push((at, event(name, "")));
         at += ms(1);
     }
+    let mut written = String::new();
     for i in 0..8 {
         let token_at = ms(20 + open.len() as u64 + 5 * per_event * i);
         if i == 4 {
@@ -190,7 +197,10 @@ fn paced_answer(head: &[u8]) -> Vec<(Duration, String)> {
                 out.push((token_at - ms(4) + ms(k as u64), event(name, "")));
             }
         }
-        out.push((token_at, delta(i as usize / 4)));
+        written += &delta(i as usize / 4);
+        if (i + 1) % per_write == 0 || i == 7 {
+            out.push((token_at, std::mem::take(&mut written)));
+        }
         at = token_at;
     }
     for name in close {
@@ -206,7 +216,9 @@ fn paced_answer(head: &[u8]) -> Vec<(Duration, String)> {
         };
         out.push((at, event(name, &data)));
     }
-    if api == "chat" {
+    if api == "chat" && per_write > 1 {
+        out.push((at, "data: [DONE]\n\n".to_string()));
+    } else if api == "chat" {
         let usage = format!(
             "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":2,\"completion_tokens\":{usage}}}}}\n\n"
         );
@@ -220,10 +232,11 @@ async fn a_streams_decode_is_timed_by_its_tokens_on_every_api() {
     // Responses and Messages answers open and close their parts with events that carry no token, here 1 ms after
     // the token before them: timed as tokens, they made a short answer's decode read about 1 ms a token, not 5.
     // And an event may carry several tokens (vLLM's API server behind its engine): the engine's reported count
-    // scales the timing, which read 15 ms a token and an answer of 8 for 24 tokens at 3 an event.
+    // scales the timing, which read 15 ms a token and an answer of 8 for 24 tokens at 3 an event. And a read may
+    // carry several events: a chat stream without usage was counted a token a read, 10 ms a token at 2 a read.
     let engine = paced_engine(paced_answer).await;
     let mut learned = Vec::new();
-    for per_event in [1u64, 3] {
+    for (per_event, per_write) in [(1u64, 1u64), (3, 1), (1, 2)] {
         for path in ["/v1/chat/completions", "/v1/responses", "/v1/messages"] {
             let router =
                 start_router(&pool_yaml("load_aware", std::slice::from_ref(&engine), "")).await;
@@ -234,6 +247,7 @@ async fn a_streams_decode_is_timed_by_its_tokens_on_every_api() {
             for _ in 0..4 {
                 let r = post_json(&c, &router.url(), path)
                     .header("x-tokens-per-event", per_event.to_string())
+                    .header("x-events-per-write", per_write.to_string())
                     .body(body.to_string())
                     .send()
                     .await
@@ -247,22 +261,24 @@ async fn a_streams_decode_is_timed_by_its_tokens_on_every_api() {
                 .await;
             learned.push((
                 path,
-                per_event,
-                metric_value(&m, "infergate_endpoint_decode_seconds_per_token", &[]).unwrap(),
+                (per_event, per_write),
+                // NaN: nothing learned (too few reads counted to time).
+                metric_value(&m, "infergate_endpoint_decode_seconds_per_token", &[])
+                    .unwrap_or(f64::NAN),
                 metric_value(&m, "infergate_pool_typical_answer_tokens", &[]),
             ));
             router.wait_idle().await;
         }
     }
-    for (path, per_event, step, answer) in &learned {
+    for (path, (per_event, per_write), step, answer) in &learned {
         assert!(
             (step / 0.005 - 1.0).abs() < 0.3,
-            "{path} at {per_event} an event taught {step} s a token, not 5 ms: {learned:?}"
+            "{path} at {per_event} an event, {per_write} a read, taught {step} s a token, not 5 ms: {learned:?}"
         );
         let tokens = 8.0 * *per_event as f64;
         assert!(
             answer.is_some_and(|a| (tokens..=tokens + 1.0).contains(&a)),
-            "{path} at {per_event} an event: {learned:?}"
+            "{path} at {per_event} an event, {per_write} a read: {learned:?}"
         );
     }
 }

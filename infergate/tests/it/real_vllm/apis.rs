@@ -97,11 +97,17 @@ async fn vllms_streams_teach_decode_speed_on_every_api() {
     // `response.*.delta` and `content_block_delta`, scaled by the output tokens the engine reports at the end
     // (vLLM's Responses deltas are detokenized text, 21 to 24 events for 24 tokens, and it may put two tokens in
     // one event when it falls behind). Each API's streams, through a router of its own, must teach a decode speed
-    // near the others' and an answer length near 24 tokens (Messages has no `ignore_eos`).
+    // near the others' and an answer length near 24 tokens (Messages has no `ignore_eos`). Chat is asked once
+    // with its usage and once without (as most SDK clients ask): then each `data:` line is counted as a token.
     let f = fleet();
     let m = &f.model;
     let mut learned = Vec::new();
-    for path in [CHAT, "/v1/responses", "/v1/messages"] {
+    for (path, usage) in [
+        (CHAT, true),
+        (CHAT, false),
+        ("/v1/responses", true),
+        ("/v1/messages", true),
+    ] {
         let router = start_router(&fleet_yaml(&f, "load_aware", "")).await;
         router.all_healthy().await;
         for i in 0..4 {
@@ -111,7 +117,9 @@ async fn vllms_streams_teach_decode_speed_on_every_api() {
                     let mut b: serde_json::Value =
                         serde_json::from_str(&chat(&f, user(&text), true, 24))
                             .expect("a chat body");
-                    b["stream_options"] = json!({"include_usage": true});
+                    if usage {
+                        b["stream_options"] = json!({"include_usage": true});
+                    }
                     b
                 }
                 "/v1/responses" => {
@@ -130,12 +138,12 @@ async fn vllms_streams_teach_decode_speed_on_every_api() {
             .expect("a decode line");
         let answer = metric_value(&metrics, "infergate_pool_typical_answer_tokens", &[])
             .expect("a typical answer");
-        learned.push((path, step, answer));
+        learned.push((path, usage, step, answer));
         router.wait_idle().await;
     }
-    eprintln!("seconds a token and answer tokens learned per API: {learned:?}");
-    let chat_step = learned[0].1;
-    for (path, step, answer) in &learned {
+    eprintln!("seconds a token and answer tokens learned per API (and usage asked): {learned:?}");
+    let chat_step = learned[0].2;
+    for (path, _, step, answer) in &learned {
         assert!(
             (0.5..2.0).contains(&(step / chat_step)),
             "{path}: {learned:?}"
